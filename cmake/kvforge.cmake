@@ -1,0 +1,83 @@
+# kvforge_generate(): expand layout and model specs into C++/CUDA sources and add them to a target.
+#
+#   kvforge_generate(TARGET <target>
+#                    LAYOUTS <files or folders...> MODELS <files or folders...>
+#                    [OUTPUT_DIR <dir>] [REGISTRY_FUNCTION <ns::name>]
+#                    [LAYOUT_FILTER a,b] [MODEL_FILTER a,b] [DTYPE_FILTER a,b])
+#
+# The list of outputs is known at configure time (codegen `outputs`), so every generated file is a
+# real source of the target. Folders are globbed with CONFIGURE_DEPENDS: a new spec file re-runs
+# configure and becomes a new variant with no CMake edit. Generation re-runs at build time when any
+# spec, template or codegen file changes, and rewrites only files whose content changed.
+include_guard(GLOBAL)
+
+set(KVFORGE_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." CACHE INTERNAL "kvforge source root")
+find_package(Python3 3.9 REQUIRED COMPONENTS Interpreter)
+
+function(_kvforge_spec_files out)
+  set(files "")
+  foreach(path IN LISTS ARGN)
+    if(IS_DIRECTORY "${path}")
+      file(GLOB found CONFIGURE_DEPENDS "${path}/*.yaml" "${path}/*.yml")
+      list(APPEND files ${found})
+    else()
+      list(APPEND files "${path}")
+    endif()
+  endforeach()
+  list(SORT files)
+  set(${out} "${files}" PARENT_SCOPE)
+endfunction()
+
+function(kvforge_generate)
+  cmake_parse_arguments(KG "" "TARGET;OUTPUT_DIR;REGISTRY_FUNCTION;LAYOUT_FILTER;MODEL_FILTER;DTYPE_FILTER"
+                        "LAYOUTS;MODELS" ${ARGN})
+  if(NOT KG_TARGET OR NOT KG_LAYOUTS OR NOT KG_MODELS)
+    message(FATAL_ERROR "kvforge_generate: TARGET, LAYOUTS and MODELS are required")
+  endif()
+  if(NOT KG_OUTPUT_DIR)
+    set(KG_OUTPUT_DIR "${CMAKE_CURRENT_BINARY_DIR}/${KG_TARGET}_generated")
+  endif()
+  if(NOT KG_REGISTRY_FUNCTION)
+    set(KG_REGISTRY_FUNCTION "kvforge::registry")
+  endif()
+
+  set(codegen_env "${CMAKE_COMMAND}" -E env "PYTHONPATH=${KVFORGE_ROOT}/codegen")
+  set(spec_args --layouts ${KG_LAYOUTS} --models ${KG_MODELS} --source-root "${CMAKE_CURRENT_SOURCE_DIR}"
+                "--layout=${KG_LAYOUT_FILTER}" "--model=${KG_MODEL_FILTER}" "--dtype=${KG_DTYPE_FILTER}")
+  set(cuda_flag --no-cuda)
+  if(KVFORGE_CUDA)
+    set(cuda_flag "")
+  endif()
+
+  execute_process(
+    COMMAND ${codegen_env} "${Python3_EXECUTABLE}" -m kvforge_codegen outputs ${spec_args} ${cuda_flag}
+    OUTPUT_VARIABLE outputs ERROR_VARIABLE errors RESULT_VARIABLE status
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT status EQUAL 0)
+    message(FATAL_ERROR "kvforge specs for ${KG_TARGET} are invalid:\n${errors}")
+  endif()
+  string(REPLACE "\n" ";" outputs "${outputs}")
+  list(TRANSFORM outputs PREPEND "${KG_OUTPUT_DIR}/")
+
+  _kvforge_spec_files(spec_files ${KG_LAYOUTS} ${KG_MODELS})
+  file(GLOB codegen_files CONFIGURE_DEPENDS "${KVFORGE_ROOT}/codegen/kvforge_codegen/*.py"
+                                            "${KVFORGE_ROOT}/codegen/templates/*.j2")
+  set(stamp "${KG_OUTPUT_DIR}/.stamp")
+  add_custom_command(
+    OUTPUT "${stamp}"
+    BYPRODUCTS ${outputs}
+    COMMAND ${codegen_env} "${Python3_EXECUTABLE}" -m kvforge_codegen generate ${spec_args}
+            --out "${KG_OUTPUT_DIR}" --registry-function "${KG_REGISTRY_FUNCTION}"
+    COMMAND "${CMAKE_COMMAND}" -E touch "${stamp}"
+    DEPENDS ${spec_files} ${codegen_files}
+    COMMENT "kvforge: generating variants for ${KG_TARGET}"
+    VERBATIM)
+  add_custom_target(${KG_TARGET}_codegen DEPENDS "${stamp}")
+  add_dependencies(${KG_TARGET} ${KG_TARGET}_codegen)
+
+  set(sources ${outputs})
+  list(FILTER sources INCLUDE REGEX "\\.(cpp|cu)$")
+  target_sources(${KG_TARGET} PRIVATE ${sources})
+  target_include_directories(${KG_TARGET} PUBLIC "${KG_OUTPUT_DIR}")
+  target_link_libraries(${KG_TARGET} PUBLIC kvforge_runtime)
+endfunction()

@@ -1,0 +1,125 @@
+"""kvforge codegen command line. Run as `python3 -m kvforge_codegen` with codegen/ on PYTHONPATH,
+or through tools/kvforge-codegen."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List
+
+from . import VERSION
+from .diagnostics import SpecFailure
+from .plan import Filters, filter_problems, plan_variants
+from .render import output_names, render, write_changed
+from .spec import load_specs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _csv(text: str) -> tuple:
+    return tuple(x for x in (p.strip() for p in text.split(",")) if x) if text else ()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvforge-codegen",
+        description="Validate kvforge layout and model specs, list their variants, and generate C++/CUDA.")
+    p.add_argument("--version", action="version", version=f"kvforge codegen {VERSION}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--layouts", nargs="+", default=[os.path.join(REPO, "specs", "layouts")],
+                        metavar="PATH", help="layout spec files or folders (default: specs/layouts)")
+        sp.add_argument("--models", nargs="+", default=[os.path.join(REPO, "specs", "models")],
+                        metavar="PATH", help="model spec files or folders (default: specs/models)")
+        sp.add_argument("--source-root", default=REPO,
+                        help="paths in messages and provenance headers are relative to this (default: repo)")
+        sp.add_argument("--layout", type=_csv, default=(), help="keep only these layouts (comma-separated)")
+        sp.add_argument("--model", type=_csv, default=(), help="keep only these models (comma-separated)")
+        sp.add_argument("--dtype", type=_csv, default=(), help="keep only these storage dtypes (comma-separated)")
+
+    sp = sub.add_parser("validate", help="check every spec and report all errors as file:line")
+    common(sp)
+    sp = sub.add_parser("list", help="list the variants with their bytes per token; builds nothing")
+    common(sp)
+    sp = sub.add_parser("outputs", help="print the files `generate` would write, one per line (for CMake)")
+    common(sp)
+    sp.add_argument("--no-cuda", action="store_true", help="leave out the .cu files")
+    sp = sub.add_parser("generate", help="write generated sources into a folder, touching only changed files")
+    common(sp)
+    sp.add_argument("--out", required=True, help="output folder")
+    sp.add_argument("--registry-function", default="kvforge::registry",
+                    help="qualified name of the generated registry accessor (default: kvforge::registry)")
+    sp = sub.add_parser("check", help="fail if a folder differs from what the specs generate (stale generated/)")
+    common(sp)
+    sp.add_argument("--against", required=True, help="folder holding a committed expansion")
+    sp.add_argument("--refresh-hint", default="cmake --build build --target kvforge_refresh_generated",
+                    help="the command printed to refresh a stale folder")
+    return p
+
+
+def main(argv: List[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        specs = load_specs(args.layouts, args.models, args.source_root)
+    except SpecFailure as failure:
+        for e in failure.errors:
+            print(e, file=sys.stderr)
+        print(f"kvforge-codegen: {len(failure.errors)} error(s) in the specs; nothing was written",
+              file=sys.stderr)
+        return 1
+    filters = Filters(args.layout, args.model, args.dtype)
+    problems = filter_problems(specs, filters)
+    if problems:
+        for p in problems:
+            print(f"kvforge-codegen: {p}", file=sys.stderr)
+        return 2
+    variants = plan_variants(specs, filters)
+
+    if args.command == "validate":
+        print(f"ok: {len(specs.layouts)} layouts, {len(specs.models)} models, {len(variants)} variants")
+        return 0
+    if args.command == "list":
+        width = max((len(v.name) for v in variants), default=7)
+        print(f"{'variant':<{width}}  {'addressing':<10}  {'update':<6}  {'bytes/token':>11}")
+        for v in variants:
+            print(f"{v.name:<{width}}  {v.layout.addressing:<10}  {v.layout.update:<6}  {v.bytes_per_token:>11}")
+        print(f"{len(variants)} variants")
+        return 0
+    if args.command == "outputs":
+        for name in output_names(variants, cuda=not args.no_cuda):
+            print(name)
+        return 0
+    if args.command == "generate":
+        written = write_changed(render(variants, args.registry_function), args.out)
+        print(f"kvforge-codegen: {len(variants)} variants, {len(written)} file(s) changed in {args.out}")
+        return 0
+    if args.command == "check":
+        files = render(variants)
+        stale = []
+        for name, text in sorted(files.items()):
+            path = os.path.join(args.against, name)
+            try:
+                with open(path, "r", encoding="utf-8") as f:
+                    if f.read() == text:
+                        continue
+            except OSError:
+                pass
+            stale.append(name)
+        extra = sorted(set(os.listdir(args.against)) - set(files)) if os.path.isdir(args.against) else []
+        if stale or extra:
+            for name in stale:
+                print(f"stale or missing: {os.path.join(args.against, name)}", file=sys.stderr)
+            for name in extra:
+                print(f"not generated by any spec: {os.path.join(args.against, name)}", file=sys.stderr)
+            print(f"kvforge-codegen: {args.against} does not match the specs; refresh it with: {args.refresh_hint}",
+                  file=sys.stderr)
+            return 1
+        print(f"ok: {args.against} matches the specs ({len(files)} files)")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

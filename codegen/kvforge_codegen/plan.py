@@ -1,0 +1,152 @@
+"""The variant plan: which (layout, model, dtype) combinations exist, and the one name for each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import vocab
+from .diagnostics import Diagnostics
+from .spec import LayoutSpec, ModelSpec, SpecSet
+
+
+@dataclass(frozen=True)
+class Variant:
+    layout: LayoutSpec
+    model: ModelSpec
+    storage: str
+    input: str
+
+    @property
+    def name(self) -> str:
+        return variant_name(self.layout.name, self.model.name, self.storage, self.input)
+
+    @property
+    def symbol(self) -> str:
+        return variant_symbol(self.name)
+
+    @property
+    def window(self) -> int:
+        """Ring window in positions; 0 for layouts without one."""
+        if self.layout.addressing != "ring":
+            return 0
+        if self.layout.window == "model":
+            return self.model.sliding_window or 0
+        return int(self.layout.window)
+
+    @property
+    def page_size(self) -> int:
+        return self.layout.page_size or 0
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token of one sequence occupies: K and V of every layer and head."""
+        return 2 * self.model.layers * self.model.kv_heads * self.model.head_dim * vocab.DTYPES[self.storage]["bytes"]
+
+
+# ---- naming: one function forms names, one parses them --------------------------------------------
+
+def dtype_field(storage: str, input_dtype: str) -> str:
+    return storage if storage == input_dtype else f"{storage}_in_{input_dtype}"
+
+
+def variant_name(layout: str, model: str, storage: str, input_dtype: str) -> str:
+    return f"{layout}.{model}.{dtype_field(storage, input_dtype)}"
+
+
+def variant_symbol(name: str) -> str:
+    """The C++ identifier of a variant: its name with '.' spelled '__' (names never contain '__')."""
+    return name.replace(".", "__")
+
+
+def parse_variant_name(name: str) -> Tuple[str, str, str, str]:
+    """name -> (layout, model, storage, input). Inverse of variant_name."""
+    parts = name.split(".")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"{name!r} is not layout.model.dtype")
+    layout, model, dt = parts
+    storage, _, input_dtype = dt.partition("_in_")
+    return layout, model, storage, input_dtype or storage
+
+
+# ---- the one "is this combination supported" predicate ---------------------------------------------
+
+def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, input_dtype: str) -> List[str]:
+    """Why this combination cannot be built; empty when it can. Shared by the planner and the checks."""
+    reasons: List[str] = []
+    if storage not in vocab.DTYPES:
+        reasons.append(f"storage dtype {storage!r} is not supported")
+    if input_dtype not in vocab.INPUT_DTYPES:
+        reasons.append(f"input dtype {input_dtype!r} is not supported")
+    if layout.addressing == "ring":
+        if layout.window == "model" and not model.sliding_window:
+            reasons.append(f"window: model needs a model with sliding_window, and {model.name} has none")
+        elif isinstance(layout.window, int) and layout.window > model.max_seq_len:
+            reasons.append(f"window {layout.window} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
+    if layout.addressing == "paged" and layout.page_size and layout.page_size > model.max_seq_len:
+        reasons.append(f"page_size {layout.page_size} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
+    return reasons
+
+
+def check_expansions(specs: SpecSet, diags: Diagnostics) -> None:
+    known = [m.name for m in specs.models]
+    for layout in specs.layouts:
+        seen: Dict[str, int] = {}
+        for i, exp in enumerate(layout.expand):
+            for model_name in exp.models:
+                if model_name not in known:
+                    diags.error(exp.loc, f"expand[{i}].models", f"unknown model {model_name!r}", known)
+                    continue
+                model = specs.model(model_name)
+                for storage in exp.dtypes:
+                    for input_dtype in exp.input_dtypes or (storage,):
+                        name = variant_name(layout.name, model_name, storage, input_dtype)
+                        if name in seen:
+                            diags.error(exp.loc, f"expand[{i}]", f"variant {name} is also expanded by expand[{seen[name]}]")
+                            continue
+                        seen[name] = i
+                        for reason in unsupported_reasons(layout, model, storage, input_dtype):
+                            diags.error(exp.loc, f"expand[{i}]", f"{name}: {reason}")
+
+
+# ---- the plan ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Filters:
+    """Typed matrix filters: empty means everything."""
+
+    layouts: Tuple[str, ...] = ()
+    models: Tuple[str, ...] = ()
+    dtypes: Tuple[str, ...] = ()
+
+    def keeps(self, v: Variant) -> bool:
+        return ((not self.layouts or v.layout.name in self.layouts)
+                and (not self.models or v.model.name in self.models)
+                and (not self.dtypes or v.storage in self.dtypes))
+
+
+def filter_problems(specs: SpecSet, f: Filters) -> List[str]:
+    """A filter naming something that does not exist is a mistake worth stopping for."""
+    problems = []
+    for kind, given, allowed in (("layout", f.layouts, [l.name for l in specs.layouts]),
+                                 ("model", f.models, [m.name for m in specs.models]),
+                                 ("dtype", f.dtypes, list(vocab.DTYPES))):
+        for g in given:
+            if g not in allowed:
+                problems.append(f"filter {kind}: unknown {kind} {g!r} (allowed: {', '.join(allowed)})")
+    return problems
+
+
+def plan_variants(specs: SpecSet, filters: Optional[Filters] = None) -> List[Variant]:
+    filters = filters or Filters()
+    out: List[Variant] = []
+    for layout in specs.layouts:
+        for exp in layout.expand:
+            for model_name in exp.models:
+                model = specs.model(model_name)
+                for storage in exp.dtypes:
+                    for input_dtype in exp.input_dtypes or (storage,):
+                        v = Variant(layout, model, storage, input_dtype)
+                        if filters.keeps(v):
+                            out.append(v)
+    return sorted(out, key=lambda v: v.name)

@@ -1,0 +1,308 @@
+"""Typed, frozen spec objects, parsed and validated before any template sees them."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import vocab
+from .diagnostics import Diagnostics, Loc, SpecFailure
+from .yamlnodes import Entry, Value, load
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_seq_len: int
+    sliding_window: Optional[int]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Expansion:
+    models: Tuple[str, ...]
+    dtypes: Tuple[str, ...]
+    input_dtypes: Optional[Tuple[str, ...]]  # None: input dtype equals storage dtype
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    name: str
+    addressing: str
+    axes: Tuple[str, ...]
+    page_size: Optional[int]
+    window: Optional[str | int]  # an int, or "model" for the model's sliding window
+    update: str
+    expand: Tuple[Expansion, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class SpecSet:
+    layouts: Tuple[LayoutSpec, ...]
+    models: Tuple[ModelSpec, ...]
+
+    def model(self, name: str) -> ModelSpec:
+        return next(m for m in self.models if m.name == name)
+
+
+MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window")
+LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "expand")
+EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")
+
+
+class _Reader:
+    """Typed field access over one mapping, recording every problem instead of stopping."""
+
+    def __init__(self, diags: Diagnostics, value: Value, prefix: str, allowed: Sequence[str]) -> None:
+        self.diags = diags
+        self.prefix = prefix
+        self.loc = value.loc
+        self.fields: Dict[str, Entry] = {}
+        if not isinstance(value.data, dict):
+            diags.error(value.loc, prefix or "(document)", "expected a mapping of fields", allowed)
+            return
+        self.fields = value.data
+        for key, entry in self.fields.items():
+            if key not in allowed:
+                diags.error(entry.key_loc, self._field(key), "unknown field", allowed)
+
+    def _field(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def has(self, key: str) -> bool:
+        return key in self.fields
+
+    def loc_of(self, key: str) -> Loc:
+        return self.fields[key].value.loc if key in self.fields else self.loc
+
+    def _missing(self, key: str, allowed: Optional[Sequence[str] | str] = None) -> None:
+        self.diags.error(self.loc, self._field(key), "required field is missing", allowed)
+
+    def name(self, key: str) -> Optional[str]:
+        if key not in self.fields:
+            self._missing(key)
+            return None
+        v = self.fields[key].value
+        if not isinstance(v.data, str) or not re.fullmatch(vocab.NAME_PATTERN, v.data):
+            self.diags.error(v.loc, self._field(key), f"expected a lower-case identifier, got {v.data!r}",
+                             "letters a-z, digits and _, starting with a letter")
+            return None
+        return v.data
+
+    def positive_int(self, key: str, required: bool = True, maximum: Optional[int] = None) -> Optional[int]:
+        if key not in self.fields:
+            if required:
+                self._missing(key)
+            return None
+        v = self.fields[key].value
+        if isinstance(v.data, bool) or not isinstance(v.data, int) or v.data <= 0:
+            self.diags.error(v.loc, self._field(key), f"expected a positive integer, got {v.data!r}")
+            return None
+        if maximum is not None and v.data > maximum:
+            self.diags.error(v.loc, self._field(key), f"{v.data} is too large", f"1..{maximum}")
+            return None
+        return v.data
+
+    def choice(self, key: str, allowed: Sequence[str]) -> Optional[str]:
+        if key not in self.fields:
+            self._missing(key, allowed)
+            return None
+        v = self.fields[key].value
+        if not isinstance(v.data, str) or v.data not in allowed:
+            self.diags.error(v.loc, self._field(key), f"unknown value {v.data!r}", allowed)
+            return None
+        return v.data
+
+    def choice_list(self, key: str, allowed: Sequence[str], required: bool = True) -> Optional[Tuple[str, ...]]:
+        if key not in self.fields:
+            if required:
+                self._missing(key, allowed)
+            return None
+        v = self.fields[key].value
+        if not isinstance(v.data, list) or not v.data:
+            self.diags.error(v.loc, self._field(key), "expected a non-empty list", allowed)
+            return None
+        out: List[str] = []
+        ok = True
+        for item in v.data:
+            if not isinstance(item.data, str) or item.data not in allowed:
+                self.diags.error(item.loc, self._field(key), f"unknown value {item.data!r}", allowed)
+                ok = False
+            elif item.data in out:
+                self.diags.error(item.loc, self._field(key), f"{item.data!r} is listed twice")
+                ok = False
+            else:
+                out.append(item.data)
+        return tuple(out) if ok else None
+
+
+def _display(path: str, root: str) -> str:
+    rel = os.path.relpath(path, root)
+    return path if rel.startswith("..") else rel
+
+
+def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelSpec]:
+    doc = load(path, display, diags)
+    if doc is None:
+        return None
+    r = _Reader(diags, doc, "", MODEL_FIELDS)
+    before = len(diags.errors)
+    name = r.name("name")
+    layers = r.positive_int("layers", maximum=vocab.MAX_LAYERS)
+    kv_heads = r.positive_int("kv_heads", maximum=1024)
+    head_dim = r.positive_int("head_dim", maximum=4096)
+    max_seq_len = r.positive_int("max_seq_len", maximum=1 << 24)
+    window = r.positive_int("sliding_window", required=False)
+    if name is not None and name != os.path.splitext(os.path.basename(path))[0]:
+        diags.error(r.loc_of("name"), "name", f"{name!r} differs from the file name",
+                    os.path.splitext(os.path.basename(path))[0])
+    if window is not None and max_seq_len is not None and window > max_seq_len:
+        diags.error(r.loc_of("sliding_window"), "sliding_window",
+                    f"{window} exceeds max_seq_len {max_seq_len}", f"1..{max_seq_len}")
+    if len(diags.errors) != before:
+        return None
+    return ModelSpec(name, layers, kv_heads, head_dim, max_seq_len, window, doc.loc)
+
+
+def _parse_expansion(value: Value, index: int, diags: Diagnostics) -> Optional[Expansion]:
+    r = _Reader(diags, value, f"expand[{index}]", EXPANSION_FIELDS)
+    if not r.fields:
+        return None
+    models: Optional[Tuple[str, ...]] = None
+    # Model names are checked against the model set later, once every model file has been read.
+    mv = r.fields.get("models")
+    if mv is None:
+        r._missing("models")
+    elif not isinstance(mv.value.data, list) or not mv.value.data or \
+            not all(isinstance(i.data, str) for i in mv.value.data):
+        diags.error(mv.value.loc, f"expand[{index}].models", "expected a non-empty list of model names")
+    else:
+        models = tuple(i.data for i in mv.value.data)
+    dtypes = r.choice_list("dtypes", tuple(vocab.DTYPES))
+    input_dtypes = r.choice_list("input_dtypes", vocab.INPUT_DTYPES, required=False)
+    if models is None or dtypes is None or (r.has("input_dtypes") and input_dtypes is None):
+        return None
+    return Expansion(models, dtypes, input_dtypes, value.loc)
+
+
+def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[LayoutSpec]:
+    doc = load(path, display, diags)
+    if doc is None:
+        return None
+    r = _Reader(diags, doc, "", LAYOUT_FIELDS)
+    before = len(diags.errors)
+    name = r.name("name")
+    if name is not None and name != os.path.splitext(os.path.basename(path))[0]:
+        diags.error(r.loc_of("name"), "name", f"{name!r} differs from the file name",
+                    os.path.splitext(os.path.basename(path))[0])
+    addressing = r.choice("addressing", vocab.ADDRESSING)
+    axes = r.choice_list("axes", vocab.AXES)
+    update = r.choice("update", vocab.UPDATE_MODES)
+    page_size = r.positive_int("page_size", required=False, maximum=vocab.MAX_PAGE_SIZE)
+
+    window: Optional[str | int] = None
+    if r.has("window"):
+        wv = r.fields["window"].value
+        if wv.data == "model" or (isinstance(wv.data, int) and not isinstance(wv.data, bool) and wv.data > 0):
+            window = wv.data
+        else:
+            diags.error(wv.loc, "window", f"expected a positive integer or 'model', got {wv.data!r}",
+                        "a positive integer, model")
+
+    if addressing is not None:
+        if addressing == "paged" and not r.has("page_size"):
+            diags.error(r.loc, "page_size", "required field is missing for paged addressing",
+                        f"1..{vocab.MAX_PAGE_SIZE}")
+        if addressing != "paged" and r.has("page_size"):
+            diags.error(r.loc_of("page_size"), "page_size", f"only paged addressing has pages, not {addressing}")
+        if addressing == "ring" and not r.has("window"):
+            diags.error(r.loc, "window", "required field is missing for ring addressing",
+                        "a positive integer, model")
+        if addressing != "ring" and r.has("window"):
+            diags.error(r.loc_of("window"), "window", f"only ring addressing has a window, not {addressing}")
+        if axes is not None:
+            loc = r.loc_of("axes")
+            for axis in vocab.REQUIRED_AXES[addressing]:
+                if axis not in axes:
+                    diags.error(loc, "axes", f"{addressing} addressing needs axis '{axis}'",
+                                ", ".join(vocab.REQUIRED_AXES[addressing]) + " plus optional layer, kv")
+            for axis in vocab.FORBIDDEN_AXES[addressing]:
+                if axis in axes:
+                    diags.error(loc, "axes", f"axis '{axis}' has no meaning with {addressing} addressing",
+                                ", ".join(vocab.REQUIRED_AXES[addressing]) + " plus optional layer, kv")
+            if "dim" in axes and axes[-1] != "dim":
+                diags.error(loc, "axes", "'dim' must be the last axis, so that each head's row is contiguous",
+                            "[..., dim]")
+
+    expansions: List[Expansion] = []
+    if not r.has("expand"):
+        r._missing("expand")
+    else:
+        ev = r.fields["expand"].value
+        if not isinstance(ev.data, list) or not ev.data:
+            diags.error(ev.loc, "expand", "expected a non-empty list of {models, dtypes} entries")
+        else:
+            for i, item in enumerate(ev.data):
+                e = _parse_expansion(item, i, diags)
+                if e is not None:
+                    expansions.append(e)
+    if len(diags.errors) != before:
+        return None
+    return LayoutSpec(name, addressing, axes, page_size, window, update, tuple(expansions), doc.loc)
+
+
+def _yaml_files(paths: Sequence[str]) -> List[str]:
+    files: List[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            files.extend(os.path.join(p, f) for f in sorted(os.listdir(p)) if f.endswith((".yaml", ".yml")))
+        else:
+            files.append(p)
+    return files
+
+
+def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: str) -> SpecSet:
+    """Read and validate every spec; raise SpecFailure with all errors if any file has one."""
+    diags = Diagnostics()
+    models: List[ModelSpec] = []
+    seen_models: Dict[str, ModelSpec] = {}
+    for path in _yaml_files(model_paths):
+        m = _parse_model(path, _display(path, root), diags)
+        if m is None:
+            continue
+        if m.name in seen_models:
+            diags.error(m.loc, "name", f"model {m.name!r} is also defined at {seen_models[m.name].loc}")
+            continue
+        seen_models[m.name] = m
+        models.append(m)
+
+    layouts: List[LayoutSpec] = []
+    seen_layouts: Dict[str, LayoutSpec] = {}
+    for path in _yaml_files(layout_paths):
+        lay = _parse_layout(path, _display(path, root), diags)
+        if lay is None:
+            continue
+        if lay.name in seen_layouts:
+            diags.error(lay.loc, "name", f"layout {lay.name!r} is also defined at {seen_layouts[lay.name].loc}")
+            continue
+        seen_layouts[lay.name] = lay
+        layouts.append(lay)
+
+    if not layouts and not diags:
+        diags.error(Loc(", ".join(layout_paths) or "(none)", 1), "layouts", "no layout spec files found",
+                    "*.yaml files")
+
+    specs = SpecSet(tuple(layouts), tuple(models))
+    # Cross-file checks need every model, so they run after all files were read.
+    from .plan import check_expansions  # local: plan depends on spec
+    check_expansions(specs, diags)
+    if diags:
+        raise SpecFailure(diags.sorted())
+    return specs

@@ -1,0 +1,62 @@
+// Memory and synchronization for one device kind. Kernels are not here: they are launched through the
+// executors in exec_cpu.hpp and exec_cuda.cuh, from the one source in ops.hpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvforge/tensor.hpp"
+
+namespace kvforge {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual void* allocate(int64_t bytes) = 0;  // zero-filled, 256-byte aligned
+  virtual void release(void* p) noexcept = 0;
+  virtual void fill(void* dst, int byte, int64_t bytes, void* stream) = 0;
+  virtual void copy(void* dst, const void* src, int64_t bytes, void* stream) = 0;  // within the device
+  virtual void to_host(void* host, const void* src, int64_t bytes, void* stream) = 0;
+  virtual void from_host(void* dst, const void* host, int64_t bytes, void* stream) = 0;
+  virtual void synchronize(void* stream) = 0;
+};
+
+// The backend for a device; throws BackendError when it is not built in or no device is present.
+Backend& backend(Device d);
+
+// Whether CUDA kernels can run here; when not, `why` says why (not built, no driver, no device).
+bool cuda_available(std::string* why = nullptr);
+
+// Owns one allocation from a backend.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& b, int64_t bytes) : backend_(&b), bytes_(bytes), data_(bytes ? b.allocate(bytes) : nullptr) {}
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  ~Buffer() {
+    if (data_) backend_->release(data_);
+  }
+  void* data() const { return data_; }
+  template <class T> T* as() const { return static_cast<T*>(data_); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(backend_, o.backend_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(data_, o.data_);
+  }
+  Backend* backend_ = nullptr;
+  int64_t bytes_ = 0;
+  void* data_ = nullptr;
+};
+
+}  // namespace kvforge

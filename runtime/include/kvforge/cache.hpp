@@ -1,0 +1,95 @@
+// The type-erased cache interface every variant implements. See docs/contract.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvforge/errors.hpp"
+#include "kvforge/layout.hpp"
+#include "kvforge/tensor.hpp"
+
+namespace kvforge {
+
+struct CacheConfig {
+  Device device = Device::cpu;
+  int64_t rows = 1;               // contiguous and ring: sequence rows (the batch capacity)
+  int64_t max_seq_len = 0;        // contiguous: positions per row; 0 means the model's max_seq_len
+  int64_t pages = 0;              // paged: pages in the pool
+  int64_t max_staged_tokens = 0;  // lazy: tokens one layer may stage between commits; 0 means `rows`
+  void* stream = nullptr;         // CUDA: the cudaStream_t every operation is queued on (capturable)
+};
+
+// Where each appended token goes, as device arrays of one entry per token; -1 marks padding.
+// Contiguous and ring layouts take (row, position) pairs as int32; paged layouts take int64 slots,
+// slot = page * page_size + offset in page.
+struct TokenTargets {
+  IndexView rows;
+  IndexView positions;
+  IndexView slots;
+
+  static TokenTargets row_positions(IndexView rows, IndexView positions) { return {rows, positions, {}}; }
+  static TokenTargets paged(IndexView slots) { return {{}, {}, slots}; }
+};
+
+// Positions [begin, end) of one sequence. Contiguous and ring layouts name the row; paged layouts
+// give the sequence's page list (int32, on the cache's device).
+struct GatherRange {
+  int64_t row = 0;
+  IndexView pages;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// What an attention kernel needs to read one layer in place.
+struct LayerView {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  Strides strides;  // element strides: row_or_page, seq_or_slot, head (dim is contiguous)
+  int64_t rows_or_pages = 0;
+  int64_t seq_or_slots = 0;  // positions per row (window for ring) or page_size
+  int heads = 0;
+  int head_dim = 0;
+};
+
+// Memory the cache holds, split into the KV storage itself and the runtime's own overhead.
+struct MemoryReport {
+  int64_t storage_bytes = 0;
+  int64_t staging_bytes = 0;   // lazy staging of appended tokens and their targets
+  int64_t bookkeeping_bytes = 0;  // row lengths, error flag, reorder scratch once used
+  int64_t overhead_bytes() const { return staging_bytes + bookkeeping_bytes; }
+};
+
+class Cache {
+ public:
+  virtual ~Cache() = default;
+
+  virtual const VariantDescriptor& descriptor() const = 0;
+  virtual const CacheConfig& config() const = 0;
+  virtual const Geometry& geometry() const = 0;
+
+  // k and v: [T, heads, head_dim] in the input dtype on the cache's device; one target per token.
+  virtual void append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) = 0;
+  // Lazy variants: write every layer's staged tokens in one launch. Eager variants: nothing to do.
+  virtual void commit() = 0;
+  // k_out and v_out: [heads, end - begin, head_dim] in the input dtype, on the cache's device.
+  virtual void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) = 0;
+  virtual void reset() = 0;
+  virtual void reset_row(int64_t row) = 0;
+  // New row i takes old row beam[i]; beam is int32 [rows] on the cache's device.
+  virtual void reorder(const IndexView& beam) = 0;
+  // For each pair (src, dst), page dst of every layer becomes a copy of page src. int32 [2n].
+  virtual void copy_blocks(const IndexView& pairs) = 0;
+  virtual LayerView view(int layer) const = 0;
+  // The highest position written to a row, plus one (0 after reset). Synchronizes on CUDA.
+  virtual int64_t row_length(int64_t row) const = 0;
+  // Waits for queued work and raises any error a device-side check found (CUDA only).
+  virtual void synchronize() = 0;
+  virtual MemoryReport memory() const = 0;
+  // Raw storage pool; for tests and tools that read physical bytes.
+  virtual const void* storage() const = 0;
+};
+
+}  // namespace kvforge

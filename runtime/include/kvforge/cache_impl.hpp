@@ -1,0 +1,398 @@
+// TypedCache<Traits>: the one implementation of the cache contract, specialized by a generated traits
+// struct. It checks every argument on the host before anything is written, then runs the operation
+// from ops.hpp on the CPU executor, or calls the CUDA instantiation in the variant's .cu file.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvforge/backend.hpp"
+#include "kvforge/cache.hpp"
+#include "kvforge/cuda_ops.hpp"
+#include "kvforge/exec_cpu.hpp"
+#include "kvforge/ops.hpp"
+
+namespace kvforge {
+
+namespace detail {
+// Shared argument checks, compiled once in the runtime library.
+void check_layer(int layer, int layers);
+void check_tensor(const char* name, const TensorView& t, const std::array<int64_t, 3>& shape, DType dtype,
+                  Device device);
+void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t min_size, Device device,
+                      int64_t exact_size = -1);
+void check_config(const VariantDescriptor& d, const CacheConfig& c);
+Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c);
+int64_t staged_capacity(const CacheConfig& c);
+void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
+[[noreturn]] void raise_status(const DeviceStatus& s);
+
+template <class T> Rows3<T> rows3(const TensorView& t) {
+  return Rows3<T>{static_cast<T*>(t.data), t.stride[0], t.stride[1]};
+}
+}  // namespace detail
+
+template <class Traits> class TypedCache final : public Cache {
+ public:
+  using storage_t = typename Traits::storage_t;
+  using input_t = typename Traits::input_t;
+  static constexpr int layers = Traits::layers;
+  static constexpr int heads = Traits::heads;
+  static constexpr int head_dim = Traits::head_dim;
+  static constexpr int page_size = Traits::page_size;
+  static constexpr int window = Traits::window;
+  static constexpr Addressing addressing = Traits::addressing;
+  static constexpr bool lazy = Traits::lazy;
+
+  explicit TypedCache(const CacheConfig& config);
+
+  const VariantDescriptor& descriptor() const override { return Traits::descriptor; }
+  const CacheConfig& config() const override { return config_; }
+  const Geometry& geometry() const override { return geometry_; }
+
+  void append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) override;
+  // Typed convenience: k and v are [tokens, heads, head_dim] contiguous on the cache's device.
+  void append(int layer, const input_t* k, const input_t* v, int64_t tokens, const TokenTargets& targets) {
+    append(layer, TensorView::contiguous(const_cast<input_t*>(k), dtype_of<input_t>::value, config_.device, tokens,
+                                         heads, head_dim),
+           TensorView::contiguous(const_cast<input_t*>(v), dtype_of<input_t>::value, config_.device, tokens, heads,
+                                  head_dim),
+           targets);
+  }
+  void commit() override;
+  void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) override;
+  void reset() override;
+  void reset_row(int64_t row) override;
+  void reorder(const IndexView& beam) override;
+  void copy_blocks(const IndexView& pairs) override;
+  LayerView view(int layer) const override;
+  int64_t row_length(int64_t row) const override;
+  void synchronize() override;
+  MemoryReport memory() const override;
+  const void* storage() const override { return pool_.data(); }
+
+ private:
+  using CpuOps = detail::Ops<Traits, detail::CpuExec>;
+  bool on_cpu() const { return config_.device == Device::cpu; }
+  void check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
+                     int32_t code);
+  void check_row(int64_t row) const;
+  detail::DeviceStatus* status() const { return status_.as<detail::DeviceStatus>(); }
+
+  CacheConfig config_;
+  Capacity capacity_;
+  Geometry geometry_;
+  Backend* backend_;
+  Buffer pool_;
+  Buffer row_length_;  // int32 per row: contiguous and ring
+  Buffer status_;
+  // Lazy staging: [layers, staged, heads, dim] K and V in the input dtype, and their targets.
+  int64_t staged_capacity_ = 0;
+  Buffer stage_k_, stage_v_, stage_rows_, stage_positions_, stage_slots_;
+  std::vector<int64_t> staged_;
+  // Reorder scratch, allocated on first use: one layer's rows.
+  Buffer reorder_scratch_, length_scratch_;
+};
+
+// Every operation picks its executor here; without CUDA in the build the constructor has already
+// refused a CUDA device.
+#if KVFORGE_WITH_CUDA
+#define KVFORGE_RUN_OP(op, args)                                              \
+  do {                                                                        \
+    if (on_cpu())                                                             \
+      CpuOps::op(detail::CpuExec{}, args);                                    \
+    else                                                                      \
+      detail::CudaOps<Traits>::op(config_.stream, args);                      \
+  } while (0)
+#else
+#define KVFORGE_RUN_OP(op, args) CpuOps::op(detail::CpuExec{}, args)
+#endif
+
+template <class Traits>
+TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
+  const VariantDescriptor& d = Traits::descriptor;
+  detail::check_config(d, config_);
+  backend_ = &backend(config_.device);
+  if (d.addressing == Addressing::contiguous && config_.max_seq_len == 0) config_.max_seq_len = d.max_seq_len;
+  capacity_ = detail::capacity_of(d, config_);
+  geometry_ = make_geometry(d, capacity_);
+  pool_ = Buffer(*backend_, geometry_.total_elems * int64_t(sizeof(storage_t)));
+  if (!d.paged()) row_length_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
+  status_ = Buffer(*backend_, sizeof(detail::DeviceStatus));
+  if constexpr (lazy) {
+    staged_capacity_ = detail::staged_capacity(config_);
+    const int64_t tokens = int64_t(layers) * staged_capacity_;
+    stage_k_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));
+    stage_v_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));
+    if (d.paged()) {
+      stage_slots_ = Buffer(*backend_, tokens * int64_t(sizeof(int64_t)));
+      backend_->fill(stage_slots_.data(), 0xff, stage_slots_.bytes(), config_.stream);
+    } else {
+      stage_rows_ = Buffer(*backend_, tokens * int64_t(sizeof(int32_t)));
+      stage_positions_ = Buffer(*backend_, tokens * int64_t(sizeof(int32_t)));
+      backend_->fill(stage_rows_.data(), 0xff, stage_rows_.bytes(), config_.stream);
+      backend_->fill(stage_positions_.data(), 0xff, stage_positions_.bytes(), config_.stream);
+    }
+    staged_.assign(layers, 0);
+  }
+}
+
+template <class Traits>
+void TypedCache<Traits>::check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi,
+                                       bool allow_padding, int32_t code) {
+  detail::IndexCheckArgs a{v.data, v.dtype == DType::i64, count, lo, hi, allow_padding, code, status()};
+  if (on_cpu()) {
+    detail::check_indices_on_host(a);
+  } else {
+#if KVFORGE_WITH_CUDA
+    detail::check_indices_on_device(config_.stream, a);
+#endif
+  }
+}
+
+template <class Traits> void TypedCache<Traits>::check_row(int64_t row) const {
+  if (Traits::descriptor.paged())
+    throw UnsupportedError(std::string(Traits::descriptor.name) + ": paged layouts have no rows");
+  if (row < 0 || row >= capacity_.rows) throw OutOfRangeError("row", row, 0, capacity_.rows);
+}
+
+template <class Traits>
+void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) {
+  detail::check_layer(layer, layers);
+  const int64_t tokens = k.shape[0];
+  detail::check_tensor("k", k, {tokens, heads, head_dim}, dtype_of<input_t>::value, config_.device);
+  detail::check_tensor("v", v, {tokens, heads, head_dim}, dtype_of<input_t>::value, config_.device);
+  if constexpr (addressing == Addressing::paged) {
+    detail::check_index_view("targets.slots", targets.slots, DType::i64, tokens, config_.device, tokens);
+  } else {
+    detail::check_index_view("targets.rows", targets.rows, DType::i32, tokens, config_.device, tokens);
+    detail::check_index_view("targets.positions", targets.positions, DType::i32, tokens, config_.device, tokens);
+  }
+  if constexpr (lazy) {
+    if (staged_[layer] + tokens > staged_capacity_)
+      throw OutOfRangeError("k.shape[0]", tokens, 0, staged_capacity_ - staged_[layer] + 1, -1,
+                            "layer " + std::to_string(layer) + " already holds " + std::to_string(staged_[layer]) +
+                                " of max_staged_tokens=" + std::to_string(staged_capacity_) +
+                                " staged tokens; commit() first");
+  }
+  if (tokens == 0) return;
+  if constexpr (addressing == Addressing::paged) {
+    check_indices(targets.slots, tokens, 0, capacity_.pages * page_size, true, detail::kCheckSlots);
+  } else {
+    check_indices(targets.rows, tokens, 0, capacity_.rows, true, detail::kCheckRows);
+    const int64_t max_position = addressing == Addressing::ring ? int64_t(INT32_MAX) : capacity_.positions;
+    check_indices(targets.positions, tokens, 0, max_position, true, detail::kCheckPositions);
+  }
+
+  if constexpr (lazy) {
+    const int64_t first = int64_t(layer) * staged_capacity_ + staged_[layer];
+    const int64_t row_elems = int64_t(heads) * head_dim;
+    detail::StageArgs<input_t> s{detail::rows3<const input_t>(k), detail::rows3<const input_t>(v),
+                                 stage_k_.as<input_t>() + first * row_elems,
+                                 stage_v_.as<input_t>() + first * row_elems, tokens, status()};
+    KVFORGE_RUN_OP(stage, s);
+    if constexpr (addressing == Addressing::paged) {
+      backend_->copy(stage_slots_.as<int64_t>() + first, targets.slots.data, tokens * 8, config_.stream);
+    } else {
+      backend_->copy(stage_rows_.as<int32_t>() + first, targets.rows.data, tokens * 4, config_.stream);
+      backend_->copy(stage_positions_.as<int32_t>() + first, targets.positions.data, tokens * 4, config_.stream);
+    }
+    staged_[layer] += tokens;
+  } else {
+    detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),
+                                           geometry_.strides,
+                                           detail::rows3<const input_t>(k),
+                                           detail::rows3<const input_t>(v),
+                                           0,
+                                           static_cast<const int32_t*>(targets.rows.data),
+                                           static_cast<const int32_t*>(targets.positions.data),
+                                           static_cast<const int64_t*>(targets.slots.data),
+                                           0,
+                                           tokens,
+                                           layer,
+                                           1,
+                                           row_length_.as<int32_t>(),
+                                           status()};
+    KVFORGE_RUN_OP(write, a);
+  }
+}
+
+template <class Traits> void TypedCache<Traits>::commit() {
+  if constexpr (lazy) {
+    // Unstaged entries hold target -1 and are skipped, so one launch covers every layer whatever
+    // each staged, and the launch shape never changes between steps (graph replay stays valid).
+    const int64_t row_elems = int64_t(heads) * head_dim;
+    detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),
+                                           geometry_.strides,
+                                           {stage_k_.as<const input_t>(), row_elems, head_dim},
+                                           {stage_v_.as<const input_t>(), row_elems, head_dim},
+                                           staged_capacity_ * row_elems,
+                                           stage_rows_.as<const int32_t>(),
+                                           stage_positions_.as<const int32_t>(),
+                                           stage_slots_.as<const int64_t>(),
+                                           staged_capacity_,
+                                           staged_capacity_,
+                                           0,
+                                           layers,
+                                           row_length_.as<int32_t>(),
+                                           status()};
+    KVFORGE_RUN_OP(write, a);
+    for (Buffer* b : {&stage_rows_, &stage_positions_, &stage_slots_})
+      if (b->data()) backend_->fill(b->data(), 0xff, b->bytes(), config_.stream);
+    std::fill(staged_.begin(), staged_.end(), 0);
+  }
+}
+
+template <class Traits>
+void TypedCache<Traits>::gather(int layer, const GatherRange& range, const TensorView& k_out,
+                                const TensorView& v_out) {
+  detail::check_layer(layer, layers);
+  if (range.begin < 0) throw OutOfRangeError("range.begin", range.begin, 0, INT64_MAX);
+  if (range.end < range.begin) throw OutOfRangeError("range.end", range.end, range.begin, INT64_MAX);
+  const int64_t count = range.end - range.begin;
+  detail::check_tensor("k_out", k_out, {heads, count, head_dim}, dtype_of<input_t>::value, config_.device);
+  detail::check_tensor("v_out", v_out, {heads, count, head_dim}, dtype_of<input_t>::value, config_.device);
+  if constexpr (addressing == Addressing::paged) {
+    const int64_t pages_needed = (range.end + page_size - 1) / page_size;
+    detail::check_index_view("range.pages", range.pages, DType::i32, pages_needed, config_.device);
+    if (count > 0) check_indices(range.pages, pages_needed, 0, capacity_.pages, false, detail::kCheckPages);
+  } else {
+    check_row(range.row);
+    if constexpr (addressing == Addressing::ring) {
+      const int64_t length = row_length(range.row);
+      const int64_t oldest = std::max<int64_t>(0, length - window);
+      if (range.end > length)
+        throw OutOfRangeError("range.end", range.end, range.begin, length + 1, -1,
+                              "row " + std::to_string(range.row) + " holds positions below " + std::to_string(length));
+      if (count > 0 && range.begin < oldest)
+        throw OutOfRangeError("range.begin", range.begin, oldest, length, -1,
+                              "positions before " + std::to_string(oldest) + " have left the ring's window of " +
+                                  std::to_string(window));
+    } else {
+      if (range.end > capacity_.positions)
+        throw OutOfRangeError("range.end", range.end, range.begin, capacity_.positions + 1, -1,
+                              "the cache holds max_seq_len=" + std::to_string(capacity_.positions) + " positions per row");
+    }
+  }
+  if (count == 0) return;
+  detail::GatherArgs<storage_t, input_t> a{pool_.as<const storage_t>(),
+                                          geometry_.strides,
+                                          {static_cast<input_t*>(k_out.data), k_out.stride[1], k_out.stride[0]},
+                                          {static_cast<input_t*>(v_out.data), v_out.stride[1], v_out.stride[0]},
+                                          layer,
+                                          range.row,
+                                          static_cast<const int32_t*>(range.pages.data),
+                                          range.begin,
+                                          count,
+                                          status()};
+  KVFORGE_RUN_OP(gather, a);
+}
+
+template <class Traits> void TypedCache<Traits>::reset() {
+  backend_->fill(pool_.data(), 0, pool_.bytes(), config_.stream);
+  if (row_length_.data()) backend_->fill(row_length_.data(), 0, row_length_.bytes(), config_.stream);
+}
+
+template <class Traits> void TypedCache<Traits>::reset_row(int64_t row) {
+  check_row(row);
+  detail::ZeroRowArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, row, capacity_.positions, layers};
+  KVFORGE_RUN_OP(zero_row, a);
+  backend_->fill(row_length_.as<int32_t>() + row, 0, sizeof(int32_t), config_.stream);
+}
+
+template <class Traits> void TypedCache<Traits>::reorder(const IndexView& beam) {
+  if (Traits::descriptor.paged())
+    throw UnsupportedError(std::string(Traits::descriptor.name) +
+                           ": reorder is for contiguous and ring layouts; paged layouts fork by copy_blocks");
+  detail::check_index_view("beam", beam, DType::i32, capacity_.rows, config_.device, capacity_.rows);
+  check_indices(beam, capacity_.rows, 0, capacity_.rows, false, detail::kCheckBeam);
+  const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads * head_dim;
+  if (!reorder_scratch_.data()) {
+    reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
+    length_scratch_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
+  }
+  detail::ReorderArgs<storage_t> a{pool_.as<storage_t>(),
+                                  geometry_.strides,
+                                  reorder_scratch_.as<storage_t>(),
+                                  static_cast<const int32_t*>(beam.data),
+                                  capacity_.rows,
+                                  capacity_.positions,
+                                  0,
+                                  row_length_.as<int32_t>(),
+                                  length_scratch_.as<int32_t>(),
+                                  status()};
+  for (int layer = 0; layer < layers; ++layer) {
+    a.layer = layer;
+    KVFORGE_RUN_OP(reorder_layer, a);
+  }
+  KVFORGE_RUN_OP(reorder_lengths, a);
+}
+
+template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pairs) {
+  if (!Traits::descriptor.paged())
+    throw UnsupportedError(std::string(Traits::descriptor.name) + ": copy_blocks is for paged layouts");
+  if (pairs.size % 2 != 0)
+    throw ShapeError("pairs", "holds (src, dst) pairs, so its size must be even, got " + std::to_string(pairs.size));
+  detail::check_index_view("pairs", pairs, DType::i32, pairs.size, config_.device);
+  if (pairs.size == 0) return;
+  check_indices(pairs, pairs.size, 0, capacity_.pages, false, detail::kCheckBlockPairs);
+  if (on_cpu()) detail::check_pairs_disjoint_on_host(static_cast<const int32_t*>(pairs.data), pairs.size / 2);
+  detail::CopyPagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides,
+                                    static_cast<const int32_t*>(pairs.data), pairs.size / 2, layers, status()};
+  KVFORGE_RUN_OP(copy_pages, a);
+}
+
+template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
+  detail::check_layer(layer, layers);
+  const storage_t* base = pool_.as<const storage_t>() + geometry_.strides.layer * layer;
+  LayerView v;
+  v.k = base;
+  v.v = base + geometry_.strides.kv;
+  v.dtype = dtype_of<storage_t>::value;
+  v.device = config_.device;
+  v.strides = geometry_.strides;
+  v.rows_or_pages = Traits::descriptor.paged() ? capacity_.pages : capacity_.rows;
+  v.seq_or_slots = Traits::descriptor.paged() ? page_size : capacity_.positions;
+  v.heads = heads;
+  v.head_dim = head_dim;
+  return v;
+}
+
+template <class Traits> int64_t TypedCache<Traits>::row_length(int64_t row) const {
+  check_row(row);
+  int32_t length = 0;
+  backend_->to_host(&length, row_length_.as<int32_t>() + row, sizeof(length), config_.stream);
+  return length;
+}
+
+template <class Traits> void TypedCache<Traits>::synchronize() {
+  backend_->synchronize(config_.stream);
+  if (!on_cpu()) {
+    detail::DeviceStatus s{};
+    backend_->to_host(&s, status(), sizeof(s), config_.stream);
+    if (s.code != 0) {
+      backend_->fill(status(), 0, sizeof(s), config_.stream);
+      detail::raise_status(s);
+    }
+  }
+}
+
+template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
+  MemoryReport m;
+  m.storage_bytes = pool_.bytes();
+  m.staging_bytes = stage_k_.bytes() + stage_v_.bytes() + stage_rows_.bytes() + stage_positions_.bytes() +
+                    stage_slots_.bytes();
+  m.bookkeeping_bytes = row_length_.bytes() + status_.bytes() + reorder_scratch_.bytes() + length_scratch_.bytes();
+  return m;
+}
+
+#undef KVFORGE_RUN_OP
+
+template <class Traits> std::unique_ptr<Cache> make_cache(const CacheConfig& config) {
+  return std::make_unique<TypedCache<Traits>>(config);
+}
+
+}  // namespace kvforge

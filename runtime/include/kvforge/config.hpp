@@ -1,0 +1,10 @@
+// Portability macros shared by host-only and CUDA translation units.
+#pragma once
+
+#if defined(__CUDACC__)
+#define KVF_HD __host__ __device__
+#define KVF_INLINE __forceinline__
+#else
+#define KVF_HD
+#define KVF_INLINE inline __attribute__((always_inline))
+#endif

@@ -1,0 +1,28 @@
+// Definitions of CudaOps<Traits>: each forwards to the one source in ops.hpp with the CUDA executor.
+// A generated <variant>.cu includes this and instantiates `template struct CudaOps<traits>;`.
+#pragma once
+
+#include "kvforge/cuda_ops.hpp"
+#include "kvforge/exec_cuda.cuh"
+#include "kvforge/ops.hpp"
+
+namespace kvforge::detail {
+
+template <class T> using CudaOpsFor = Ops<T, CudaExec>;
+inline CudaExec cuda_exec(void* stream) { return CudaExec{static_cast<cudaStream_t>(stream)}; }
+
+template <class T> void CudaOps<T>::write(void* s, const WriteArgs<Store, In>& a) { CudaOpsFor<T>::write(cuda_exec(s), a); }
+template <class T> void CudaOps<T>::stage(void* s, const StageArgs<In>& a) { CudaOpsFor<T>::stage(cuda_exec(s), a); }
+template <class T> void CudaOps<T>::gather(void* s, const GatherArgs<Store, In>& a) { CudaOpsFor<T>::gather(cuda_exec(s), a); }
+template <class T> void CudaOps<T>::zero_row(void* s, const ZeroRowArgs<Store>& a) { CudaOpsFor<T>::zero_row(cuda_exec(s), a); }
+template <class T> void CudaOps<T>::reorder_layer(void* s, const ReorderArgs<Store>& a) {
+  CudaOpsFor<T>::reorder_layer(cuda_exec(s), a);
+}
+template <class T> void CudaOps<T>::reorder_lengths(void* s, const ReorderArgs<Store>& a) {
+  CudaOpsFor<T>::reorder_lengths(cuda_exec(s), a);
+}
+template <class T> void CudaOps<T>::copy_pages(void* s, const CopyPagesArgs<Store>& a) {
+  CudaOpsFor<T>::copy_pages(cuda_exec(s), a);
+}
+
+}  // namespace kvforge::detail

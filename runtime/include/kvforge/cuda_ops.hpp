@@ -1,0 +1,24 @@
+// Host-visible entry points of the CUDA instantiation of ops.hpp. The generated <variant>.cu defines
+// them; host code calls them only when the build has CUDA (KVFORGE_WITH_CUDA).
+#pragma once
+
+#include "kvforge/op_args.hpp"
+
+namespace kvforge::detail {
+
+template <class Traits> struct CudaOps {
+  using Store = typename Traits::storage_t;
+  using In = typename Traits::input_t;
+  static void write(void* stream, const WriteArgs<Store, In>& a);
+  static void stage(void* stream, const StageArgs<In>& a);
+  static void gather(void* stream, const GatherArgs<Store, In>& a);
+  static void zero_row(void* stream, const ZeroRowArgs<Store>& a);
+  static void reorder_layer(void* stream, const ReorderArgs<Store>& a);
+  static void reorder_lengths(void* stream, const ReorderArgs<Store>& a);
+  static void copy_pages(void* stream, const CopyPagesArgs<Store>& a);
+};
+
+// Device-side index validation (no host read, so graph capture stays legal).
+void check_indices_on_device(void* stream, const IndexCheckArgs& a);
+
+}  // namespace kvforge::detail

@@ -1,0 +1,128 @@
+// Element types. fp16 and bf16 are plain 16-bit carriers with conversions that compile for host and
+// device alike, so the CPU backend rounds exactly as the CUDA backend does.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+
+#include "kvforge/config.hpp"
+
+namespace kvforge {
+
+enum class DType : uint8_t { f32, f16, bf16, i32, i64 };
+
+struct fp16 {
+  uint16_t bits;
+};
+struct bf16 {
+  uint16_t bits;
+};
+
+constexpr int dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "fp32";
+    case DType::f16: return "fp16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+  }
+  return "?";
+}
+
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
+template <> struct dtype_of<fp16> { static constexpr DType value = DType::f16; };
+template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
+template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
+template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
+
+KVF_HD KVF_INLINE uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+KVF_HD KVF_INLINE float bits_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+KVF_HD KVF_INLINE float to_float(float x) { return x; }
+
+KVF_HD KVF_INLINE float to_float(bf16 x) { return bits_float(uint32_t(x.bits) << 16); }
+
+// Round to nearest even; NaN stays NaN (quiet), infinities stay infinite.
+KVF_HD KVF_INLINE bf16 bf16_from_float(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x0040u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
+
+KVF_HD KVF_INLINE float to_float(fp16 x) {
+  const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
+  const uint32_t exp = (x.bits >> 10) & 0x1fu;
+  uint32_t mant = x.bits & 0x3ffu;
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf / nan
+  if (exp != 0) return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return bits_float(sign);
+  // Subnormal half: renormalize.
+  int e = -1;
+  do {
+    ++e;
+    mant <<= 1;
+  } while ((mant & 0x400u) == 0);
+  return bits_float(sign | (uint32_t(112 - e) << 23) | ((mant & 0x3ffu) << 13));
+}
+
+// Round to nearest even with subnormals, overflow to infinity, NaN kept quiet.
+KVF_HD KVF_INLINE fp16 fp16_from_float(float f) {
+  const uint32_t u = float_bits(f);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return fp16{uint16_t(sign | 0x7e00u)};
+  if (a >= 0x477ff000u) return fp16{uint16_t(sign | 0x7c00u)};  // rounds to >= 65520: inf
+  if (a < 0x38800000u) {                                         // below the smallest normal half
+    if (a < 0x33000000u) return fp16{sign};                      // below half the smallest subnormal
+    const uint32_t exp = a >> 23;
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - exp;  // 14..24
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u);
+    const uint32_t mid = 1u << (shift - 1u);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return fp16{uint16_t(sign | half)};
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+  r -= 0x38000000u;  // rebias 127 -> 15
+  return fp16{uint16_t(sign | (r >> 13))};
+}
+
+template <class To> KVF_HD KVF_INLINE To from_float(float f);
+template <> KVF_HD KVF_INLINE float from_float<float>(float f) { return f; }
+template <> KVF_HD KVF_INLINE bf16 from_float<bf16>(float f) { return bf16_from_float(f); }
+template <> KVF_HD KVF_INLINE fp16 from_float<fp16>(float f) { return fp16_from_float(f); }
+
+// Same-type conversion is a bit copy: no rounding, NaN payloads kept.
+template <class To, class From> KVF_HD KVF_INLINE To convert(From x) {
+  if constexpr (sizeof(To) == sizeof(From) && std::is_same_v<To, From>) {
+    return x;
+  } else {
+    return from_float<To>(to_float(x));
+  }
+}
+
+}  // namespace kvforge

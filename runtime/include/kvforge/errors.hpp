@@ -1,0 +1,80 @@
+// Typed errors. Every check runs before the first write, so a caught error leaves the cache as it was.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvforge {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The variant asked for is not registered; `nearest()` lists the closest names.
+class UnknownVariantError : public Error {
+ public:
+  UnknownVariantError(std::string name, std::vector<std::string> nearest);
+  const std::string& name() const { return name_; }
+  const std::vector<std::string>& nearest() const { return nearest_; }
+
+ private:
+  std::string name_;
+  std::vector<std::string> nearest_;
+};
+
+// An argument is wrong; `argument()` names it. The subclasses say how.
+class ArgumentError : public Error {
+ public:
+  ArgumentError(std::string argument, const std::string& message)
+      : Error(argument + ": " + message), argument_(std::move(argument)) {}
+  const std::string& argument() const { return argument_; }
+
+ private:
+  std::string argument_;
+};
+
+// A value lies outside [lo, hi); for index arrays, `index()` is the first offending element.
+class OutOfRangeError : public ArgumentError {
+ public:
+  OutOfRangeError(const std::string& argument, long long value, long long lo, long long hi,
+                  long long index = -1, const std::string& why = "");
+  long long value() const { return value_; }
+  long long lo() const { return lo_; }
+  long long hi() const { return hi_; }
+  long long index() const { return index_; }
+
+ private:
+  long long value_, lo_, hi_, index_;
+};
+
+class ShapeError : public ArgumentError {
+ public:
+  using ArgumentError::ArgumentError;
+};
+
+class DtypeError : public ArgumentError {
+ public:
+  using ArgumentError::ArgumentError;
+};
+
+class DeviceError : public ArgumentError {
+ public:
+  using ArgumentError::ArgumentError;
+};
+
+// The operation does not exist for this layout (for example reorder on a paged cache).
+class UnsupportedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A CUDA call failed, or CUDA was asked for where it is not built or no device is present.
+class BackendError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace kvforge

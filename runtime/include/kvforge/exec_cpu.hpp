@@ -1,0 +1,31 @@
+// The CPU executor: items run on OpenMP threads; each body moves whole rows with memcpy, which the
+// compiler turns into vector loads and stores for the compile-time row length.
+#pragma once
+
+#include <cstdint>
+
+#include "kvforge/op_args.hpp"
+
+namespace kvforge::detail {
+
+struct CpuExec {
+  // Below this much data a parallel region costs more than it saves.
+  static constexpr int64_t kParallelBytes = 1 << 16;
+
+  template <class Body> void for_each_item(int64_t items, int /*lanes*/, int64_t item_bytes, Body body) const {
+#pragma omp parallel for schedule(static) if (items * item_bytes >= kParallelBytes)
+    for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+  }
+
+  static void atomic_max(int32_t* target, int32_t value) {
+    int32_t seen = __atomic_load_n(target, __ATOMIC_RELAXED);
+    while (seen < value &&
+           !__atomic_compare_exchange_n(target, &seen, value, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+  }
+};
+
+// Host-side index validation for the CPU backend: throws OutOfRangeError naming the first bad entry.
+void check_indices_on_host(const IndexCheckArgs& a);
+
+}  // namespace kvforge::detail

@@ -1,0 +1,10 @@
+// Everything a user of kvforge includes.
+#pragma once
+
+#include "kvforge/backend.hpp"
+#include "kvforge/cache.hpp"
+#include "kvforge/dtype.hpp"
+#include "kvforge/errors.hpp"
+#include "kvforge/layout.hpp"
+#include "kvforge/registry.hpp"
+#include "kvforge/tensor.hpp"

@@ -1,0 +1,121 @@
+// Plain argument blocks shared by the host-side cache class and the kernels of both backends.
+#pragma once
+
+#include <cstdint>
+
+#include "kvforge/layout.hpp"
+
+namespace kvforge::detail {
+
+// Device-side record of the first failed index check. CUDA cannot read targets on the host without
+// breaking graph capture, so its checks run on the device: every later kernel sees a non-zero code and
+// writes nothing, and the host raises the error at synchronize(). The CPU checks on the host instead.
+struct DeviceStatus {
+  int32_t code;  // 0: fine; else an IndexCheck value
+  int32_t unused;
+  int64_t index;
+  int64_t value;
+  int64_t lo;
+  int64_t hi;
+};
+
+enum IndexCheck : int32_t {
+  kCheckNone = 0,
+  kCheckRows,
+  kCheckPositions,
+  kCheckSlots,
+  kCheckPages,
+  kCheckBeam,
+  kCheckBlockPairs,
+};
+const char* index_check_argument(int32_t code);
+
+// One rank-3 input or output as the kernels address it: element strides for token and head.
+template <class T> struct Rows3 {
+  T* data;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
+// append (one layer) and commit (every layer's staged tokens) are one operation.
+template <class Store, class In> struct WriteArgs {
+  Store* pool;
+  Strides s;
+  Rows3<const In> k, v;
+  int64_t input_layer_stride;   // elements between successive layers' staged tokens
+  const int32_t* rows;          // contiguous and ring
+  const int32_t* positions;
+  const int64_t* slots;         // paged
+  int64_t target_layer_stride;  // entries between successive layers' targets
+  int64_t tokens;               // per layer
+  int first_layer;
+  int num_layers;
+  int32_t* row_length;
+  const DeviceStatus* status;
+};
+
+template <class In> struct StageArgs {
+  Rows3<const In> k_in, v_in;
+  In* k_stage;  // [tokens, heads, head_dim], contiguous
+  In* v_stage;
+  int64_t tokens;
+  const DeviceStatus* status;
+};
+
+template <class Store, class In> struct GatherArgs {
+  const Store* pool;
+  Strides s;
+  Rows3<In> k, v;  // token_stride: within a head; head_stride: between heads
+  int layer;
+  int64_t row;
+  const int32_t* pages;
+  int64_t begin;
+  int64_t count;
+  const DeviceStatus* status;
+};
+
+// Zero positions [0, extent) of one row in every layer: reset_row.
+template <class Store> struct ZeroRowArgs {
+  Store* pool;
+  Strides s;
+  int64_t row;
+  int64_t positions;
+  int layers;
+};
+
+// Reorder, per layer: pack selected rows to scratch [rows, 2, positions, heads, dim], then unpack.
+template <class Store> struct ReorderArgs {
+  Store* pool;
+  Strides s;
+  Store* scratch;
+  const int32_t* beam;
+  int64_t rows;
+  int64_t positions;
+  int layer;
+  int32_t* row_length;
+  int32_t* length_scratch;
+  const DeviceStatus* status;
+};
+
+template <class Store> struct CopyPagesArgs {
+  Store* pool;
+  Strides s;
+  const int32_t* pairs;  // [n, 2] as (src, dst)
+  int64_t count;
+  int layers;
+  const DeviceStatus* status;
+};
+
+// Bounds check of an index array: every value in [lo, hi), or -1 where padding is allowed.
+struct IndexCheckArgs {
+  const void* data;
+  bool is64;
+  int64_t count;
+  int64_t lo;
+  int64_t hi;
+  bool allow_padding;
+  int32_t code;
+  DeviceStatus* status;
+};
+
+}  // namespace kvforge::detail

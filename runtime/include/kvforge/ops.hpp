@@ -1,0 +1,216 @@
+// The one source of every cache operation. Each operation is a loop over items (a token, or a
+// (layer, kv, position) triple) whose body moves the rows of all heads of that item. The executor
+// decides how items and lanes map to hardware: the CPU runs items on OpenMP threads with one lane,
+// CUDA gives each item a group of threads that split its heads into 16-byte vectors.
+//
+// Traits supply compile-time constants (heads, head_dim, page_size, window, addressing) so that
+// loops have fixed trip counts and divisions by page size and window are by constants.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kvforge/config.hpp"
+#include "kvforge/dtype.hpp"
+#include "kvforge/layout.hpp"
+#include "kvforge/op_args.hpp"
+
+namespace kvforge::detail {
+
+// Lanes a CUDA item uses: one per 16-byte vector of every head, capped at a block.
+template <class Store, int H, int D> constexpr int item_lanes() {
+  constexpr int bytes = D * int(sizeof(Store));
+  constexpr int per_head = bytes % 16 == 0 ? bytes / 16 : D;
+  constexpr int lanes = H * per_head;
+  return lanes > 256 ? 256 : lanes;
+}
+
+// Moves one head's row of D elements, converting types where they differ.
+template <int D, class Dst, class Src>
+KVF_HD KVF_INLINE void copy_row_part(Dst* dst, const Src* src, int lane, int lanes) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<Dst, Src> && (D * sizeof(Dst)) % 16 == 0) {
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
+      constexpr int V = int(D * sizeof(Dst) / 16);
+      for (int i = lane; i < V; i += lanes) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+      return;
+    }
+  }
+  for (int i = lane; i < D; i += lanes) dst[i] = convert<Dst>(src[i]);
+#else
+  (void)lane;
+  (void)lanes;
+  if constexpr (std::is_same_v<Dst, Src>) {
+    memcpy(dst, src, D * sizeof(Dst));
+  } else {
+    for (int i = 0; i < D; ++i) dst[i] = convert<Dst>(src[i]);
+  }
+#endif
+}
+
+// All H heads of one item. On CUDA the item's lanes are spread over (head, part of row).
+template <int H, int D, class Dst, class Src>
+KVF_HD KVF_INLINE void copy_heads(Dst* dst, int64_t dst_head_stride, const Src* src, int64_t src_head_stride,
+                                  int lane, int lanes) {
+#if defined(__CUDA_ARCH__)
+  if (lanes >= H && lanes % H == 0) {
+    const int per_head = lanes / H;
+    const int h = lane / per_head;
+    copy_row_part<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane % per_head, per_head);
+    return;
+  }
+#endif
+  for (int h = 0; h < H; ++h) copy_row_part<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane, lanes);
+}
+
+template <int H, int D, class Dst>
+KVF_HD KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, int lane, int lanes) {
+#if defined(__CUDA_ARCH__)
+  for (int j = lane; j < H * D; j += lanes) dst[(j / D) * dst_head_stride + j % D] = Dst{};
+#else
+  (void)lane;
+  (void)lanes;
+  for (int h = 0; h < H; ++h) memset(static_cast<void*>(dst + h * dst_head_stride), 0, D * sizeof(Dst));
+#endif
+}
+
+template <class Traits, class Exec> struct Ops {
+  using Store = typename Traits::storage_t;
+  using In = typename Traits::input_t;
+  static constexpr int H = Traits::heads;
+  static constexpr int D = Traits::head_dim;
+  static constexpr int P = Traits::page_size;
+  static constexpr int W = Traits::window;
+  static constexpr Addressing kAddressing = Traits::addressing;
+  static constexpr int kLanes = item_lanes<Store, H, D>();
+  static constexpr int64_t kItemBytes = int64_t(H) * D * sizeof(Store);
+
+  // Where position `pos` of a sequence lives: (row or page, seq index or slot).
+  KVF_HD static KVF_INLINE void locate_position(int64_t row, const int32_t* pages, int64_t pos, int64_t& unit,
+                                                int64_t& slot) {
+    if constexpr (kAddressing == Addressing::paged) {
+      unit = pages[pos / P];
+      slot = pos % P;
+    } else if constexpr (kAddressing == Addressing::ring) {
+      unit = row;
+      slot = pos % W;
+    } else {
+      (void)pages;
+      unit = row;
+      slot = pos;
+    }
+  }
+
+  static void write(const Exec& ex, const WriteArgs<Store, In>& a) {
+    const int64_t items = int64_t(a.num_layers) * a.tokens;
+    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+      if (a.status->code) return;
+      const int l = int(i / a.tokens);
+      const int64_t t = i - l * a.tokens;
+      const int64_t target = l * a.target_layer_stride + t;
+      int64_t unit, slot;
+      if constexpr (kAddressing == Addressing::paged) {
+        const int64_t s = a.slots[target];
+        if (s < 0) return;
+        unit = s / P;
+        slot = s % P;
+      } else {
+        const int32_t r = a.rows[target];
+        const int32_t p = a.positions[target];
+        if (r < 0 || p < 0) return;
+        locate_position(r, nullptr, p, unit, slot);
+        if (lane == 0 && a.row_length) Exec::atomic_max(&a.row_length[r], p + 1);
+      }
+      const int layer = a.first_layer + l;
+      const int64_t in_k = l * a.input_layer_stride + t * a.k.token_stride;
+      const int64_t in_v = l * a.input_layer_stride + t * a.v.token_stride;
+      copy_heads<H, D>(a.pool + a.s.layer * layer + a.s.row_or_page * unit + a.s.seq_or_slot * slot, a.s.head,
+                       a.k.data + in_k, a.k.head_stride, lane, lanes);
+      copy_heads<H, D>(a.pool + a.s.layer * layer + a.s.kv + a.s.row_or_page * unit + a.s.seq_or_slot * slot,
+                       a.s.head, a.v.data + in_v, a.v.head_stride, lane, lanes);
+    });
+  }
+
+  static void stage(const Exec& ex, const StageArgs<In>& a) {
+    ex.for_each_item(a.tokens, item_lanes<In, H, D>(), int64_t(H) * D * sizeof(In),
+                     [a] KVF_HD(int64_t t, int lane, int lanes) {
+                       if (a.status->code) return;
+                       copy_heads<H, D>(a.k_stage + t * H * D, D, a.k_in.data + t * a.k_in.token_stride,
+                                        a.k_in.head_stride, lane, lanes);
+                       copy_heads<H, D>(a.v_stage + t * H * D, D, a.v_in.data + t * a.v_in.token_stride,
+                                        a.v_in.head_stride, lane, lanes);
+                     });
+  }
+
+  static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
+    ex.for_each_item(a.count, kLanes, kItemBytes, [a] KVF_HD(int64_t j, int lane, int lanes) {
+      if (a.status->code) return;
+      int64_t unit, slot;
+      locate_position(a.row, a.pages, a.begin + j, unit, slot);
+      const Store* src = a.pool + a.s.layer * a.layer + a.s.row_or_page * unit + a.s.seq_or_slot * slot;
+      copy_heads<H, D>(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, lane, lanes);
+      copy_heads<H, D>(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, lane, lanes);
+    });
+  }
+
+  static void zero_row(const Exec& ex, const ZeroRowArgs<Store>& a) {
+    const int64_t items = int64_t(a.layers) * 2 * a.positions;
+    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+      const int64_t pos = i % a.positions;
+      const int64_t lk = i / a.positions;
+      zero_heads<H, D>(a.pool + a.s.layer * (lk / 2) + a.s.kv * (lk % 2) + a.s.row_or_page * a.row +
+                           a.s.seq_or_slot * pos,
+                       a.s.head, lane, lanes);
+    });
+  }
+
+  // One layer of a reorder: scratch[r] = old row beam[r]; then row r = scratch[r].
+  static void reorder_layer(const Exec& ex, const ReorderArgs<Store>& a) {
+    const int64_t items = a.rows * 2 * a.positions;
+    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+      if (a.status->code) return;
+      const int64_t pos = i % a.positions;
+      const int64_t kv = (i / a.positions) % 2;
+      const int64_t r = i / (2 * a.positions);
+      const Store* src = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * a.beam[r] +
+                         a.s.seq_or_slot * pos;
+      copy_heads<H, D>(a.scratch + i * H * D, D, src, a.s.head, lane, lanes);
+    });
+    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+      if (a.status->code) return;
+      const int64_t pos = i % a.positions;
+      const int64_t kv = (i / a.positions) % 2;
+      const int64_t r = i / (2 * a.positions);
+      Store* dst = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * r + a.s.seq_or_slot * pos;
+      copy_heads<H, D>(dst, a.s.head, a.scratch + i * H * D, D, lane, lanes);
+    });
+  }
+
+  static void reorder_lengths(const Exec& ex, const ReorderArgs<Store>& a) {
+    ex.for_each_item(a.rows, 1, 4, [a] KVF_HD(int64_t r, int, int) {
+      if (a.status->code) return;
+      a.length_scratch[r] = a.row_length[a.beam[r]];
+    });
+    ex.for_each_item(a.rows, 1, 4, [a] KVF_HD(int64_t r, int, int) {
+      if (a.status->code) return;
+      a.row_length[r] = a.length_scratch[r];
+    });
+  }
+
+  static void copy_pages(const Exec& ex, const CopyPagesArgs<Store>& a) {
+    const int64_t items = a.count * a.layers * 2 * P;
+    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+      if (a.status->code) return;
+      const int64_t slot = i % P;
+      const int64_t kv = (i / P) % 2;
+      const int64_t layer = (i / (2 * P)) % a.layers;
+      const int64_t pair = i / (2 * P * a.layers);
+      const int64_t base = a.s.layer * layer + a.s.kv * kv + a.s.seq_or_slot * slot;
+      copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
+                       a.pool + base + a.s.row_or_page * a.pairs[2 * pair], a.s.head, lane, lanes);
+    });
+  }
+};
+
+}  // namespace kvforge::detail

@@ -1,0 +1,104 @@
+// The CUDA backend: memory, copies, device-side index checks. Built only with KVFORGE_CUDA=ON.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kvforge/backend.hpp"
+#include "kvforge/cuda_ops.hpp"
+#include "kvforge/errors.hpp"
+#include "kvforge/exec_cuda.cuh"
+
+namespace kvforge {
+
+Backend& cpu_backend();
+
+namespace detail {
+void throw_cuda_error(cudaError_t err, const char* what) {
+  throw BackendError(std::string("cuda: ") + what + ": " + cudaGetErrorString(err));
+}
+
+namespace {
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw_cuda_error(err, what);
+}
+
+__global__ void check_indices_kernel(IndexCheckArgs a) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t v = a.is64 ? static_cast<const int64_t*>(a.data)[i] : static_cast<const int32_t*>(a.data)[i];
+    if (a.allow_padding && v == -1) continue;
+    if (v < a.lo || v >= a.hi) {
+      // The first failure to claim the flag records itself; later ones are dropped.
+      if (atomicCAS(&a.status->code, 0, a.code) == 0) {
+        a.status->index = i;
+        a.status->value = v;
+        a.status->lo = a.lo;
+        a.status->hi = a.hi;
+      }
+    }
+  }
+}
+}  // namespace
+
+void check_indices_on_device(void* stream, const IndexCheckArgs& a) {
+  if (a.count <= 0) return;
+  const int threads = 256;
+  const int64_t blocks = (a.count + threads - 1) / threads;
+  check_indices_kernel<<<unsigned(blocks < 1024 ? blocks : 1024), threads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  check(cudaGetLastError(), "index check launch");
+}
+}  // namespace detail
+
+namespace {
+using detail::check;
+
+class CudaBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cuda; }
+  void* allocate(int64_t bytes) override {
+    void* p = nullptr;
+    check(cudaMalloc(&p, size_t(bytes)), "cudaMalloc");
+    check(cudaMemset(p, 0, size_t(bytes)), "cudaMemset");
+    return p;
+  }
+  void release(void* p) noexcept override { cudaFree(p); }
+  void fill(void* dst, int byte, int64_t bytes, void* s) override {
+    check(cudaMemsetAsync(dst, byte, size_t(bytes), static_cast<cudaStream_t>(s)), "cudaMemsetAsync");
+  }
+  void copy(void* dst, const void* src, int64_t bytes, void* s) override {
+    check(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)),
+          "cudaMemcpyAsync d2d");
+  }
+  void to_host(void* host, const void* src, int64_t bytes, void* s) override {
+    check(cudaMemcpyAsync(host, src, size_t(bytes), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)),
+          "cudaMemcpyAsync d2h");
+    check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
+  }
+  void from_host(void* dst, const void* host, int64_t bytes, void* s) override {
+    check(cudaMemcpyAsync(dst, host, size_t(bytes), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)),
+          "cudaMemcpyAsync h2d");
+    check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
+  }
+  void synchronize(void* s) override { check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize"); }
+};
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    if (why) *why = err != cudaSuccess ? std::string("no usable CUDA driver or device: ") + cudaGetErrorString(err)
+                                       : std::string("no CUDA device is present");
+    return false;
+  }
+  return true;
+}
+
+Backend& backend(Device d) {
+  if (d == Device::cpu) return cpu_backend();
+  std::string why;
+  if (!cuda_available(&why)) throw BackendError(why);
+  static CudaBackend b;
+  return b;
+}
+
+}  // namespace kvforge

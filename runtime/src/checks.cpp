@@ -1,0 +1,107 @@
+// Argument checks shared by every variant; each throws before anything is written.
+#include <climits>
+#include <string>
+#include <unordered_set>
+
+#include "kvforge/cache_impl.hpp"
+
+namespace kvforge::detail {
+
+void check_layer(int layer, int layers) {
+  if (layer < 0 || layer >= layers) throw OutOfRangeError("layer", layer, 0, layers);
+}
+
+void check_tensor(const char* name, const TensorView& t, const std::array<int64_t, 3>& shape, DType dtype,
+                  Device device) {
+  const std::string n(name);
+  if (t.device != device)
+    throw DeviceError(n, std::string("is on ") + device_name(t.device) + ", the cache is on " + device_name(device));
+  if (t.dtype != dtype)
+    throw DtypeError(n, "is " + std::string(dtype_name(t.dtype)) + ", expected " + std::string(dtype_name(dtype)));
+  if (t.shape != shape)
+    throw ShapeError(n, "has shape [" + std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]) + ", " +
+                            std::to_string(t.shape[2]) + "], expected [" + std::to_string(shape[0]) + ", " +
+                            std::to_string(shape[1]) + ", " + std::to_string(shape[2]) + "]");
+  if (t.stride[2] != 1) throw ShapeError(n, "the last axis must be contiguous (stride 1), got " + std::to_string(t.stride[2]));
+  if (shape[0] * shape[1] > 0 && t.data == nullptr) throw ArgumentError(n, "data is null");
+}
+
+void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t min_size, Device device,
+                      int64_t exact_size) {
+  const std::string n(name);
+  if (v.device != device)
+    throw DeviceError(n, std::string("is on ") + device_name(v.device) + ", the cache is on " + device_name(device));
+  if (v.dtype != dtype)
+    throw DtypeError(n, "is " + std::string(dtype_name(v.dtype)) + ", expected " + std::string(dtype_name(dtype)));
+  if (exact_size >= 0 && v.size != exact_size)
+    throw ShapeError(n, "has " + std::to_string(v.size) + " entries, expected " + std::to_string(exact_size));
+  if (v.size < min_size)
+    throw ShapeError(n, "has " + std::to_string(v.size) + " entries, needs at least " + std::to_string(min_size));
+  if (v.size > 0 && v.data == nullptr) throw ArgumentError(n, "data is null");
+}
+
+void check_config(const VariantDescriptor& d, const CacheConfig& c) {
+  if (c.device == Device::cuda) {
+    std::string why;
+    if (!cuda_available(&why)) throw DeviceError("config.device", "cuda is not usable here: " + why);
+  }
+  if (d.addressing == Addressing::paged) {
+    const int64_t max_pages = INT32_MAX / d.page_size;
+    if (c.pages < 1 || c.pages > max_pages)
+      throw OutOfRangeError("config.pages", c.pages, 1, max_pages + 1, -1, "a paged cache needs pages");
+  } else {
+    if (c.rows < 1 || c.rows > INT32_MAX) throw OutOfRangeError("config.rows", c.rows, 1, INT32_MAX);
+    if (d.addressing == Addressing::contiguous && (c.max_seq_len < 0 || c.max_seq_len > d.max_seq_len))
+      throw OutOfRangeError("config.max_seq_len", c.max_seq_len, 0, int64_t(d.max_seq_len) + 1, -1,
+                            std::string("0 means the model's ") + std::to_string(d.max_seq_len));
+    if (d.addressing == Addressing::ring && c.max_seq_len != 0 && c.max_seq_len != d.window)
+      throw OutOfRangeError("config.max_seq_len", c.max_seq_len, 0, 1, -1,
+                            "a ring holds exactly its window of " + std::to_string(d.window) + " positions; pass 0");
+  }
+  if (c.max_staged_tokens < 0) throw OutOfRangeError("config.max_staged_tokens", c.max_staged_tokens, 0, INT32_MAX);
+}
+
+Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c) {
+  Capacity cap;
+  switch (d.addressing) {
+    case Addressing::contiguous:
+      cap.rows = c.rows;
+      cap.positions = c.max_seq_len ? c.max_seq_len : d.max_seq_len;
+      break;
+    case Addressing::ring:
+      cap.rows = c.rows;
+      cap.positions = d.window;
+      break;
+    case Addressing::paged:
+      cap.pages = c.pages;
+      break;
+  }
+  return cap;
+}
+
+int64_t staged_capacity(const CacheConfig& c) { return c.max_staged_tokens ? c.max_staged_tokens : c.rows; }
+
+void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count) {
+  std::unordered_set<int32_t> sources, targets;
+  for (int64_t i = 0; i < count; ++i) sources.insert(pairs[2 * i]);
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t dst = pairs[2 * i + 1];
+    if (!targets.insert(dst).second)
+      throw ArgumentError("pairs", "page " + std::to_string(dst) + " is a destination twice (pair " +
+                                       std::to_string(i) + "); the result would depend on ordering");
+    if (sources.count(dst))
+      throw ArgumentError("pairs", "page " + std::to_string(dst) + " is both a source and a destination (pair " +
+                                       std::to_string(i) + "); copy through a free page instead");
+  }
+}
+
+void check_indices_on_host(const IndexCheckArgs& a) {
+  for (int64_t i = 0; i < a.count; ++i) {
+    const int64_t v = a.is64 ? static_cast<const int64_t*>(a.data)[i] : static_cast<const int32_t*>(a.data)[i];
+    if (a.allow_padding && v == -1) continue;
+    if (v < a.lo || v >= a.hi)
+      throw OutOfRangeError(index_check_argument(a.code), v, a.lo, a.hi, i, a.allow_padding ? "(-1 marks padding)" : "");
+  }
+}
+
+}  // namespace kvforge::detail
