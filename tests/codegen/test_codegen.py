@@ -1,0 +1,204 @@
+"""Codegen tests: exact messages for each kind of bad spec, all errors at once, no partial output,
+deterministic names that round-trip, write-only-when-changed."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+from kvforge_codegen.diagnostics import SpecFailure
+from kvforge_codegen.plan import parse_variant_name, plan_variants, variant_name, variant_symbol
+from kvforge_codegen.render import render, write_changed
+from kvforge_codegen.spec import load_specs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = os.path.join(REPO, "specs", "models")
+
+GOOD_LAYOUT = """\
+name: {name}
+addressing: paged
+page_size: 16
+axes: [page, slot, head, dim]
+update: eager
+expand:
+  - models: [tiny]
+    dtypes: [bf16]
+"""
+
+
+class SpecDir:
+    """A temporary layouts folder holding the given files."""
+
+    def __init__(self, files):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.layouts = os.path.join(self.tmp.name, "layouts")
+        os.makedirs(self.layouts)
+        for name, text in files.items():
+            with open(os.path.join(self.layouts, name), "w") as f:
+                f.write(textwrap.dedent(text))
+
+    def errors(self):
+        try:
+            load_specs([self.layouts], [MODELS], self.tmp.name)
+        except SpecFailure as failure:
+            return [str(e) for e in failure.errors]
+        return []
+
+
+def errors_of(text, name="bad.yaml"):
+    return SpecDir({name: text}).errors()
+
+
+class BadSpecMessages(unittest.TestCase):
+    def test_unknown_field(self):
+        self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "colour: blue\n"), [
+            "layouts/bad.yaml:9: colour: unknown field "
+            "(allowed: name, addressing, axes, page_size, window, update, expand)"])
+
+    def test_duplicate_key(self):
+        self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "update: lazy\n"), [
+            "layouts/bad.yaml:9: update: duplicate key (first given on line 5)"])
+
+    def test_unknown_addressing(self):
+        text = GOOD_LAYOUT.format(name="bad").replace("addressing: paged", "addressing: blocked")
+        self.assertEqual(errors_of(text), [
+            "layouts/bad.yaml:2: addressing: unknown value 'blocked' (allowed: contiguous, ring, paged)"])
+
+    def test_unknown_axis_and_dtype_reported_together(self):
+        text = GOOD_LAYOUT.format(name="bad").replace("[page, slot, head, dim]", "[page, slot, heads, dim]")
+        text = text.replace("[bf16]", "[bf16, fp64]")
+        self.assertEqual(errors_of(text), [
+            "layouts/bad.yaml:4: axes: unknown value 'heads' "
+            "(allowed: layer, row, seq, page, slot, kv, head, dim)",
+            "layouts/bad.yaml:8: expand[0].dtypes: unknown value 'fp64' (allowed: fp32, fp16, bf16)"])
+
+    def test_wrong_type(self):
+        text = GOOD_LAYOUT.format(name="bad").replace("page_size: 16", "page_size: sixteen")
+        self.assertEqual(errors_of(text), [
+            "layouts/bad.yaml:3: page_size: expected a positive integer, got 'sixteen'"])
+
+    def test_impossible_axes(self):
+        text = GOOD_LAYOUT.format(name="bad").replace("[page, slot, head, dim]", "[row, slot, dim, head]")
+        self.assertEqual(errors_of(text), [
+            "layouts/bad.yaml:4: axes: paged addressing needs axis 'page' "
+            "(allowed: page, slot, head, dim plus optional layer, kv)",
+            "layouts/bad.yaml:4: axes: axis 'row' has no meaning with paged addressing "
+            "(allowed: page, slot, head, dim plus optional layer, kv)",
+            "layouts/bad.yaml:4: axes: 'dim' must be the last axis, so that each head's row is contiguous "
+            "(allowed: [..., dim])"])
+
+    def test_window_on_paged_and_missing_window_on_ring(self):
+        text = GOOD_LAYOUT.format(name="bad") + "window: 16\n"
+        self.assertEqual(errors_of(text), [
+            "layouts/bad.yaml:9: window: only ring addressing has a window, not paged"])
+        ring = """\
+        name: ring
+        addressing: ring
+        axes: [row, head, seq, dim]
+        update: eager
+        expand:
+          - models: [tiny]
+            dtypes: [bf16]
+        """
+        self.assertEqual(errors_of(ring, "ring.yaml"), [
+            "layouts/ring.yaml:1: window: required field is missing for ring addressing "
+            "(allowed: a positive integer, model)"])
+
+    def test_unknown_model_and_unsupported_combination(self):
+        text = """\
+        name: ring
+        addressing: ring
+        window: model
+        axes: [row, head, seq, dim]
+        update: eager
+        expand:
+          - models: [tiny, llama3_8b, gpt5]
+            dtypes: [bf16]
+        """
+        self.assertEqual(errors_of(text, "ring.yaml"), [
+            "layouts/ring.yaml:7: expand[0]: ring.llama3_8b.bf16: window: model needs a model with "
+            "sliding_window, and llama3_8b has none",
+            "layouts/ring.yaml:7: expand[0].models: unknown model 'gpt5' "
+            "(allowed: llama3_8b, mistral_7b, qwen2_5_0_5b, tiny)"])
+
+    def test_name_must_match_file(self):
+        self.assertEqual(errors_of(GOOD_LAYOUT.format(name="other")), [
+            "layouts/bad.yaml:1: name: 'other' differs from the file name (allowed: bad)"])
+
+    def test_yaml_syntax_error(self):
+        self.assertEqual(errors_of("name: [unclosed\n"), [
+            "layouts/bad.yaml:2: (yaml): not valid YAML: expected ',' or ']', but got '<stream end>'"])
+
+    def test_every_error_in_every_file_at_once(self):
+        d = SpecDir({"a.yaml": GOOD_LAYOUT.format(name="a") + "x: 1\n",
+                     "b.yaml": GOOD_LAYOUT.format(name="b").replace("update: eager", "update: sometimes")})
+        errors = d.errors()
+        self.assertEqual(len(errors), 2)
+        self.assertTrue(errors[0].startswith("layouts/a.yaml:9: x: unknown field"))
+        self.assertTrue(errors[1].startswith("layouts/b.yaml:5: update: unknown value 'sometimes'"))
+
+
+class CommandLine(unittest.TestCase):
+    def run_codegen(self, *args):
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "codegen"))
+        return subprocess.run([sys.executable, "-m", "kvforge_codegen", *args], capture_output=True, text=True,
+                              env=env)
+
+    def test_bad_spec_gives_file_line_no_traceback_and_writes_nothing(self):
+        d = SpecDir({"bad.yaml": GOOD_LAYOUT.format(name="bad").replace("page_size: 16", "page_size: 0")})
+        out = os.path.join(d.tmp.name, "out")
+        r = self.run_codegen("generate", "--layouts", d.layouts, "--models", MODELS, "--source-root", d.tmp.name,
+                             "--out", out)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("layouts/bad.yaml:3: page_size: expected a positive integer, got 0", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertFalse(os.path.exists(out))
+
+    def test_unknown_filter_value_is_refused(self):
+        r = self.run_codegen("list", "--dtype", "fp64")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16)", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_dropping_a_spec_file_adds_a_variant(self):
+        d = SpecDir({"mine.yaml": GOOD_LAYOUT.format(name="mine")})
+        r = self.run_codegen("outputs", "--layouts", d.layouts, "--models", MODELS)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("mine.tiny.bf16.cpp", r.stdout.split())
+
+
+class Naming(unittest.TestCase):
+    def test_names_round_trip_and_symbols_are_identifiers(self):
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        variants = plan_variants(specs)
+        self.assertGreater(len(variants), 0)
+        names = [v.name for v in variants]
+        self.assertEqual(len(names), len(set(names)))
+        for v in variants:
+            fields = parse_variant_name(v.name)
+            self.assertEqual(fields, (v.layout.name, v.model.name, v.storage, v.input))
+            self.assertEqual(variant_name(*fields), v.name)
+            self.assertTrue(v.symbol.isidentifier())
+            self.assertNotIn("___", v.symbol)
+        self.assertEqual(variant_name("paged_nhd", "llama3_8b", "bf16", "bf16"), "paged_nhd.llama3_8b.bf16")
+        self.assertEqual(variant_name("q", "tiny", "fp16", "fp32"), "q.tiny.fp16_in_fp32")
+        self.assertEqual(parse_variant_name("q.tiny.fp16_in_fp32"), ("q", "tiny", "fp16", "fp32"))
+        self.assertEqual(variant_symbol("q.tiny.fp16"), "q__tiny__fp16")
+
+    def test_rendering_is_deterministic_and_writes_only_changes(self):
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        variants = plan_variants(specs)
+        first, second = render(variants), render(variants)
+        self.assertEqual(first, second)
+        for name, text in first.items():
+            if name.endswith((".hpp", ".cpp", ".cu")):
+                self.assertIn("DO NOT EDIT", text.splitlines()[1], name)
+        with tempfile.TemporaryDirectory() as out:
+            self.assertEqual(len(write_changed(first, out)), len(first))
+            self.assertEqual(write_changed(second, out), [])
+
+
+if __name__ == "__main__":
+    unittest.main()

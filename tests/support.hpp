@@ -1,0 +1,128 @@
+// Test support: device buffers filled from host vectors, value generation, registry parameters.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kvforge/kvforge.hpp"
+
+namespace kvtest {
+
+using namespace kvforge;
+
+// Every registered variant on every device kind; CUDA cases skip where CUDA cannot run.
+struct Case {
+  const VariantEntry* entry;
+  Device device;
+};
+
+inline std::vector<Case> all_cases() {
+  std::vector<Case> out;
+  for (Device d : {Device::cpu, Device::cuda})
+    for (const auto& e : registry().variants()) out.push_back({&e, d});
+  return out;
+}
+
+inline std::string case_name(const testing::TestParamInfo<Case>& info) {
+  std::string name = std::string(device_name(info.param.device)) + "_" + info.param.entry->descriptor->name;
+  for (char& c : name)
+    if (c == '.') c = '_';
+  return name;
+}
+
+// Skips the current test, saying why, when `device` cannot run kernels here.
+#define KVTEST_REQUIRE_DEVICE(device)                                      \
+  do {                                                                     \
+    std::string why_;                                                      \
+    if ((device) == kvforge::Device::cuda && !kvforge::cuda_available(&why_)) \
+      GTEST_SKIP() << "CUDA case skipped: " << why_;                       \
+  } while (0)
+
+// Floats in this set are exact in fp32, fp16 and bf16: k/4 for k in [-128, 127].
+inline float exact_value(uint64_t key) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdULL;
+  key ^= key >> 33;
+  key *= 0xc4ceb9fe1a85ec53ULL;
+  key ^= key >> 33;
+  return float(int(key % 256) - 128) / 4.0f;
+}
+
+// Encodes a float in a dtype, with an encoder written independently of kvforge's for exact values.
+inline void store_as(DType t, float x, void* dst) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (t == DType::f32) {
+    std::memcpy(dst, &x, 4);
+  } else if (t == DType::bf16) {
+    const uint16_t b = uint16_t(u >> 16);  // exact values have no bits below the top 16
+    std::memcpy(dst, &b, 2);
+  } else {
+    // fp16 of an exact value: sign, exponent rebias, mantissa truncation (exact by construction).
+    uint16_t h = 0;
+    if (x != 0.0f) {
+      int e;
+      const float m = std::frexp(std::fabs(x), &e);  // |x| = m * 2^e, m in [0.5, 1)
+      const int exp16 = e - 1 + 15;
+      const uint16_t mant = uint16_t(std::lround((m * 2.0f - 1.0f) * 1024.0f));
+      h = uint16_t((x < 0 ? 0x8000 : 0) | (exp16 << 10) | mant);
+    }
+    std::memcpy(dst, &h, 2);
+  }
+}
+
+inline float load_as(DType t, const void* src) {
+  if (t == DType::f32) {
+    float f;
+    std::memcpy(&f, src, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, src, 2);
+  if (t == DType::bf16) {
+    const uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (exp == 0) return sign * std::ldexp(float(mant), -24);
+  if (exp == 31) return mant ? NAN : sign * INFINITY;
+  return sign * std::ldexp(float(mant + 1024), exp - 25);
+}
+
+// Host staging that becomes device memory for the case's device.
+class Arena {
+ public:
+  explicit Arena(Device d) : backend_(backend(d)), device_(d) {}
+  template <class T> T* put(const std::vector<T>& host) {
+    buffers_.emplace_back(backend_, int64_t(host.size() * sizeof(T)) + 16);
+    backend_.from_host(buffers_.back().data(), host.data(), int64_t(host.size() * sizeof(T)), nullptr);
+    return buffers_.back().as<T>();
+  }
+  void* zeros(int64_t bytes) {
+    buffers_.emplace_back(backend_, bytes + 16);
+    return buffers_.back().data();
+  }
+  template <class T> IndexView index(const std::vector<T>& host) {
+    return IndexView{put(host), dtype_of<T>::value, device_, int64_t(host.size())};
+  }
+  std::vector<unsigned char> fetch(const void* src, int64_t bytes) {
+    std::vector<unsigned char> out(static_cast<size_t>(bytes));
+    backend_.to_host(out.data(), src, bytes, nullptr);
+    return out;
+  }
+  Device device() const { return device_; }
+
+ private:
+  Backend& backend_;
+  Device device_;
+  std::vector<Buffer> buffers_;
+};
+
+}  // namespace kvtest

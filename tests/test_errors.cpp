@@ -1,0 +1,223 @@
+// Every kind of bad argument is refused with a typed error naming it, and the cache is unchanged.
+#include <optional>
+#include <vector>
+
+#include "support.hpp"
+
+namespace kvtest {
+namespace {
+
+const VariantEntry& first_of(Addressing a, UpdateMode u = UpdateMode::eager) {
+  for (const auto& e : registry().variants())
+    if (e.descriptor->addressing == a && e.descriptor->update == u && std::string(e.descriptor->model) == "tiny")
+      return e;
+  throw std::runtime_error("no tiny variant with that addressing is registered");
+}
+
+struct Fixture {
+  explicit Fixture(const VariantEntry& e) : d(*e.descriptor) {
+    CacheConfig cfg;
+    cfg.rows = 2;
+    cfg.max_seq_len = d.addressing == Addressing::contiguous ? 32 : 0;
+    cfg.pages = 4;
+    cfg.max_staged_tokens = 4;
+    cache = e.create(cfg);
+    es = dtype_size(d.input);
+    k.assign(size_t(8 * d.heads * d.head_dim * es), 0x3c);
+    v = k;
+    // Put something in the cache so that "unchanged" is not trivially all zeros.
+    std::vector<int32_t> rows{0, 1}, pos{0, 1};
+    std::vector<int64_t> slots{0, 5};
+    append(0, 2, rows, pos, slots);
+    cache->commit();
+    snapshot = bytes();
+  }
+  std::vector<unsigned char> bytes() const {
+    const auto* p = static_cast<const unsigned char*>(cache->storage());
+    return {p, p + cache->memory().storage_bytes};
+  }
+  TensorView tokens(int64_t T, std::vector<unsigned char>& data, std::optional<DType> t = {}, int heads = -1) {
+    return TensorView::contiguous(data.data(), t.value_or(d.input), Device::cpu, T,
+                                  heads < 0 ? d.heads : heads, d.head_dim);
+  }
+  void append(int layer, int64_t T, std::vector<int32_t>& rows, std::vector<int32_t>& pos, std::vector<int64_t>& slots) {
+    const TokenTargets t = d.paged() ? TokenTargets::paged(IndexView::of(slots.data(), T))
+                                     : TokenTargets::row_positions(IndexView::of(rows.data(), T), IndexView::of(pos.data(), T));
+    cache->append(layer, tokens(T, k), tokens(T, v), t);
+  }
+  void expect_unchanged() const { EXPECT_TRUE(bytes() == snapshot) << d.name << ": a refused call changed the cache"; }
+
+  const VariantDescriptor& d;
+  std::unique_ptr<Cache> cache;
+  int es;
+  std::vector<unsigned char> k, v, snapshot;
+};
+
+template <class E, class F> void expect_error(F f, const std::string& argument) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error naming " << argument;
+  } catch (const E& e) {
+    if constexpr (std::is_base_of_v<ArgumentError, E>) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  }
+}
+
+TEST(Errors, UnknownVariantNamesTheNearest) {
+  try {
+    registry().create("vllm_paged_nhd.tiny.bf17", CacheConfig{});
+    FAIL();
+  } catch (const UnknownVariantError& e) {
+    ASSERT_FALSE(e.nearest().empty());
+    EXPECT_EQ(e.nearest()[0], "vllm_paged_nhd.tiny.bf16");
+    EXPECT_NE(std::string(e.what()).find("vllm_paged_nhd.tiny.bf16"), std::string::npos);
+  }
+}
+
+TEST(Errors, ContiguousAppendRefusesBadArgumentsBeforeWriting) {
+  Fixture f(first_of(Addressing::contiguous));
+  std::vector<int32_t> rows{0, 1, 1}, pos{2, 3, 32};  // the last position is past max_seq_len=32
+  std::vector<int64_t> none;
+  expect_error<OutOfRangeError>([&] { f.append(0, 3, rows, pos, none); }, "targets.positions");
+  f.expect_unchanged();
+  rows = {0, 2, -1};  // row 2 of 2
+  pos = {2, 3, 4};
+  expect_error<OutOfRangeError>([&] { f.append(0, 3, rows, pos, none); }, "targets.rows");
+  rows = {0, -2, 1};  // only -1 is padding
+  expect_error<OutOfRangeError>([&] { f.append(0, 3, rows, pos, none); }, "targets.rows");
+  rows = {0, 1, 1};
+  expect_error<OutOfRangeError>([&] { f.append(f.d.layers, 3, rows, pos, none); }, "layer");
+  expect_error<OutOfRangeError>([&] { f.append(-1, 3, rows, pos, none); }, "layer");
+  f.expect_unchanged();
+  const TokenTargets t = TokenTargets::row_positions(IndexView::of(rows.data(), 3), IndexView::of(pos.data(), 3));
+  const DType wrong = f.d.input == DType::f32 ? DType::bf16 : DType::f32;
+  std::vector<unsigned char> big(size_t(8 * 8 * f.d.head_dim * 4));
+  expect_error<DtypeError>([&] { f.cache->append(0, f.tokens(3, big, wrong), f.tokens(3, f.v), t); }, "k");
+  expect_error<ShapeError>([&] { f.cache->append(0, f.tokens(3, f.k), f.tokens(3, big, std::nullopt, f.d.heads + 1), t); }, "v");
+  expect_error<ShapeError>([&] { f.cache->append(0, f.tokens(2, f.k), f.tokens(2, f.v), t); }, "targets.rows");
+  TensorView on_gpu = f.tokens(3, f.k);
+  on_gpu.device = Device::cuda;
+  expect_error<DeviceError>([&] { f.cache->append(0, on_gpu, f.tokens(3, f.v), t); }, "k");
+  std::vector<int64_t> as64{0, 1, 1};
+  const TokenTargets wrong_type =
+      TokenTargets::row_positions(IndexView{as64.data(), DType::i64, Device::cpu, 3}, IndexView::of(pos.data(), 3));
+  expect_error<DtypeError>([&] { f.cache->append(0, f.tokens(3, f.k), f.tokens(3, f.v), wrong_type); }, "targets.rows");
+  f.expect_unchanged();
+}
+
+TEST(Errors, ContiguousGatherReorderAndResetRefuseBadArguments) {
+  Fixture f(first_of(Addressing::contiguous));
+  std::vector<unsigned char> out(size_t(f.d.heads * 40 * f.d.head_dim * f.es));
+  GatherRange g;
+  g.row = 0;
+  g.begin = 0;
+  g.end = 33;
+  const auto out_view = [&](int64_t n) { return TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, n, f.d.head_dim); };
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(33), out_view(33)); }, "range.end");
+  g.end = 4;
+  expect_error<ShapeError>([&] { f.cache->gather(0, g, out_view(5), out_view(4)); }, "k_out");
+  g.row = 2;
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(4), out_view(4)); }, "row");
+  g.row = 0;
+  g.begin = 5;
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(4), out_view(4)); }, "range.end");
+  std::vector<int32_t> beam{1, 2};
+  expect_error<OutOfRangeError>([&] { f.cache->reorder(IndexView::of(beam.data(), 2)); }, "beam");
+  expect_error<ShapeError>([&] { f.cache->reorder(IndexView::of(beam.data(), 1)); }, "beam");
+  expect_error<OutOfRangeError>([&] { f.cache->reset_row(2); }, "row");
+  std::vector<int32_t> pairs{0, 1};
+  EXPECT_THROW(f.cache->copy_blocks(IndexView::of(pairs.data(), 2)), UnsupportedError);
+  f.expect_unchanged();
+}
+
+TEST(Errors, RingGatherRefusesPositionsThatLeftTheWindow) {
+  Fixture f(first_of(Addressing::ring));
+  const int W = f.d.window;
+  std::vector<int32_t> rows{0}, pos{3 * W};
+  std::vector<int64_t> none;
+  f.append(0, 1, rows, pos, none);
+  f.snapshot = f.bytes();
+  std::vector<unsigned char> out(size_t(f.d.heads * (W + 1) * f.d.head_dim * f.es));
+  const auto out_view = [&](int64_t n) { return TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, n, f.d.head_dim); };
+  GatherRange g;
+  g.row = 0;
+  g.begin = 3 * W - W;  // oldest readable is 3W + 1 - W
+  g.end = 3 * W + 1;
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(W + 1), out_view(W + 1)); }, "range.begin");
+  g.begin = 3 * W;
+  g.end = 3 * W + 2;  // one past what was written
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(2), out_view(2)); }, "range.end");
+  f.expect_unchanged();
+}
+
+TEST(Errors, PagedRefusesBadSlotsPagesAndPairs) {
+  Fixture f(first_of(Addressing::paged));
+  const int64_t slots_total = 4 * f.d.page_size;
+  std::vector<int32_t> none;
+  std::vector<int64_t> slots{1, 2, slots_total};
+  expect_error<OutOfRangeError>([&] { f.append(0, 3, none, none, slots); }, "targets.slots");
+  f.expect_unchanged();
+  std::vector<int32_t> pages{0, 4};
+  std::vector<unsigned char> out(size_t(f.d.heads * 2 * f.d.page_size * f.d.head_dim * f.es));
+  GatherRange g;
+  g.pages = IndexView::of(pages.data(), 2);
+  g.begin = 0;
+  g.end = f.d.page_size + 1;
+  const auto out_view = [&](int64_t n) { return TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, n, f.d.head_dim); };
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(g.end), out_view(g.end)); }, "range.pages");
+  g.pages = IndexView::of(pages.data(), 1);
+  expect_error<ShapeError>([&] { f.cache->gather(0, g, out_view(g.end), out_view(g.end)); }, "range.pages");
+  std::vector<int32_t> pairs{0, 1, 2, 1};
+  expect_error<ArgumentError>([&] { f.cache->copy_blocks(IndexView::of(pairs.data(), 4)); }, "pairs");
+  pairs = {0, 1, 1, 2};
+  expect_error<ArgumentError>([&] { f.cache->copy_blocks(IndexView::of(pairs.data(), 4)); }, "pairs");
+  pairs = {0, 9};
+  expect_error<OutOfRangeError>([&] { f.cache->copy_blocks(IndexView::of(pairs.data(), 2)); }, "pairs");
+  expect_error<ShapeError>([&] { f.cache->copy_blocks(IndexView::of(pairs.data(), 1)); }, "pairs");
+  std::vector<int32_t> beam{0, 1};
+  EXPECT_THROW(f.cache->reorder(IndexView::of(beam.data(), 2)), UnsupportedError);
+  EXPECT_THROW(f.cache->reset_row(0), UnsupportedError);
+  f.expect_unchanged();
+}
+
+TEST(Errors, LazyStagingOverflowIsRefusedBeforeStaging) {
+  Fixture f(first_of(Addressing::contiguous, UpdateMode::lazy));
+  std::vector<int32_t> rows{0, 0, 0}, pos{4, 5, 6};
+  std::vector<int64_t> none;
+  f.append(0, 3, rows, pos, none);  // 3 of 4 staged
+  expect_error<OutOfRangeError>([&] { f.append(0, 3, rows, pos, none); }, "k.shape[0]");
+  f.cache->commit();  // only the first three land
+  std::vector<unsigned char> out(size_t(f.d.heads * 8 * f.d.head_dim * f.es));
+  GatherRange g;
+  g.row = 0;
+  g.begin = 4;
+  g.end = 8;
+  f.cache->gather(0, g, TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, 4, f.d.head_dim),
+                  TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, 4, f.d.head_dim));
+  EXPECT_EQ(f.cache->row_length(0), 7);
+}
+
+TEST(Errors, BadConfigurationsAreRefused) {
+  const VariantEntry& contiguous = first_of(Addressing::contiguous);
+  CacheConfig c;
+  c.rows = 0;
+  expect_error<OutOfRangeError>([&] { contiguous.create(c); }, "config.rows");
+  c.rows = 1;
+  c.max_seq_len = contiguous.descriptor->max_seq_len + 1;
+  expect_error<OutOfRangeError>([&] { contiguous.create(c); }, "config.max_seq_len");
+  CacheConfig p;
+  expect_error<OutOfRangeError>([&] { first_of(Addressing::paged).create(p); }, "config.pages");
+  CacheConfig r;
+  r.max_seq_len = 5;
+  expect_error<OutOfRangeError>([&] { first_of(Addressing::ring).create(r); }, "config.max_seq_len");
+  CacheConfig g;
+  g.device = Device::cuda;
+  std::string why;
+  if (!cuda_available(&why)) {
+    expect_error<DeviceError>([&] { contiguous.create(g); }, "config.device");
+  }
+}
+
+}  // namespace
+}  // namespace kvtest

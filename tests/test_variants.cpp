@@ -1,0 +1,380 @@
+// Every registered variant, on every device kind, against the reference of reference.hpp: randomized
+// ragged batches that mix prefill and decode with padding, over several seeds; then reorder or
+// copy_blocks, reset_row and reset; and the raw storage read through strides the test derives itself.
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "reference.hpp"
+
+namespace kvtest {
+namespace {
+
+class Driver {
+ public:
+  Driver(const VariantEntry& e, Device device, uint32_t seed)
+      : d_(*e.descriptor), arena_(device), rng_(seed), heads_(d_.heads), dim_(d_.head_dim) {
+    esize_ = dtype_size(d_.input);
+    ref_.window = d_.addressing == Addressing::ring ? d_.window : 0;
+    const bool big_ring = d_.addressing == Addressing::ring && int64_t(d_.window) * d_.bytes_per_token > (64 << 20);
+    sequences_ = big_ring ? 2 : 3;
+    capacity_ = d_.addressing == Addressing::ring ? INT32_MAX : std::min<int64_t>(d_.max_seq_len, 40);
+    CacheConfig cfg;
+    cfg.device = device;
+    cfg.max_staged_tokens = 96;
+    if (d_.paged()) {
+      pages_per_seq_ = (capacity_ + d_.page_size - 1) / d_.page_size;
+      // One sequence's worth of spare pages for forks, and one page no sequence uses.
+      cfg.pages = (sequences_ + 1) * pages_per_seq_ + 1;
+      std::vector<int32_t> order(size_t(cfg.pages));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng_);
+      page_table_.resize(size_t(sequences_ + 1));
+      for (int s = 0; s <= sequences_; ++s)
+        page_table_[s].assign(order.begin() + s * pages_per_seq_, order.begin() + (s + 1) * pages_per_seq_);
+    } else {
+      cfg.rows = sequences_;
+      cfg.max_seq_len = d_.addressing == Addressing::contiguous ? capacity_ : 0;
+    }
+    cache_ = e.create(cfg);
+    for (int l = 0; l < d_.layers; ++l)
+      if (d_.layers <= 4 || l == 0 || l == d_.layers / 2 || l == d_.layers - 1) layers_.push_back(l);
+    next_.assign(size_t(sequences_), 0);
+    if (ref_.window) {
+      // Rings start each sequence somewhere in its first three windows, so slots wrap.
+      for (auto& n : next_) n = std::uniform_int_distribution<int64_t>(0, 3 * int64_t(d_.window))(rng_);
+    }
+  }
+
+  // One step: every sequence gets a prefill chunk or one decode token; padding is mixed in; the token
+  // order is shuffled; on odd steps the input has a head stride wider than the row.
+  void step(int index) {
+    struct Token {
+      int64_t seq, pos;
+    };
+    std::vector<Token> tokens;
+    for (int64_t s = 0; s < sequences_; ++s) {
+      const bool prefill = index == 0 || std::uniform_int_distribution<int>(0, 9)(rng_) < 3;
+      int64_t n = prefill ? std::uniform_int_distribution<int64_t>(2, ref_.window ? 24 : 12)(rng_) : 1;
+      n = std::min(n, capacity_ - next_[s]);
+      for (int64_t i = 0; i < n; ++i) tokens.push_back({s, next_[s] + i});
+      next_[s] += n;
+    }
+    const int padding = std::uniform_int_distribution<int>(0, 3)(rng_);
+    for (int i = 0; i < padding; ++i) tokens.push_back({-1, -1});
+    std::shuffle(tokens.begin(), tokens.end(), rng_);
+    const int64_t T = int64_t(tokens.size());
+
+    std::vector<int32_t> rows, positions;
+    std::vector<int64_t> slots;
+    for (const Token& t : tokens) {
+      rows.push_back(int32_t(t.seq));
+      positions.push_back(int32_t(t.pos));
+      slots.push_back(t.seq < 0 ? -1 : int64_t(page_table_.empty() ? 0 : page_table_[t.seq][t.pos / std::max(1, d_.page_size)]) * d_.page_size + t.pos % std::max(1, d_.page_size));
+    }
+    const TokenTargets targets = d_.paged() ? TokenTargets::paged(arena_.index(slots))
+                                            : TokenTargets::row_positions(arena_.index(rows), arena_.index(positions));
+    const int64_t head_stride = index % 2 ? dim_ + 8 : dim_;
+    for (int layer : layers_) {
+      std::vector<unsigned char> k(size_t(T * heads_ * head_stride * esize_)), v(k.size());
+      for (int64_t t = 0; t < T; ++t) {
+        const uint64_t id = ++last_id_;
+        if (tokens[t].seq >= 0) pending_.push_back({layer, tokens[t].seq, tokens[t].pos, id});
+        for (int h = 0; h < heads_; ++h)
+          for (int x = 0; x < dim_; ++x) {
+            const size_t at = size_t(((t * heads_ + h) * head_stride + x) * esize_);
+            store_as(d_.input, Reference::value(id, 0, h, x, heads_, dim_), k.data() + at);
+            store_as(d_.input, Reference::value(id, 1, h, x, heads_, dim_), v.data() + at);
+          }
+      }
+      const TensorView kv[2] = {
+          {arena_.put(k), d_.input, arena_.device(), {T, heads_, dim_}, {heads_ * head_stride, head_stride, 1}},
+          {arena_.put(v), d_.input, arena_.device(), {T, heads_, dim_}, {heads_ * head_stride, head_stride, 1}}};
+      cache_->append(layer, kv[0], kv[1], targets);
+    }
+    if (d_.update == UpdateMode::lazy && index == 1) {
+      // Before commit, staged tokens are invisible: the cache still reads as the reference does.
+      verify("before commit");
+    }
+    cache_->commit();
+    for (const auto& p : pending_) ref_.write(p.layer, p.seq, p.pos, p.id);
+    pending_.clear();
+    cache_->synchronize();
+  }
+
+  std::pair<int64_t, int64_t> readable(int64_t seq) const {
+    const int64_t end = next_[seq];
+    return {ref_.window ? std::max<int64_t>(0, end - ref_.window) : 0, end};
+  }
+
+  GatherRange range_of(int64_t seq, int64_t begin, int64_t end, std::vector<int32_t>& pages_host) {
+    GatherRange g;
+    g.row = seq;
+    g.begin = begin;
+    g.end = end;
+    if (d_.paged()) {
+      pages_host = page_table_[seq];
+      g.pages = arena_.index(pages_host);
+    }
+    return g;
+  }
+
+  void verify(const std::string& when) {
+    for (int layer : layers_)
+      for (int64_t s = 0; s < sequences_; ++s) {
+        auto [begin, end] = readable(s);
+        if (!ref_.window) end = capacity_;  // also check that unwritten positions read as zero
+        if (end == begin) continue;
+        const int64_t n = end - begin;
+        const int64_t bytes = heads_ * n * dim_ * esize_;
+        void* ko = arena_.zeros(bytes);
+        void* vo = arena_.zeros(bytes);
+        std::vector<int32_t> pages;
+        cache_->gather(layer, range_of(s, begin, end, pages),
+                       TensorView::contiguous(ko, d_.input, arena_.device(), heads_, n, dim_),
+                       TensorView::contiguous(vo, d_.input, arena_.device(), heads_, n, dim_));
+        cache_->synchronize();
+        const auto kh = arena_.fetch(ko, bytes), vh = arena_.fetch(vo, bytes);
+        for (int h = 0; h < heads_; ++h)
+          for (int64_t j = 0; j < n; ++j) {
+            const uint64_t id = ref_.at(layer, s, begin + j);
+            for (int x = 0; x < dim_; ++x) {
+              const size_t at = size_t(((h * n + j) * dim_ + x) * esize_);
+              const float want_k = Reference::value(id, 0, h, x, heads_, dim_);
+              const float want_v = Reference::value(id, 1, h, x, heads_, dim_);
+              if (load_as(d_.input, kh.data() + at) != want_k || load_as(d_.input, vh.data() + at) != want_v) {
+                ADD_FAILURE() << d_.name << " " << when << ": layer " << layer << " seq " << s << " pos "
+                              << begin + j << " head " << h << " dim " << x << ": got K "
+                              << load_as(d_.input, kh.data() + at) << " V " << load_as(d_.input, vh.data() + at)
+                              << ", want K " << want_k << " V " << want_v;
+                return;
+              }
+            }
+          }
+      }
+  }
+
+  // Reads the physical pool through strides derived here from the spec's axis order (row-major), not
+  // through kvforge's geometry, and compares with the reference.
+  void verify_storage() {
+    const Geometry& g = cache_->geometry();
+    const int64_t elems = g.total_elems;
+    const auto pool = arena_.fetch(cache_->storage(), elems * dtype_size(d_.storage));
+    const CacheConfig& cfg = cache_->config();
+    const int64_t positions = ref_.window ? d_.window : cfg.max_seq_len;
+    std::vector<int64_t> extent;
+    for (int i = 0; i < d_.num_axes; ++i) {
+      switch (d_.axes[i]) {
+        case Axis::layer: extent.push_back(d_.layers); break;
+        case Axis::row: extent.push_back(cfg.rows); break;
+        case Axis::seq: extent.push_back(positions); break;
+        case Axis::page: extent.push_back(cfg.pages); break;
+        case Axis::slot: extent.push_back(d_.page_size); break;
+        case Axis::kv: extent.push_back(2); break;
+        case Axis::head: extent.push_back(heads_); break;
+        case Axis::dim: extent.push_back(dim_); break;
+      }
+    }
+    int64_t tensor = 1;
+    for (int64_t e : extent) tensor *= e;
+    const bool stacked = d_.has_axis(Axis::layer), fused = d_.has_axis(Axis::kv);
+    int checked = 0;
+    for (const auto& [key, id] : ref_.cells) {
+      const auto [layer, seq, cell] = key;
+      // `cell` is a position (contiguous, paged) or position mod window (ring).
+      for (int kv = 0; kv < 2; ++kv)
+        for (int h = 0; h < heads_; ++h)
+          for (int x = 0; x < dim_; ++x) {
+            int64_t coord[kNumAxes] = {};
+            coord[int(Axis::layer)] = layer;
+            coord[int(Axis::row)] = seq;
+            coord[int(Axis::seq)] = cell;
+            if (d_.paged()) {
+              coord[int(Axis::page)] = page_table_[seq][cell / d_.page_size];
+              coord[int(Axis::slot)] = cell % d_.page_size;
+            }
+            coord[int(Axis::kv)] = kv;
+            coord[int(Axis::head)] = h;
+            coord[int(Axis::dim)] = x;
+            int64_t offset = 0;
+            for (int i = 0; i < d_.num_axes; ++i) offset = offset * extent[i] + coord[int(d_.axes[i])];
+            const int64_t tensor_index = (stacked ? 0 : layer) * (fused ? 1 : 2) + (fused ? 0 : kv);
+            offset += tensor_index * tensor;
+            const float got = load_as(d_.storage, pool.data() + offset * dtype_size(d_.storage));
+            const float want = Reference::value(id, kv, h, x, heads_, dim_);
+            if (got != want) {
+              ADD_FAILURE() << d_.name << " storage: layer " << layer << " seq " << seq << " cell " << cell
+                            << " kv " << kv << " head " << h << " dim " << x << ": got " << got << ", want " << want;
+              return;
+            }
+            ++checked;
+          }
+    }
+    EXPECT_GT(checked, 0);
+  }
+
+  void reorder() {
+    std::vector<int32_t> beam(static_cast<size_t>(sequences_));
+    for (auto& b : beam) b = std::uniform_int_distribution<int32_t>(0, int32_t(sequences_ - 1))(rng_);
+    beam[0] = int32_t(sequences_ - 1);  // at least one row really moves
+    cache_->reorder(arena_.index(beam));
+    cache_->synchronize();
+    Reference old = ref_;
+    ref_.cells.clear();
+    for (const auto& [key, id] : old.cells) {
+      const auto [layer, seq, cell] = key;
+      for (int64_t i = 0; i < sequences_; ++i)
+        if (beam[i] == seq) ref_.cells[{layer, i, cell}] = id;
+    }
+    std::vector<int64_t> old_next = next_;
+    for (int64_t i = 0; i < sequences_; ++i) next_[i] = old_next[beam[i]];
+    for (int64_t i = 0; i < sequences_; ++i) EXPECT_EQ(cache_->row_length(i), next_[i]) << "row " << i;
+  }
+
+  // Fork sequence 0 into the spare pages, then check the fork reads as sequence 0 did.
+  void copy_blocks() {
+    const int64_t fork = sequences_;
+    std::vector<int32_t> pairs;
+    for (int64_t j = 0; j < pages_per_seq_; ++j) {
+      pairs.push_back(page_table_[0][j]);
+      pairs.push_back(page_table_[fork][j]);
+    }
+    cache_->copy_blocks(arena_.index(pairs));
+    cache_->synchronize();
+    for (const auto& [key, id] : Reference(ref_).cells)
+      if (std::get<1>(key) == 0) ref_.cells[{std::get<0>(key), fork, std::get<2>(key)}] = id;
+    next_.push_back(next_[0]);
+    ++sequences_;
+  }
+
+  void reset_row(int64_t row) {
+    cache_->reset_row(row);
+    cache_->synchronize();
+    for (auto it = ref_.cells.begin(); it != ref_.cells.end();)
+      it = std::get<1>(it->first) == row ? ref_.cells.erase(it) : std::next(it);
+    EXPECT_EQ(cache_->row_length(row), 0);
+    next_[row] = 0;
+  }
+
+  void reset() {
+    cache_->reset();
+    cache_->synchronize();
+    ref_.cells.clear();
+    for (auto& n : next_) n = 0;
+  }
+
+  const VariantDescriptor& d_;
+  Arena arena_;
+  std::mt19937_64 rng_;
+  int heads_, dim_, esize_ = 0;
+  int64_t sequences_ = 0, capacity_ = 0, pages_per_seq_ = 0;
+  std::unique_ptr<Cache> cache_;
+  std::vector<int> layers_;
+  std::vector<int64_t> next_;
+  std::vector<std::vector<int32_t>> page_table_;
+  Reference ref_;
+  uint64_t last_id_ = 0;
+  struct Pending {
+    int layer;
+    int64_t seq, pos;
+    uint64_t id;
+  };
+  std::vector<Pending> pending_;
+};
+
+class EveryVariant : public testing::TestWithParam<Case> {};
+
+TEST_P(EveryVariant, RandomTrafficMatchesReference) {
+  KVTEST_REQUIRE_DEVICE(GetParam().device);
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Driver drv(*GetParam().entry, GetParam().device, seed);
+    const int steps = drv.ref_.window && drv.d_.window <= 64 ? 12 : 6;
+    for (int i = 0; i < steps; ++i) {
+      drv.step(i);
+      drv.verify("after step " + std::to_string(i));
+      if (testing::Test::HasFailure()) return;
+    }
+    drv.verify_storage();
+  }
+}
+
+TEST_P(EveryVariant, ReorderOrCopyBlocksThenResets) {
+  KVTEST_REQUIRE_DEVICE(GetParam().device);
+  Driver drv(*GetParam().entry, GetParam().device, 11);
+  for (int i = 0; i < 3; ++i) drv.step(i);
+  if (drv.d_.paged()) {
+    drv.copy_blocks();
+    drv.verify("after copy_blocks");
+  } else {
+    drv.reorder();
+    drv.verify("after reorder");
+    drv.reset_row(1);
+    drv.verify("after reset_row");
+    drv.step(3);
+    drv.verify("after a step past reset_row");
+  }
+  drv.reset();
+  drv.verify("after reset");
+  drv.step(0);
+  drv.verify("after a step past reset");
+}
+
+// Lazy variants against their eager twin (same model, dtypes, addressing and axes): the same traffic
+// must leave byte-identical storage once committed.
+class EveryLazyVariant : public testing::TestWithParam<Case> {};
+
+TEST_P(EveryLazyVariant, EqualsEagerTwinAfterCommit) {
+  const VariantDescriptor& d = *GetParam().entry->descriptor;
+  KVTEST_REQUIRE_DEVICE(GetParam().device);
+  const VariantEntry* twin = nullptr;
+  for (const auto& e : registry().variants()) {
+    const VariantDescriptor& o = *e.descriptor;
+    if (o.update == UpdateMode::eager && std::string(o.model) == d.model && o.storage == d.storage &&
+        o.input == d.input && o.addressing == d.addressing && o.num_axes == d.num_axes &&
+        std::equal(o.axes, o.axes + o.num_axes, d.axes) && o.page_size == d.page_size && o.window == d.window)
+      twin = &e;
+  }
+  if (!twin) GTEST_SKIP() << "no eager variant with " << d.name << "'s model, dtypes and axes is registered";
+  Driver lazy(*GetParam().entry, GetParam().device, 5), eager(*twin, GetParam().device, 5);
+  for (int i = 0; i < 4; ++i) {
+    lazy.step(i);
+    eager.step(i);
+  }
+  const int64_t bytes = lazy.cache_->memory().storage_bytes;
+  ASSERT_EQ(bytes, eager.cache_->memory().storage_bytes);
+  EXPECT_TRUE(lazy.arena_.fetch(lazy.cache_->storage(), bytes) == eager.arena_.fetch(eager.cache_->storage(), bytes));
+}
+
+// What the listing says a token costs is what the pool holds per token of capacity.
+TEST_P(EveryVariant, BytesPerTokenMatchesAllocation) {
+  KVTEST_REQUIRE_DEVICE(GetParam().device);
+  const VariantDescriptor& d = *GetParam().entry->descriptor;
+  Driver drv(*GetParam().entry, GetParam().device, 1);
+  const CacheConfig& c = drv.cache_->config();
+  const int64_t tokens = d.paged() ? c.pages * d.page_size
+                                   : c.rows * (d.addressing == Addressing::ring ? d.window : c.max_seq_len);
+  EXPECT_EQ(drv.cache_->memory().storage_bytes, tokens * d.bytes_per_token);
+  EXPECT_EQ(d.bytes_per_token, int64_t(2) * d.layers * d.heads * d.head_dim * dtype_size(d.storage));
+  // Runtime overhead: lazy staging is exactly max_staged_tokens input tokens plus their targets per
+  // layer; bookkeeping is a length per row and the status word.
+  const MemoryReport m = drv.cache_->memory();
+  const int64_t target_bytes = 8;  // an int64 slot, or an int32 row and an int32 position
+  const int64_t staged = d.update == UpdateMode::lazy ? c.max_staged_tokens * d.layers : 0;
+  EXPECT_EQ(m.staging_bytes, staged * (2 * d.heads * d.head_dim * dtype_size(d.input) + target_bytes));
+  EXPECT_LE(m.bookkeeping_bytes, (d.paged() ? 0 : c.rows * 4) + 64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, EveryVariant, testing::ValuesIn(all_cases()), case_name);
+
+std::vector<Case> lazy_cases() {
+  std::vector<Case> out;
+  for (const Case& c : all_cases())
+    if (c.entry->descriptor->update == UpdateMode::lazy) out.push_back(c);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Registry, EveryLazyVariant, testing::ValuesIn(lazy_cases()), case_name);
+
+}  // namespace
+}  // namespace kvtest
