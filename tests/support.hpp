@@ -20,6 +20,10 @@ struct Case {
   Device device;
 };
 
+inline void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.entry->descriptor->name << " on " << device_name(c.device);
+}
+
 inline std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (Device d : {Device::cpu, Device::cuda})

@@ -199,17 +199,19 @@ template <class Traits, class Exec> struct Ops {
   }
 
   static void copy_pages(const Exec& ex, const CopyPagesArgs<Store>& a) {
-    const int64_t items = a.count * a.layers * 2 * P;
-    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
-      if (a.status->code) return;
-      const int64_t slot = i % P;
-      const int64_t kv = (i / P) % 2;
-      const int64_t layer = (i / (2 * P)) % a.layers;
-      const int64_t pair = i / (2 * P * a.layers);
-      const int64_t base = a.s.layer * layer + a.s.kv * kv + a.s.seq_or_slot * slot;
-      copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
-                       a.pool + base + a.s.row_or_page * a.pairs[2 * pair], a.s.head, lane, lanes);
-    });
+    if constexpr (kAddressing == Addressing::paged) {  // only paged layouts have pages to copy
+      const int64_t items = a.count * a.layers * 2 * P;
+      ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+        if (a.status->code) return;
+        const int64_t slot = i % P;
+        const int64_t kv = (i / P) % 2;
+        const int64_t layer = (i / (2 * P)) % a.layers;
+        const int64_t pair = i / (2 * P * a.layers);
+        const int64_t base = a.s.layer * layer + a.s.kv * kv + a.s.seq_or_slot * slot;
+        copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
+                         a.pool + base + a.s.row_or_page * a.pairs[2 * pair], a.s.head, lane, lanes);
+      });
+    }
   }
 };
 
