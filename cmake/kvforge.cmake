@@ -62,6 +62,17 @@ function(kvforge_generate)
   _kvforge_spec_files(spec_files ${KG_LAYOUTS} ${KG_MODELS})
   file(GLOB codegen_files CONFIGURE_DEPENDS "${KVFORGE_ROOT}/codegen/kvforge_codegen/*.py"
                                             "${KVFORGE_ROOT}/codegen/templates/*.j2")
+  # A removed spec changes no remaining input, so the set of inputs and outputs itself is a dependency,
+  # rewritten only when it changes.
+  set(inputs_file "${KG_OUTPUT_DIR}/.inputs")
+  string(REPLACE ";" "\n" inputs_text "${spec_files};${outputs};${KG_REGISTRY_FUNCTION}")
+  set(old_inputs_text "")
+  if(EXISTS "${inputs_file}")
+    file(READ "${inputs_file}" old_inputs_text)
+  endif()
+  if(NOT old_inputs_text STREQUAL inputs_text)
+    file(WRITE "${inputs_file}" "${inputs_text}")
+  endif()
   set(stamp "${KG_OUTPUT_DIR}/.stamp")
   add_custom_command(
     OUTPUT "${stamp}"
@@ -69,7 +80,7 @@ function(kvforge_generate)
     COMMAND ${codegen_env} "${Python3_EXECUTABLE}" -m kvforge_codegen generate ${spec_args}
             --out "${KG_OUTPUT_DIR}" --registry-function "${KG_REGISTRY_FUNCTION}"
     COMMAND "${CMAKE_COMMAND}" -E touch "${stamp}"
-    DEPENDS ${spec_files} ${codegen_files}
+    DEPENDS ${spec_files} ${codegen_files} "${inputs_file}"
     COMMENT "kvforge: generating variants for ${KG_TARGET}"
     VERBATIM)
   add_custom_target(${KG_TARGET}_codegen DEPENDS "${stamp}")

@@ -11,7 +11,7 @@ from typing import List
 from . import VERSION
 from .diagnostics import SpecFailure
 from .plan import Filters, filter_problems, plan_variants
-from .render import output_names, render, write_changed
+from .render import differs, output_names, render, write_changed
 from .spec import load_specs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,16 +97,7 @@ def main(argv: List[str] | None = None) -> int:
         return 0
     if args.command == "check":
         files = render(variants)
-        stale = []
-        for name, text in sorted(files.items()):
-            path = os.path.join(args.against, name)
-            try:
-                with open(path, "r", encoding="utf-8") as f:
-                    if f.read() == text:
-                        continue
-            except OSError:
-                pass
-            stale.append(name)
+        stale = [name for name, text in sorted(files.items()) if differs(os.path.join(args.against, name), text)]
         extra = sorted(set(os.listdir(args.against)) - set(files)) if os.path.isdir(args.against) else []
         if stale or extra:
             for name in stale:

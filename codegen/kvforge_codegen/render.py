@@ -40,18 +40,23 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
     return files
 
 
+def differs(path: str, text: str) -> bool:
+    """Staleness by content, never by modification time."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read() != text
+    except OSError:
+        return True
+
+
 def write_changed(files: Dict[str, str], out_dir: str) -> List[str]:
     """Write each file whose content differs; never delete anything. Returns what was written."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for name, text in sorted(files.items()):
         path = os.path.join(out_dir, name)
-        try:
-            with open(path, "r", encoding="utf-8") as f:
-                if f.read() == text:
-                    continue
-        except OSError:
-            pass
+        if not differs(path, text):
+            continue
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

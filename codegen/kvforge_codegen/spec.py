@@ -148,6 +148,13 @@ def _display(path: str, root: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+def _check_file_name(name: Optional[str], path: str, r: _Reader, diags: Diagnostics) -> None:
+    """One name per spec everywhere: the `name` field is the file's stem."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if name is not None and name != stem:
+        diags.error(r.loc_of("name"), "name", f"{name!r} differs from the file name", stem)
+
+
 def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelSpec]:
     doc = load(path, display, diags)
     if doc is None:
@@ -160,9 +167,7 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     head_dim = r.positive_int("head_dim", maximum=4096)
     max_seq_len = r.positive_int("max_seq_len", maximum=1 << 24)
     window = r.positive_int("sliding_window", required=False)
-    if name is not None and name != os.path.splitext(os.path.basename(path))[0]:
-        diags.error(r.loc_of("name"), "name", f"{name!r} differs from the file name",
-                    os.path.splitext(os.path.basename(path))[0])
+    _check_file_name(name, path, r, diags)
     if window is not None and max_seq_len is not None and window > max_seq_len:
         diags.error(r.loc_of("sliding_window"), "sliding_window",
                     f"{window} exceeds max_seq_len {max_seq_len}", f"1..{max_seq_len}")
@@ -199,9 +204,7 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
     r = _Reader(diags, doc, "", LAYOUT_FIELDS)
     before = len(diags.errors)
     name = r.name("name")
-    if name is not None and name != os.path.splitext(os.path.basename(path))[0]:
-        diags.error(r.loc_of("name"), "name", f"{name!r} differs from the file name",
-                    os.path.splitext(os.path.basename(path))[0])
+    _check_file_name(name, path, r, diags)
     addressing = r.choice("addressing", vocab.ADDRESSING)
     axes = r.choice_list("axes", vocab.AXES)
     update = r.choice("update", vocab.UPDATE_MODES)
@@ -268,33 +271,25 @@ def _yaml_files(paths: Sequence[str]) -> List[str]:
     return files
 
 
+def _parse_all(paths: Sequence[str], parse, kind: str, root: str, diags: Diagnostics) -> list:
+    """Parse every file of one kind; a name defined twice is an error at the second definition."""
+    seen: Dict[str, object] = {}
+    for path in _yaml_files(paths):
+        spec = parse(path, _display(path, root), diags)
+        if spec is None:
+            continue
+        if spec.name in seen:
+            diags.error(spec.loc, "name", f"{kind} {spec.name!r} is also defined at {seen[spec.name].loc}")
+            continue
+        seen[spec.name] = spec
+    return list(seen.values())
+
+
 def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: str) -> SpecSet:
     """Read and validate every spec; raise SpecFailure with all errors if any file has one."""
     diags = Diagnostics()
-    models: List[ModelSpec] = []
-    seen_models: Dict[str, ModelSpec] = {}
-    for path in _yaml_files(model_paths):
-        m = _parse_model(path, _display(path, root), diags)
-        if m is None:
-            continue
-        if m.name in seen_models:
-            diags.error(m.loc, "name", f"model {m.name!r} is also defined at {seen_models[m.name].loc}")
-            continue
-        seen_models[m.name] = m
-        models.append(m)
-
-    layouts: List[LayoutSpec] = []
-    seen_layouts: Dict[str, LayoutSpec] = {}
-    for path in _yaml_files(layout_paths):
-        lay = _parse_layout(path, _display(path, root), diags)
-        if lay is None:
-            continue
-        if lay.name in seen_layouts:
-            diags.error(lay.loc, "name", f"layout {lay.name!r} is also defined at {seen_layouts[lay.name].loc}")
-            continue
-        seen_layouts[lay.name] = lay
-        layouts.append(lay)
-
+    models = _parse_all(model_paths, _parse_model, "model", root, diags)
+    layouts = _parse_all(layout_paths, _parse_layout, "layout", root, diags)
     if not layouts and not diags:
         diags.error(Loc(", ".join(layout_paths) or "(none)", 1), "layouts", "no layout spec files found",
                     "*.yaml files")
