@@ -94,7 +94,7 @@ bool demo_one(const kvforge::VariantEntry& e) {
         vb.insert(vb.end(), v[r].begin() + size_t(p) * H * D * esize, v[r].begin() + size_t(p + 1) * H * D * esize);
         rows.push_back(r);
         positions.push_back(p);
-        slots.push_back(int64_t(pages[r * 8 + p / std::max(1, d.page_size)]) * d.page_size + p % std::max(1, d.page_size));
+        if (d.paged()) slots.push_back(int64_t(pages[r * 8 + p / d.page_size]) * d.page_size + p % d.page_size);
       }
     const int64_t n = int64_t(rows.size());
     const TokenTargets t = d.paged() ? TokenTargets::paged(IndexView::of(slots.data(), n))
