@@ -12,6 +12,8 @@ namespace kvforge::variants {
 struct deepspeed_static__qwen2_5_0_5b__bf16_traits {
   using storage_t = kvforge::bf16;
   using input_t = kvforge::bf16;
+  using scale_t = float;
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 24;
   static constexpr int heads = 2;
   static constexpr int head_dim = 64;
@@ -25,7 +27,8 @@ struct deepspeed_static__qwen2_5_0_5b__bf16_traits {
       kvforge::Addressing::contiguous, kvforge::UpdateMode::eager,
       layers, heads, head_dim, page_size, window, 32768,
       4, {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      12288};
+      12288,
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
 };
 
 using deepspeed_static__qwen2_5_0_5b__bf16 = kvforge::TypedCache<deepspeed_static__qwen2_5_0_5b__bf16_traits>;

@@ -12,6 +12,8 @@ namespace kvforge::variants {
 struct jetstream_contiguous__mistral_7b__bf16_traits {
   using storage_t = kvforge::bf16;
   using input_t = kvforge::bf16;
+  using scale_t = float;
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 32;
   static constexpr int heads = 8;
   static constexpr int head_dim = 128;
@@ -25,7 +27,8 @@ struct jetstream_contiguous__mistral_7b__bf16_traits {
       kvforge::Addressing::contiguous, kvforge::UpdateMode::eager,
       layers, heads, head_dim, page_size, window, 32768,
       4, {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      131072};
+      131072,
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
 };
 
 using jetstream_contiguous__mistral_7b__bf16 = kvforge::TypedCache<jetstream_contiguous__mistral_7b__bf16_traits>;

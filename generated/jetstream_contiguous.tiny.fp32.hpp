@@ -12,6 +12,8 @@ namespace kvforge::variants {
 struct jetstream_contiguous__tiny__fp32_traits {
   using storage_t = float;
   using input_t = float;
+  using scale_t = float;
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 2;
   static constexpr int heads = 2;
   static constexpr int head_dim = 16;
@@ -25,7 +27,8 @@ struct jetstream_contiguous__tiny__fp32_traits {
       kvforge::Addressing::contiguous, kvforge::UpdateMode::eager,
       layers, heads, head_dim, page_size, window, 64,
       4, {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      512};
+      512,
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
 };
 
 using jetstream_contiguous__tiny__fp32 = kvforge::TypedCache<jetstream_contiguous__tiny__fp32_traits>;

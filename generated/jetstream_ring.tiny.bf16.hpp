@@ -12,6 +12,8 @@ namespace kvforge::variants {
 struct jetstream_ring__tiny__bf16_traits {
   using storage_t = kvforge::bf16;
   using input_t = kvforge::bf16;
+  using scale_t = float;
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 2;
   static constexpr int heads = 2;
   static constexpr int head_dim = 16;
@@ -25,7 +27,8 @@ struct jetstream_ring__tiny__bf16_traits {
       kvforge::Addressing::ring, kvforge::UpdateMode::eager,
       layers, heads, head_dim, page_size, window, 64,
       4, {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      256};
+      256,
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
 };
 
 using jetstream_ring__tiny__bf16 = kvforge::TypedCache<jetstream_ring__tiny__bf16_traits>;

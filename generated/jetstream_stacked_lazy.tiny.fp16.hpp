@@ -12,6 +12,8 @@ namespace kvforge::variants {
 struct jetstream_stacked_lazy__tiny__fp16_traits {
   using storage_t = kvforge::fp16;
   using input_t = kvforge::fp16;
+  using scale_t = float;
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 2;
   static constexpr int heads = 2;
   static constexpr int head_dim = 16;
@@ -25,7 +27,8 @@ struct jetstream_stacked_lazy__tiny__fp16_traits {
       kvforge::Addressing::contiguous, kvforge::UpdateMode::lazy,
       layers, heads, head_dim, page_size, window, 64,
       5, {kvforge::Axis::layer, kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      256};
+      256,
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
 };
 
 using jetstream_stacked_lazy__tiny__fp16 = kvforge::TypedCache<jetstream_stacked_lazy__tiny__fp16_traits>;

@@ -7,11 +7,12 @@
 namespace kvtest {
 namespace {
 
-const VariantEntry& first_of(Addressing a, UpdateMode u = UpdateMode::eager) {
+const VariantEntry& first_of(Addressing a, UpdateMode u = UpdateMode::eager, Quant q = Quant::none) {
   for (const auto& e : registry().variants())
-    if (e.descriptor->addressing == a && e.descriptor->update == u && std::string(e.descriptor->model) == "tiny")
+    if (e.descriptor->addressing == a && e.descriptor->update == u && e.descriptor->quant == q &&
+        std::string(e.descriptor->model) == "tiny")
       return e;
-  throw std::runtime_error("no tiny variant with that addressing is registered");
+  throw std::runtime_error("no tiny variant with that addressing and quantization is registered");
 }
 
 struct Fixture {
@@ -32,9 +33,15 @@ struct Fixture {
     cache->commit();
     snapshot = bytes();
   }
+  // The pool, then any scale buffer beside it.
   std::vector<unsigned char> bytes() const {
+    const MemoryReport m = cache->memory();
+    const int64_t beside = cache->scale_storage() ? m.scale_bytes : 0;
     const auto* p = static_cast<const unsigned char*>(cache->storage());
-    return {p, p + cache->memory().storage_bytes};
+    std::vector<unsigned char> out(p, p + m.storage_bytes - beside);
+    const auto* s = static_cast<const unsigned char*>(cache->scale_storage());
+    if (s) out.insert(out.end(), s, s + beside);
+    return out;
   }
   TensorView tokens(int64_t T, std::vector<unsigned char>& data, std::optional<DType> t = {}, int heads = -1) {
     return TensorView::contiguous(data.data(), t.value_or(d.input), Device::cpu, T,
@@ -216,6 +223,32 @@ TEST(Errors, BadConfigurationsAreRefused) {
   std::string why;
   if (!cuda_available(&why)) {
     expect_error<DeviceError>([&] { contiguous.create(g); }, "config.device");
+  }
+}
+
+// Quantized variants refuse bad appends before touching codes or scales, and per-tensor scales are
+// checked before they reach the device.
+TEST(Errors, QuantizedAppendAndScalesRefuseBadArguments) {
+  for (Quant q : {Quant::per_token, Quant::per_token_head, Quant::per_tensor}) {
+    const VariantEntry* entry = nullptr;
+    for (const auto& e : registry().variants())
+      if (e.descriptor->quant == q && std::string(e.descriptor->model) == "tiny") entry = &e;
+    if (!entry) continue;
+    SCOPED_TRACE(entry->descriptor->name);
+    Fixture f(*entry);
+    std::vector<int32_t> rows{0, 0}, pos{0, 99999};
+    std::vector<int64_t> slots{0, 1 << 20};
+    expect_error<OutOfRangeError>([&] { f.append(0, 2, rows, pos, slots); },
+                                  f.d.paged() ? "targets.slots" : "targets.positions");
+    f.expect_unchanged();
+    if (q == Quant::per_tensor) {
+      expect_error<ArgumentError>([&] { f.cache->set_tensor_scale(0, 0.0f, 1.0f); }, "k_scale");
+      expect_error<ArgumentError>([&] { f.cache->set_tensor_scale(0, 1.0f, NAN); }, "v_scale");
+      expect_error<OutOfRangeError>([&] { f.cache->set_tensor_scale(f.d.layers, 1.0f, 1.0f); }, "layer");
+    } else {
+      EXPECT_THROW(f.cache->set_tensor_scale(0, 1.0f, 1.0f), UnsupportedError);
+    }
+    f.expect_unchanged();
   }
 }
 

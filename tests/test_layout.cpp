@@ -25,22 +25,44 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
   const Geometry g = make_geometry(small, cap);
   const int64_t units = d.paged() ? cap.pages : cap.rows;
   const int64_t slots = d.paged() ? small.page_size : cap.positions;
-  ASSERT_EQ(g.total_elems, int64_t(small.layers) * 2 * units * slots * small.heads * small.head_dim);
-  std::vector<bool> seen(size_t(g.total_elems), false);
+  const int64_t values = int64_t(small.layers) * 2 * units * slots * small.heads * small.head_dim;
+  // Dynamic scales: one per (layer, kv, unit, slot), times heads for per_token_head.
+  const int scale_heads = d.quant == Quant::per_token_head ? small.heads : d.quant == Quant::per_token ? 1 : 0;
+  const int64_t scales = int64_t(small.layers) * 2 * units * slots * scale_heads;
+  const int64_t ss = dtype_size(d.scale);
+  ASSERT_EQ(g.total_elems, values + (d.scales_in_page() ? scales * ss : 0));
+  ASSERT_EQ(g.scale_elems, d.quant == Quant::per_tensor ? 2 * small.layers : d.scales_in_page() ? 0 : scales);
+  // Bytes of the pool and of the separate scale buffer, each claimed once.
+  std::vector<bool> seen(size_t(g.total_elems), false), seen_scales(size_t(g.scale_elems), false);
+  auto claim = [&](std::vector<bool>& space, int64_t at, int64_t n, const char* what) {
+    ASSERT_GE(at, 0) << what;
+    ASSERT_LE(at + n, int64_t(space.size())) << what;
+    for (int64_t i = at; i < at + n; ++i) {
+      ASSERT_FALSE(space[size_t(i)]) << d.name << ": two coordinates share " << what << " element " << i;
+      space[size_t(i)] = true;
+    }
+  };
   for (int l = 0; l < small.layers; ++l)
-    for (int kv = 0; kv < 2; ++kv)
+    for (int kv = 0; kv < 2; ++kv) {
+      if (d.quant == Quant::per_tensor)
+        claim(seen_scales, l * g.scale_strides.layer + kv * g.scale_strides.kv, 1, "per-tensor scale");
       for (int64_t u = 0; u < units; ++u)
         for (int64_t s = 0; s < slots; ++s)
-          for (int h = 0; h < small.heads; ++h)
-            for (int x = 0; x < small.head_dim; ++x) {
-              const int64_t off = g.offset(l, kv, u, s, h) + x;
-              ASSERT_GE(off, 0);
-              ASSERT_LT(off, g.total_elems);
-              ASSERT_FALSE(seen[size_t(off)]) << d.name << ": two coordinates share element " << off;
-              seen[size_t(off)] = true;
+          for (int h = 0; h < small.heads; ++h) {
+            for (int x = 0; x < small.head_dim; ++x) claim(seen, g.offset(l, kv, u, s, h) + x, 1, "value");
+            if (h >= scale_heads) continue;
+            const int64_t scale = l * g.scale_strides.layer + kv * g.scale_strides.kv + u * g.scale_strides.row_or_page +
+                                  s * g.scale_strides.seq_or_slot + h * g.scale_strides.head;
+            if (d.scales_in_page()) {
+              claim(seen, g.scale_offset_bytes + scale * ss, ss, "in-page scale");
+            } else {
+              claim(seen_scales, scale, 1, "scale");
             }
-  // Injective over a domain as large as the pool means every element is reached.
+          }
+    }
+  // Injective over a domain as large as the space means every element is reached.
   for (bool b : seen) ASSERT_TRUE(b);
+  for (bool b : seen_scales) ASSERT_TRUE(b);
 }
 
 // A ring sends position p to cell p mod window, wrapping over several windows, and gather refuses
@@ -48,7 +70,8 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
 TEST(RingAddressing, WrapsOverSeveralWindowsAndRefusesExpiredPositions) {
   const VariantEntry* ring = nullptr;
   for (const auto& e : registry().variants())
-    if (e.descriptor->addressing == Addressing::ring && e.descriptor->window <= 64) ring = &e;
+    if (e.descriptor->addressing == Addressing::ring && e.descriptor->window <= 64 && !e.descriptor->quantized())
+      ring = &e;
   if (!ring) GTEST_SKIP() << "no ring variant with a window of at most 64 is registered";
   const VariantDescriptor& d = *ring->descriptor;
   CacheConfig cfg;

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <map>
 #include <set>
 
+#include "quant_reference.hpp"
 #include "reference.hpp"
 
 namespace kvtest {
@@ -38,6 +40,11 @@ class Driver {
       cfg.max_seq_len = d_.addressing == Addressing::contiguous ? capacity_ : 0;
     }
     cache_ = e.create(cfg);
+    if (d_.quant == Quant::per_tensor) {
+      // Scales that differ by layer and by K/V, so that mixing them up shows; with values up to 32
+      // some fp8_e4m3 codes saturate, which the reference must predict too.
+      for (int l = 0; l < d_.layers; ++l) cache_->set_tensor_scale(l, tensor_scale(l, 0), tensor_scale(l, 1));
+    }
     for (int l = 0; l < d_.layers; ++l)
       if (d_.layers <= 4 || l == 0 || l == d_.layers / 2 || l == d_.layers - 1) layers_.push_back(l);
     next_.assign(size_t(sequences_), 0);
@@ -103,6 +110,23 @@ class Driver {
     cache_->synchronize();
   }
 
+  static float tensor_scale(int layer, int kv) { return kv == 0 ? 0.0625f * float(1 + layer % 3) : 0.046875f * float(1 + layer % 2); }
+
+  // What (layer, write id, kv, head, dim) reads back as: the written value, or for quantized storage
+  // what the reference quantizer makes of the token it belongs to.
+  const RefToken& quantized_token(int layer, uint64_t id, int kv) {
+    auto it = quantized_.find({id, kv});
+    if (it != quantized_.end()) return it->second;
+    std::vector<float> x(size_t(heads_) * dim_);
+    for (int h = 0; h < heads_; ++h)
+      for (int i = 0; i < dim_; ++i) x[size_t(h) * dim_ + i] = Reference::value(id, kv, h, i, heads_, dim_);
+    return quantized_[{id, kv}] = ref_quantize(d_, x, tensor_scale(layer, kv));
+  }
+  float expected(int layer, uint64_t id, int kv, int h, int x) {
+    if (!d_.quantized() || id == 0) return Reference::value(id, kv, h, x, heads_, dim_);
+    return quantized_token(layer, id, kv).gathered[size_t(h) * dim_ + x];
+  }
+
   std::pair<int64_t, int64_t> readable(int64_t seq) const {
     const int64_t end = next_[seq];
     return {ref_.window ? std::max<int64_t>(0, end - ref_.window) : 0, end};
@@ -141,8 +165,8 @@ class Driver {
             const uint64_t id = ref_.at(layer, s, begin + j);
             for (int x = 0; x < dim_; ++x) {
               const size_t at = size_t(((h * n + j) * dim_ + x) * esize_);
-              const float want_k = Reference::value(id, 0, h, x, heads_, dim_);
-              const float want_v = Reference::value(id, 1, h, x, heads_, dim_);
+              const float want_k = expected(layer, id, 0, h, x);
+              const float want_v = expected(layer, id, 1, h, x);
               if (load_as(d_.input, kh.data() + at) != want_k || load_as(d_.input, vh.data() + at) != want_v) {
                 ADD_FAILURE() << d_.name << " " << when << ": layer " << layer << " seq " << s << " pos "
                               << begin + j << " head " << h << " dim " << x << ": got K "
@@ -155,12 +179,20 @@ class Driver {
       }
   }
 
-  // Reads the physical pool through strides derived here from the spec's axis order (row-major), not
-  // through kvforge's geometry, and compares with the reference.
+  // Reads the physical pool through offsets derived here from the spec's meaning, not through
+  // kvforge's geometry, and compares with the reference:
+  //   - axes in declared order, row-major; a layout without `layer` or `kv` axes keeps a tensor per
+  //     layer (and per K/V) back to back;
+  //   - separate scales: the same axes less dim (and less head for per_token), in a buffer beside the
+  //     pool; per_tensor scales are [layer][kv];
+  //   - in_page scales: each page is one block, the codes of the axes after `page`, then their scales.
   void verify_storage() {
     const Geometry& g = cache_->geometry();
-    const int64_t elems = g.total_elems;
-    const auto pool = arena_.fetch(cache_->storage(), elems * dtype_size(d_.storage));
+    const auto pool = arena_.fetch(cache_->storage(), g.total_elems * dtype_size(d_.storage));
+    const int64_t ss = dtype_size(d_.scale);
+    const auto scale_buffer = d_.quantized() && !d_.scales_in_page()
+                                  ? arena_.fetch(cache_->scale_storage(), g.scale_elems * ss)
+                                  : std::vector<unsigned char>();
     const CacheConfig& cfg = cache_->config();
     const int64_t positions = ref_.window ? d_.window : cfg.max_seq_len;
     std::vector<int64_t> extent;
@@ -176,8 +208,11 @@ class Driver {
         case Axis::dim: extent.push_back(dim_); break;
       }
     }
-    int64_t tensor = 1;
-    for (int64_t e : extent) tensor *= e;
+    int block_from = 0;  // axes [block_from, n) form one block: the whole tensor, or one page
+    if (d_.scales_in_page())
+      while (d_.axes[block_from++] != Axis::page) {
+      }
+    auto scale_skips = [&](Axis a) { return a == Axis::dim || (a == Axis::head && d_.quant == Quant::per_token); };
     const bool stacked = d_.has_axis(Axis::layer), fused = d_.has_axis(Axis::kv);
     int checked = 0;
     for (const auto& [key, id] : ref_.cells) {
@@ -197,15 +232,49 @@ class Driver {
             coord[int(Axis::kv)] = kv;
             coord[int(Axis::head)] = h;
             coord[int(Axis::dim)] = x;
-            int64_t offset = 0;
-            for (int i = 0; i < d_.num_axes; ++i) offset = offset * extent[i] + coord[int(d_.axes[i])];
+            int64_t outer = 0, outer_count = 1, code_in = 0, codes = 1, scale_in = 0, scales = 1;
+            for (int i = 0; i < d_.num_axes; ++i) {
+              const Axis a = d_.axes[i];
+              if (i < block_from) {
+                outer = outer * extent[i] + coord[int(a)];
+                outer_count *= extent[i];
+                continue;
+              }
+              code_in = code_in * extent[i] + coord[int(a)];
+              codes *= extent[i];
+              if (!scale_skips(a)) {
+                scale_in = scale_in * extent[i] + coord[int(a)];
+                scales *= extent[i];
+              }
+            }
             const int64_t tensor_index = (stacked ? 0 : layer) * (fused ? 1 : 2) + (fused ? 0 : kv);
-            offset += tensor_index * tensor;
-            const float got = load_as(d_.storage, pool.data() + offset * dtype_size(d_.storage));
-            const float want = Reference::value(id, kv, h, x, heads_, dim_);
-            if (got != want) {
+            int64_t code_at, scale_at;
+            if (d_.scales_in_page()) {
+              const int64_t block = codes + scales * ss;
+              const int64_t base = tensor_index * outer_count * block + outer * block;
+              code_at = base + code_in;
+              scale_at = base + codes + scale_in * ss;
+            } else {
+              code_at = (tensor_index * codes + code_in) * dtype_size(d_.storage);
+              scale_at = d_.quant == Quant::per_tensor ? (layer * 2 + kv) * ss : (tensor_index * scales + scale_in) * ss;
+            }
+            std::string problem;
+            if (!d_.quantized()) {
+              const float got = load_as(d_.storage, pool.data() + code_at);
+              const float want = Reference::value(id, kv, h, x, heads_, dim_);
+              if (got != want) problem = "got " + std::to_string(got) + ", want " + std::to_string(want);
+            } else {
+              const RefToken& want = quantized_token(layer, id, kv);
+              const int got_code = pool[size_t(code_at)], want_code = want.codes[size_t(h) * dim_ + x];
+              const float got_scale = load_scale(d_.scale, (d_.scales_in_page() ? pool : scale_buffer).data() + scale_at);
+              if (got_code != want_code)
+                problem = "code " + std::to_string(got_code) + ", want " + std::to_string(want_code);
+              else if (got_scale != want.scales[size_t(h)])
+                problem = "scale " + std::to_string(got_scale) + ", want " + std::to_string(want.scales[size_t(h)]);
+            }
+            if (!problem.empty()) {
               ADD_FAILURE() << d_.name << " storage: layer " << layer << " seq " << seq << " cell " << cell
-                            << " kv " << kv << " head " << h << " dim " << x << ": got " << got << ", want " << want;
+                            << " kv " << kv << " head " << h << " dim " << x << ": " << problem;
               return;
             }
             ++checked;
@@ -274,6 +343,7 @@ class Driver {
   std::vector<int64_t> next_;
   std::vector<std::vector<int32_t>> page_table_;
   Reference ref_;
+  std::map<std::pair<uint64_t, int>, RefToken> quantized_;
   uint64_t last_id_ = 0;
   struct Pending {
     int layer;
@@ -332,7 +402,8 @@ TEST_P(EveryLazyVariant, EqualsEagerTwinAfterCommit) {
   for (const auto& e : registry().variants()) {
     const VariantDescriptor& o = *e.descriptor;
     if (o.update == UpdateMode::eager && std::string(o.model) == d.model && o.storage == d.storage &&
-        o.input == d.input && o.addressing == d.addressing && o.num_axes == d.num_axes &&
+        o.input == d.input && o.quant == d.quant && o.scale == d.scale && o.scale_placement == d.scale_placement &&
+        o.addressing == d.addressing && o.num_axes == d.num_axes &&
         std::equal(o.axes, o.axes + o.num_axes, d.axes) && o.page_size == d.page_size && o.window == d.window)
       twin = &e;
   }
@@ -342,9 +413,15 @@ TEST_P(EveryLazyVariant, EqualsEagerTwinAfterCommit) {
     lazy.step(i);
     eager.step(i);
   }
-  const int64_t bytes = lazy.cache_->memory().storage_bytes;
+  const int64_t bytes = lazy.cache_->memory().storage_bytes, scale_bytes = lazy.cache_->memory().scale_bytes;
   ASSERT_EQ(bytes, eager.cache_->memory().storage_bytes);
-  EXPECT_TRUE(lazy.arena_.fetch(lazy.cache_->storage(), bytes) == eager.arena_.fetch(eager.cache_->storage(), bytes));
+  const int64_t pool_bytes = lazy.cache_->scale_storage() ? bytes - scale_bytes : bytes;
+  EXPECT_TRUE(lazy.arena_.fetch(lazy.cache_->storage(), pool_bytes) ==
+              eager.arena_.fetch(eager.cache_->storage(), pool_bytes));
+  if (lazy.cache_->scale_storage()) {
+    EXPECT_TRUE(lazy.arena_.fetch(lazy.cache_->scale_storage(), scale_bytes) ==
+                eager.arena_.fetch(eager.cache_->scale_storage(), scale_bytes));
+  }
 }
 
 // What the listing says a token costs is what the pool holds per token of capacity.
@@ -355,8 +432,12 @@ TEST_P(EveryVariant, BytesPerTokenMatchesAllocation) {
   const CacheConfig& c = drv.cache_->config();
   const int64_t tokens = d.paged() ? c.pages * d.page_size
                                    : c.rows * (d.addressing == Addressing::ring ? d.window : c.max_seq_len);
-  EXPECT_EQ(drv.cache_->memory().storage_bytes, tokens * d.bytes_per_token);
-  EXPECT_EQ(d.bytes_per_token, int64_t(2) * d.layers * d.heads * d.head_dim * dtype_size(d.storage));
+  // A per_tensor scale is a fixed cost per layer, not per token.
+  const int64_t tensor_scales = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
+  EXPECT_EQ(drv.cache_->memory().storage_bytes, tokens * d.bytes_per_token + tensor_scales);
+  const int64_t scales_per_token = d.quant == Quant::per_token_head ? d.heads : d.quant == Quant::per_token ? 1 : 0;
+  EXPECT_EQ(d.bytes_per_token, int64_t(2) * d.layers * d.heads * d.head_dim * dtype_size(d.storage) +
+                                   int64_t(2) * d.layers * scales_per_token * dtype_size(d.scale));
   // Runtime overhead: lazy staging is exactly max_staged_tokens input tokens plus their targets per
   // layer; bookkeeping is a length per row and the status word.
   const MemoryReport m = drv.cache_->memory();

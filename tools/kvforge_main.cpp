@@ -1,5 +1,6 @@
 // kvforge: list the variants this build registered, and run a short demo through the registry.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -15,10 +16,12 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  list [--layout L] [--model M] [--dtype D]\n"
-    "        the registered variants with their bytes per token (K and V, all layers)\n"
+    "        the registered variants with their scales and bytes per token (K and V, all layers,\n"
+    "        scales included)\n"
     "  demo [--variant NAME]\n"
-    "        drive one variant (default: every tiny bf16 variant) through prefill, decode steps,\n"
-    "        commit and gather on the CPU backend, and check what comes back against the input\n"
+    "        drive one variant (default: every tiny bf16 and quantized variant) through prefill,\n"
+    "        decode steps, commit and gather on the CPU backend, and check what comes back against\n"
+    "        the input: exactly for float storage, within the documented bound for int8 and fp8\n"
     "  help  this text\n";
 
 std::string option(int argc, char** argv, const char* name) {
@@ -35,18 +38,46 @@ int list(int argc, char** argv) {
   const auto& all = kvforge::registry().variants();
   size_t width = 7;
   for (const auto& e : all) width = std::max(width, std::strlen(e.descriptor->name));
-  std::printf("%-*s  %-10s  %-6s  %-5s  %11s\n", int(width), "variant", "addressing", "update", "dtype", "bytes/token");
+  std::printf("%-*s  %-10s  %-6s  %-8s  %-28s  %11s\n", int(width), "variant", "addressing", "update", "storage",
+              "scales", "bytes/token");
   int shown = 0;
   for (const auto* e : kvforge::registry().select(q)) {
     const auto& d = *e->descriptor;
     if (!dtype.empty() && dtype != kvforge::dtype_name(d.storage)) continue;
-    std::printf("%-*s  %-10s  %-6s  %-5s  %11lld\n", int(width), d.name, kvforge::addressing_name(d.addressing),
+    const std::string scales = d.quantized() ? std::string(kvforge::quant_name(d.quant)) + " " +
+                                                   std::string(kvforge::dtype_name(d.scale)) + " " +
+                                                   kvforge::scale_placement_name(d.scale_placement)
+                                             : "-";
+    std::printf("%-*s  %-10s  %-6s  %-8s  %-28s  %11lld\n", int(width), d.name, kvforge::addressing_name(d.addressing),
                 d.update == kvforge::UpdateMode::lazy ? "lazy" : "eager",
-                std::string(kvforge::dtype_name(d.storage)).c_str(), static_cast<long long>(d.bytes_per_token));
+                std::string(kvforge::dtype_name(d.storage)).c_str(), scales.c_str(),
+                static_cast<long long>(d.bytes_per_token));
     ++shown;
   }
   std::printf("%d of %zu registered variants\n", shown, all.size());
   return 0;
+}
+
+float load_input(kvforge::DType t, const unsigned char* p) {
+  using namespace kvforge;
+  if (t == DType::f32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return t == DType::bf16 ? to_float(bf16{bits}) : to_float(fp16{bits});
+}
+
+// Float storage must give back exactly what went in. Quantized storage is held to its documented
+// bound for inputs in [-32, 32): half a scale step for int8 (plus bf16 rounding of the result), half
+// the fp8 spacing (relative 2^-4 for e4m3, 2^-3 for e5m2) at a per-tensor scale of 1.
+float tolerance(const kvforge::VariantDescriptor& d, float want) {
+  using kvforge::DType;
+  if (!d.quantized()) return 0.0f;
+  if (d.storage == DType::i8) return 0.5f * 32.0f / 127.0f + 0.0625f;
+  return std::fabs(want) * (d.storage == DType::f8e4m3 ? 0.0625f : 0.125f) + 0.0625f;
 }
 
 // Prefill 40 tokens into each of 2 sequences, decode 8 more, gather everything back and compare.
@@ -117,15 +148,18 @@ bool demo_one(const kvforge::VariantEntry& e) {
     cache->gather(d.layers - 1, g, TensorView::contiguous(ko.data(), d.input, Device::cpu, H, readable, D),
                   TensorView::contiguous(vo.data(), d.input, Device::cpu, H, readable, D));
     for (int h = 0; h < H; ++h)
-      for (int j = 0; j < readable; ++j) {
-        const size_t row_bytes = size_t(D) * esize;
-        const size_t src = (size_t(g.begin + j) * H + h) * row_bytes, dst = (size_t(h) * readable + j) * row_bytes;
-        ok = ok && std::memcmp(k[r].data() + src, ko.data() + dst, row_bytes) == 0 &&
-             std::memcmp(v[r].data() + src, vo.data() + dst, row_bytes) == 0;
-      }
+      for (int j = 0; j < readable; ++j)
+        for (int x = 0; x < D; ++x) {
+          const size_t src = ((size_t(g.begin + j) * H + h) * D + x) * esize, dst = ((size_t(h) * readable + j) * D + x) * esize;
+          for (int which = 0; which < 2; ++which) {
+            const float want = load_input(d.input, (which ? v[r] : k[r]).data() + src);
+            const float got = load_input(d.input, (which ? vo : ko).data() + dst);
+            ok = ok && std::fabs(got - want) <= tolerance(d, want);
+          }
+        }
   }
   const MemoryReport m = cache->memory();
-  std::printf("%-40s %s  storage %9lld B  runtime overhead %6lld B (%.2f%%)\n", d.name, ok ? "ok  " : "FAIL",
+  std::printf("%-44s %s  storage %9lld B  runtime overhead %6lld B (%.2f%%)\n", d.name, ok ? "ok  " : "FAIL",
               static_cast<long long>(m.storage_bytes), static_cast<long long>(m.overhead_bytes()),
               100.0 * double(m.overhead_bytes()) / double(m.storage_bytes));
   return ok;
@@ -139,8 +173,8 @@ int demo(int argc, char** argv) {
   } else {
     kvforge::VariantQuery q;
     q.model = "tiny";
-    q.storage = kvforge::DType::bf16;
-    chosen = kvforge::registry().select(q);
+    for (const auto* e : kvforge::registry().select(q))
+      if (e->descriptor->storage == kvforge::DType::bf16 || e->descriptor->quantized()) chosen.push_back(e);
   }
   std::printf("demo: 2 sequences, prefill 40 tokens, decode 8 steps, every layer; gather the last layer back\n");
   int failed = 0;

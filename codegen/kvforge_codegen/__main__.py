@@ -82,9 +82,11 @@ def main(argv: List[str] | None = None) -> int:
         return 0
     if args.command == "list":
         width = max((len(v.name) for v in variants), default=7)
-        print(f"{'variant':<{width}}  {'addressing':<10}  {'update':<6}  {'bytes/token':>11}")
+        print(f"{'variant':<{width}}  {'addressing':<10}  {'update':<6}  {'scales':<28}  {'bytes/token':>11}")
         for v in variants:
-            print(f"{v.name:<{width}}  {v.layout.addressing:<10}  {v.layout.update:<6}  {v.bytes_per_token:>11}")
+            q = v.quantization
+            scales = f"{q.granularity} {q.scale_dtype} {q.scales}" if q else "-"
+            print(f"{v.name:<{width}}  {v.layout.addressing:<10}  {v.layout.update:<6}  {scales:<28}  {v.bytes_per_token:>11}")
         print(f"{len(variants)} variants")
         return 0
     if args.command == "outputs":

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import vocab
 from .diagnostics import Diagnostics
-from .spec import LayoutSpec, ModelSpec, SpecSet
+from .spec import LayoutSpec, ModelSpec, Quantization, SpecSet
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,25 @@ class Variant:
         return self.layout.page_size or 0
 
     @property
+    def quantization(self) -> Optional[Quantization]:
+        """The layout's quantization, for quantized storage; None for float storage."""
+        return self.layout.quantization if vocab.DTYPES[self.storage]["quantized"] else None
+
+    @property
+    def scales_per_token(self) -> int:
+        """Dynamic scales one token holds, K and V of every layer (a per_tensor scale is per layer)."""
+        q = self.quantization
+        if q is None or q.granularity == "per_tensor":
+            return 0
+        per_layer_kv = self.model.kv_heads if q.granularity == "per_token_head" else 1
+        return 2 * self.model.layers * per_layer_kv
+
+    @property
     def bytes_per_token(self) -> int:
-        """Bytes one token of one sequence occupies: K and V of every layer and head."""
-        return 2 * self.model.layers * self.model.kv_heads * self.model.head_dim * vocab.DTYPES[self.storage]["bytes"]
+        """Bytes one token of one sequence occupies: K and V of every layer and head, and their scales."""
+        values = 2 * self.model.layers * self.model.kv_heads * self.model.head_dim * vocab.DTYPES[self.storage]["bytes"]
+        q = self.quantization
+        return values + (self.scales_per_token * vocab.DTYPES[q.scale_dtype]["bytes"] if q else 0)
 
 
 # ---- naming: one function forms names, one parses them --------------------------------------------
@@ -76,7 +92,23 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
     reasons: List[str] = []
     if storage not in vocab.DTYPES:
         reasons.append(f"storage dtype {storage!r} is not supported")
-    if input_dtype not in vocab.INPUT_DTYPES:
+    elif vocab.DTYPES[storage]["quantized"]:
+        if input_dtype == storage:
+            reasons.append(f"{storage} storage quantizes a float input; give input_dtypes "
+                           f"({', '.join(vocab.INPUT_DTYPES)})")
+        if layout.quantization is None:
+            reasons.append(f"{storage} storage needs a quantization block "
+                           f"(granularity: {', '.join(vocab.GRANULARITIES)})")
+        elif layout.quantization.scales == "in_page":
+            q = layout.quantization
+            inside = layout.axes[layout.axes.index("page") + 1:]
+            codes = (layout.page_size or 0) * model.kv_heads * model.head_dim
+            codes *= (2 if "kv" in inside else 1) * (model.layers if "layer" in inside else 1)
+            scale_bytes = vocab.DTYPES[q.scale_dtype]["bytes"]
+            if codes % scale_bytes:
+                reasons.append(f"a page holds {codes} code bytes, not a multiple of the {scale_bytes}-byte "
+                               f"{q.scale_dtype} scales that follow them, so the scales would be misaligned")
+    if input_dtype not in vocab.INPUT_DTYPES and input_dtype != storage:
         reasons.append(f"input dtype {input_dtype!r} is not supported")
     if layout.addressing == "ring":
         if layout.window == "model" and not model.sliding_window:

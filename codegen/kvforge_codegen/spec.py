@@ -32,6 +32,16 @@ class Expansion:
 
 
 @dataclass(frozen=True)
+class Quantization:
+    """How the layout's quantized dtypes (int8, fp8) are scaled; float dtypes ignore it."""
+
+    granularity: str  # per_tensor, per_token or per_token_head
+    scale_dtype: str  # fp32 or bf16
+    scales: str       # separate or in_page
+    loc: Loc
+
+
+@dataclass(frozen=True)
 class LayoutSpec:
     name: str
     addressing: str
@@ -39,6 +49,7 @@ class LayoutSpec:
     page_size: Optional[int]
     window: Optional[str | int]  # an int, or "model" for the model's sliding window
     update: str
+    quantization: Optional[Quantization]
     expand: Tuple[Expansion, ...]
     loc: Loc
 
@@ -53,7 +64,8 @@ class SpecSet:
 
 
 MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window")
-LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "expand")
+LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "expand")
+QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")
 
 
@@ -110,8 +122,10 @@ class _Reader:
             return None
         return v.data
 
-    def choice(self, key: str, allowed: Sequence[str]) -> Optional[str]:
+    def choice(self, key: str, allowed: Sequence[str], default: Optional[str] = None) -> Optional[str]:
         if key not in self.fields:
+            if default is not None:
+                return default
             self._missing(key, allowed)
             return None
         v = self.fields[key].value
@@ -197,6 +211,35 @@ def _parse_expansion(value: Value, index: int, diags: Diagnostics) -> Optional[E
     return Expansion(models, dtypes, input_dtypes, value.loc)
 
 
+def _parse_quantization(value: Value, addressing: Optional[str], axes: Optional[Tuple[str, ...]],
+                        diags: Diagnostics) -> Optional[Quantization]:
+    r = _Reader(diags, value, "quantization", QUANTIZATION_FIELDS)
+    if not isinstance(value.data, dict):
+        return None
+    before = len(diags.errors)
+    granularity = r.choice("granularity", vocab.GRANULARITIES)
+    scale_dtype = r.choice("scale_dtype", vocab.SCALE_DTYPES, default="fp32")
+    scales = r.choice("scales", vocab.SCALE_PLACEMENTS, default="separate")
+    if scales == "in_page":
+        loc = r.loc_of("scales")
+        if addressing is not None and addressing != "paged":
+            diags.error(loc, "quantization.scales", f"in_page scales need paged addressing, not {addressing}",
+                        "separate")
+        if granularity == "per_tensor":
+            diags.error(loc, "quantization.scales", "a per_tensor scale is one value per layer, not one per page",
+                        "separate")
+        if axes is not None and "page" in axes:
+            inside = axes[axes.index("page") + 1:]
+            missing = [a for a in ("slot", "head", "dim") if a not in inside]
+            if missing:
+                diags.error(loc, "quantization.scales",
+                            f"in_page scales need the axes that vary within a page after 'page', "
+                            f"and {', '.join(missing)} come before it", "[..., page, ..., slot, ..., head, ..., dim]")
+    if len(diags.errors) != before:
+        return None
+    return Quantization(granularity, scale_dtype, scales, value.loc)
+
+
 def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[LayoutSpec]:
     doc = load(path, display, diags)
     if doc is None:
@@ -244,6 +287,10 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
                 diags.error(loc, "axes", "'dim' must be the last axis, so that each head's row is contiguous",
                             "[..., dim]")
 
+    quantization: Optional[Quantization] = None
+    if r.has("quantization"):
+        quantization = _parse_quantization(r.fields["quantization"].value, addressing, axes, diags)
+
     expansions: List[Expansion] = []
     if not r.has("expand"):
         r._missing("expand")
@@ -256,9 +303,13 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
                 e = _parse_expansion(item, i, diags)
                 if e is not None:
                     expansions.append(e)
+    if quantization is not None and expansions and \
+            not any(d in vocab.QUANTIZED_DTYPES for e in expansions for d in e.dtypes):
+        diags.error(r.fields["quantization"].key_loc, "quantization", "no expansion stores a quantized dtype, so it applies to nothing",
+                    ", ".join(vocab.QUANTIZED_DTYPES) + " in expand[].dtypes")
     if len(diags.errors) != before:
         return None
-    return LayoutSpec(name, addressing, axes, page_size, window, update, tuple(expansions), doc.loc)
+    return LayoutSpec(name, addressing, axes, page_size, window, update, quantization, tuple(expansions), doc.loc)
 
 
 def _yaml_files(paths: Sequence[str]) -> List[str]:

@@ -4,13 +4,23 @@ AXES = ("layer", "row", "seq", "page", "slot", "kv", "head", "dim")
 ADDRESSING = ("contiguous", "ring", "paged")
 UPDATE_MODES = ("eager", "lazy")
 
-# Floating-point storage and input types. Bytes per element and the C++ type that carries them.
+# Storage types: bytes per element, the C++ type that carries them, and whether they hold quantized
+# codes (which need a float input dtype and a `quantization` block).
 DTYPES = {
-    "fp32": {"bytes": 4, "cpp": "float", "enum": "f32"},
-    "fp16": {"bytes": 2, "cpp": "kvforge::fp16", "enum": "f16"},
-    "bf16": {"bytes": 2, "cpp": "kvforge::bf16", "enum": "bf16"},
+    "fp32": {"bytes": 4, "cpp": "float", "enum": "f32", "quantized": False},
+    "fp16": {"bytes": 2, "cpp": "kvforge::fp16", "enum": "f16", "quantized": False},
+    "bf16": {"bytes": 2, "cpp": "kvforge::bf16", "enum": "bf16", "quantized": False},
+    "int8": {"bytes": 1, "cpp": "int8_t", "enum": "i8", "quantized": True},
+    "fp8_e4m3": {"bytes": 1, "cpp": "kvforge::fp8_e4m3", "enum": "f8e4m3", "quantized": True},
+    "fp8_e5m2": {"bytes": 1, "cpp": "kvforge::fp8_e5m2", "enum": "f8e5m2", "quantized": True},
 }
 INPUT_DTYPES = ("fp32", "fp16", "bf16")
+QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])
+
+# Quantization: how many values share a scale, the scale's type, and where scales live.
+GRANULARITIES = ("per_tensor", "per_token", "per_token_head")
+SCALE_DTYPES = ("fp32", "bf16")
+SCALE_PLACEMENTS = ("separate", "in_page")
 
 # Axes each addressing mode needs and forbids; `layer` and `kv` are optional for all.
 REQUIRED_AXES = {

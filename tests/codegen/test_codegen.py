@@ -55,7 +55,7 @@ class BadSpecMessages(unittest.TestCase):
     def test_unknown_field(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "colour: blue\n"), [
             "layouts/bad.yaml:9: colour: unknown field "
-            "(allowed: name, addressing, axes, page_size, window, update, expand)"])
+            "(allowed: name, addressing, axes, page_size, window, update, quantization, expand)"])
 
     def test_duplicate_key(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "update: lazy\n"), [
@@ -72,7 +72,8 @@ class BadSpecMessages(unittest.TestCase):
         self.assertEqual(errors_of(text), [
             "layouts/bad.yaml:4: axes: unknown value 'heads' "
             "(allowed: layer, row, seq, page, slot, kv, head, dim)",
-            "layouts/bad.yaml:8: expand[0].dtypes: unknown value 'fp64' (allowed: fp32, fp16, bf16)"])
+            "layouts/bad.yaml:8: expand[0].dtypes: unknown value 'fp64' "
+            "(allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2)"])
 
     def test_wrong_type(self):
         text = GOOD_LAYOUT.format(name="bad").replace("page_size: 16", "page_size: sixteen")
@@ -159,7 +160,8 @@ class CommandLine(unittest.TestCase):
     def test_unknown_filter_value_is_refused(self):
         r = self.run_codegen("list", "--dtype", "fp64")
         self.assertEqual(r.returncode, 2)
-        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16)", r.stderr)
+        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2)",
+                      r.stderr)
         self.assertNotIn("Traceback", r.stderr)
 
     def test_dropping_a_spec_file_adds_a_variant(self):
@@ -167,6 +169,87 @@ class CommandLine(unittest.TestCase):
         r = self.run_codegen("outputs", "--layouts", d.layouts, "--models", MODELS)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("mine.tiny.bf16.cpp", r.stdout.split())
+
+
+QUANT_LAYOUT = """\
+name: {name}
+addressing: paged
+page_size: 16
+axes: [page, kv, head, slot, dim]
+update: eager
+quantization:
+  granularity: per_token
+  scale_dtype: fp32
+  scales: in_page
+expand:
+  - models: [tiny]
+    dtypes: [int8]
+    input_dtypes: [bf16]
+"""
+
+
+class Quantization(unittest.TestCase):
+    def test_one_line_switches_a_layout_to_per_token_head(self):
+        text = QUANT_LAYOUT.format(name="q")
+        switched = text.replace("granularity: per_token\n", "granularity: per_token_head\n")
+        self.assertEqual(sum(a != b for a, b in zip(text.splitlines(), switched.splitlines())), 1)
+        for spec, want in ((text, "Quant::per_token;"), (switched, "Quant::per_token_head;")):
+            d = SpecDir({"q.yaml": spec})
+            self.assertEqual(d.errors(), [])
+            variants = plan_variants(load_specs([d.layouts], [MODELS], d.tmp.name))
+            self.assertEqual([v.name for v in variants], ["q.tiny.int8_in_bf16"])
+            header = render(variants)["q.tiny.int8_in_bf16.hpp"]
+            self.assertIn("static constexpr kvforge::Quant quant = kvforge::" + want, header)
+        # 2 layers x 2 heads x 16 dims x 2 (K, V) int8 codes, plus per_token_head fp32 scales.
+        self.assertEqual(variants[0].bytes_per_token, 2 * 2 * 16 * 2 + 2 * 2 * 2 * 4)
+
+    def test_bad_quantization_fields(self):
+        text = QUANT_LAYOUT.format(name="bad").replace("granularity: per_token", "granularity: per_channel")
+        text = text.replace("scale_dtype: fp32", "scale_dtype: fp8")
+        self.assertEqual(errors_of(text), [
+            "layouts/bad.yaml:7: quantization.granularity: unknown value 'per_channel' "
+            "(allowed: per_tensor, per_token, per_token_head)",
+            "layouts/bad.yaml:8: quantization.scale_dtype: unknown value 'fp8' (allowed: fp32, bf16)"])
+
+    def test_in_page_scales_that_cannot_be(self):
+        per_tensor = QUANT_LAYOUT.format(name="bad").replace("granularity: per_token", "granularity: per_tensor")
+        self.assertEqual(errors_of(per_tensor), [
+            "layouts/bad.yaml:9: quantization.scales: a per_tensor scale is one value per layer, "
+            "not one per page (allowed: separate)"])
+        head_outside = QUANT_LAYOUT.format(name="bad").replace("[page, kv, head, slot, dim]",
+                                                               "[head, page, kv, slot, dim]")
+        self.assertEqual(errors_of(head_outside), [
+            "layouts/bad.yaml:9: quantization.scales: in_page scales need the axes that vary within a page "
+            "after 'page', and head come before it (allowed: [..., page, ..., slot, ..., head, ..., dim])"])
+        contiguous = """\
+        name: bad
+        addressing: contiguous
+        axes: [row, head, seq, dim]
+        update: eager
+        quantization:
+          granularity: per_token
+          scales: in_page
+        expand:
+          - models: [tiny]
+            dtypes: [int8]
+            input_dtypes: [bf16]
+        """
+        self.assertEqual(errors_of(contiguous), [
+            "layouts/bad.yaml:7: quantization.scales: in_page scales need paged addressing, not contiguous "
+            "(allowed: separate)"])
+
+    def test_quantized_dtype_needs_a_block_and_a_float_input(self):
+        text = GOOD_LAYOUT.format(name="bad").replace("[bf16]", "[int8]")
+        self.assertEqual(errors_of(text), [
+            "layouts/bad.yaml:7: expand[0]: bad.tiny.int8: int8 storage quantizes a float input; "
+            "give input_dtypes (fp32, fp16, bf16)",
+            "layouts/bad.yaml:7: expand[0]: bad.tiny.int8: int8 storage needs a quantization block "
+            "(granularity: per_tensor, per_token, per_token_head)"])
+        unused = QUANT_LAYOUT.format(name="bad").replace("dtypes: [int8]", "dtypes: [bf16]")
+        unused = unused.replace("    input_dtypes: [bf16]\n", "")
+        self.assertEqual(errors_of(unused), [
+            "layouts/bad.yaml:6: quantization: no expansion stores a quantized dtype, so it applies to nothing "
+            "(allowed: int8, fp8_e4m3, fp8_e5m2 in expand[].dtypes)"])
 
 
 class Naming(unittest.TestCase):

@@ -41,11 +41,18 @@ struct GatherRange {
   int64_t end = 0;
 };
 
-// What an attention kernel needs to read one layer in place.
+// What an attention kernel needs to read one layer in place. For quantized storage, value =
+// code * scale, with the scale of a (row or page, seq or slot, head) at k_scales + scale_strides (in
+// scale elements; a zero stride means the scale is shared along that coordinate).
 struct LayerView {
   const void* k = nullptr;
   const void* v = nullptr;
   DType dtype = DType::f32;
+  Quant quant = Quant::none;
+  const void* k_scales = nullptr;
+  const void* v_scales = nullptr;
+  DType scale_dtype = DType::f32;
+  Strides scale_strides;
   Device device = Device::cpu;
   Strides strides;  // element strides: row_or_page, seq_or_slot, head (dim is contiguous)
   int64_t rows_or_pages = 0;
@@ -56,7 +63,8 @@ struct LayerView {
 
 // Memory the cache holds, split into the KV storage itself and the runtime's own overhead.
 struct MemoryReport {
-  int64_t storage_bytes = 0;
+  int64_t storage_bytes = 0;      // codes or values, and their scales
+  int64_t scale_bytes = 0;        // the part of storage_bytes that is scales
   int64_t staging_bytes = 0;   // lazy staging of appended tokens and their targets
   int64_t bookkeeping_bytes = 0;  // row lengths, error flag, reorder scratch once used
   int64_t overhead_bytes() const { return staging_bytes + bookkeeping_bytes; }
@@ -83,6 +91,9 @@ class Cache {
   // For each pair (src, dst), page dst of every layer becomes a copy of page src. int32 [2n].
   virtual void copy_blocks(const IndexView& pairs) = 0;
   virtual LayerView view(int layer) const = 0;
+  // per_tensor quantized layouts: the static scales of one layer, held in device memory so a captured
+  // graph picks up new values. Both must be finite and positive. Others raise UnsupportedError.
+  virtual void set_tensor_scale(int layer, float k_scale, float v_scale) = 0;
   // The highest position written to a row, plus one (0 after reset). Synchronizes on CUDA.
   virtual int64_t row_length(int64_t row) const = 0;
   // Waits for queued work and raises any error a device-side check found (CUDA only).
@@ -90,6 +101,8 @@ class Cache {
   virtual MemoryReport memory() const = 0;
   // Raw storage pool; for tests and tools that read physical bytes.
   virtual const void* storage() const = 0;
+  // The scale buffer beside the pool (separate or per_tensor scales), else null.
+  virtual const void* scale_storage() const = 0;
 };
 
 }  // namespace kvforge

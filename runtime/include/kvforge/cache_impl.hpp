@@ -39,6 +39,8 @@ template <class Traits> class TypedCache final : public Cache {
  public:
   using storage_t = typename Traits::storage_t;
   using input_t = typename Traits::input_t;
+  using scale_t = typename Traits::scale_t;
+  static constexpr Quant quant = Traits::quant;
   static constexpr int layers = Traits::layers;
   static constexpr int heads = Traits::heads;
   static constexpr int head_dim = Traits::head_dim;
@@ -69,10 +71,12 @@ template <class Traits> class TypedCache final : public Cache {
   void reorder(const IndexView& beam) override;
   void copy_blocks(const IndexView& pairs) override;
   LayerView view(int layer) const override;
+  void set_tensor_scale(int layer, float k_scale, float v_scale) override;
   int64_t row_length(int64_t row) const override;
   void synchronize() override;
   MemoryReport memory() const override;
   const void* storage() const override { return pool_.data(); }
+  const void* scale_storage() const override { return scales_.data(); }
 
  private:
   using CpuOps = detail::Ops<Traits, detail::CpuExec>;
@@ -81,12 +85,14 @@ template <class Traits> class TypedCache final : public Cache {
                      int32_t code);
   void check_row(int64_t row) const;
   detail::DeviceStatus* status() const { return status_.as<detail::DeviceStatus>(); }
+  detail::ScaleRef scale_ref() const;
 
   CacheConfig config_;
   Capacity capacity_;
   Geometry geometry_;
   Backend* backend_;
   Buffer pool_;
+  Buffer scales_;      // separate dynamic scales, or the per-tensor scales
   Buffer row_length_;  // int32 per row: contiguous and ring
   Buffer status_;
   // Lazy staging: [layers, staged, heads, dim] K and V in the input dtype, and their targets.
@@ -94,7 +100,7 @@ template <class Traits> class TypedCache final : public Cache {
   Buffer stage_k_, stage_v_, stage_rows_, stage_positions_, stage_slots_;
   std::vector<int64_t> staged_;
   // Reorder scratch, allocated on first use: one layer's rows.
-  Buffer reorder_scratch_, length_scratch_;
+  Buffer reorder_scratch_, scale_scratch_, length_scratch_;
 };
 
 // Every operation picks its executor here; without CUDA in the build the constructor has already
@@ -120,6 +126,14 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
   capacity_ = detail::capacity_of(d, config_);
   geometry_ = make_geometry(d, capacity_);
   pool_ = Buffer(*backend_, geometry_.total_elems * int64_t(sizeof(storage_t)));
+  if (geometry_.scale_elems > 0) {
+    scales_ = Buffer(*backend_, geometry_.scale_elems * int64_t(sizeof(scale_t)));
+    if constexpr (quant == Quant::per_tensor) {
+      // Until calibrated scales are set, a scale of 1 stores values as they are (saturating).
+      const std::vector<scale_t> ones(size_t(geometry_.scale_elems), detail::store_scale<scale_t>(1.0f));
+      backend_->from_host(scales_.data(), ones.data(), scales_.bytes(), config_.stream);
+    }
+  }
   if (!d.paged()) row_length_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
   status_ = Buffer(*backend_, sizeof(detail::DeviceStatus));
   if constexpr (lazy) {
@@ -151,6 +165,13 @@ void TypedCache<Traits>::check_indices(const IndexView& v, int64_t count, int64_
     detail::check_indices_on_device(config_.stream, a);
 #endif
   }
+}
+
+template <class Traits> detail::ScaleRef TypedCache<Traits>::scale_ref() const {
+  void* base = Traits::descriptor.scales_in_page()
+                   ? static_cast<void*>(static_cast<char*>(const_cast<void*>(pool_.data())) + geometry_.scale_offset_bytes)
+                   : const_cast<void*>(scales_.data());
+  return {base, geometry_.scale_strides};
 }
 
 template <class Traits> void TypedCache<Traits>::check_row(int64_t row) const {
@@ -204,6 +225,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
   } else {
     detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),
                                            geometry_.strides,
+                                           scale_ref(),
                                            detail::rows3<const input_t>(k),
                                            detail::rows3<const input_t>(v),
                                            0,
@@ -227,6 +249,7 @@ template <class Traits> void TypedCache<Traits>::commit() {
     const int64_t row_elems = int64_t(heads) * head_dim;
     detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),
                                            geometry_.strides,
+                                           scale_ref(),
                                            {stage_k_.as<const input_t>(), row_elems, head_dim},
                                            {stage_v_.as<const input_t>(), row_elems, head_dim},
                                            staged_capacity_ * row_elems,
@@ -280,6 +303,7 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
   if (count == 0) return;
   detail::GatherArgs<storage_t, input_t> a{pool_.as<const storage_t>(),
                                           geometry_.strides,
+                                          scale_ref(),
                                           {static_cast<input_t*>(k_out.data), k_out.stride[1], k_out.stride[0]},
                                           {static_cast<input_t*>(v_out.data), v_out.stride[1], v_out.stride[0]},
                                           layer,
@@ -293,12 +317,14 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
 
 template <class Traits> void TypedCache<Traits>::reset() {
   backend_->fill(pool_.data(), 0, pool_.bytes(), config_.stream);
+  if (quant != Quant::per_tensor && scales_.data()) backend_->fill(scales_.data(), 0, scales_.bytes(), config_.stream);
   if (row_length_.data()) backend_->fill(row_length_.data(), 0, row_length_.bytes(), config_.stream);
 }
 
 template <class Traits> void TypedCache<Traits>::reset_row(int64_t row) {
   check_row(row);
-  detail::ZeroRowArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, row, capacity_.positions, layers};
+  detail::ZeroRowArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(), row, capacity_.positions,
+                                  layers};
   KVFORGE_RUN_OP(zero_row, a);
   backend_->fill(row_length_.as<int32_t>() + row, 0, sizeof(int32_t), config_.stream);
 }
@@ -312,11 +338,17 @@ template <class Traits> void TypedCache<Traits>::reorder(const IndexView& beam) 
   const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads * head_dim;
   if (!reorder_scratch_.data()) {
     reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
+    constexpr int scales_per_token = quant == Quant::per_token_head ? heads : quant == Quant::per_token ? 1 : 0;
+    if (scales_per_token > 0)
+      scale_scratch_ = Buffer(*backend_, capacity_.rows * 2 * capacity_.positions * scales_per_token *
+                                             int64_t(sizeof(scale_t)));
     length_scratch_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
   }
   detail::ReorderArgs<storage_t> a{pool_.as<storage_t>(),
                                   geometry_.strides,
+                                  scale_ref(),
                                   reorder_scratch_.as<storage_t>(),
+                                  scale_scratch_.data(),
                                   static_cast<const int32_t*>(beam.data),
                                   capacity_.rows,
                                   capacity_.positions,
@@ -340,7 +372,7 @@ template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pa
   if (pairs.size == 0) return;
   check_indices(pairs, pairs.size, 0, capacity_.pages, false, detail::kCheckBlockPairs);
   if (on_cpu()) detail::check_pairs_disjoint_on_host(static_cast<const int32_t*>(pairs.data), pairs.size / 2);
-  detail::CopyPagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides,
+  detail::CopyPagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
                                     static_cast<const int32_t*>(pairs.data), pairs.size / 2, layers, status()};
   KVFORGE_RUN_OP(copy_pages, a);
 }
@@ -353,12 +385,41 @@ template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
   v.v = base + geometry_.strides.kv;
   v.dtype = dtype_of<storage_t>::value;
   v.device = config_.device;
+  if constexpr (quant != Quant::none) {
+    const detail::ScaleRef r = scale_ref();
+    const scale_t* scales = static_cast<const scale_t*>(r.base) + r.s.layer * layer;
+    v.quant = quant;
+    v.k_scales = scales;
+    v.v_scales = scales + r.s.kv;
+    v.scale_dtype = dtype_of<scale_t>::value;
+    v.scale_strides = r.s;
+  }
   v.strides = geometry_.strides;
   v.rows_or_pages = Traits::descriptor.paged() ? capacity_.pages : capacity_.rows;
   v.seq_or_slots = Traits::descriptor.paged() ? page_size : capacity_.positions;
   v.heads = heads;
   v.head_dim = head_dim;
   return v;
+}
+
+template <class Traits> void TypedCache<Traits>::set_tensor_scale(int layer, float k_scale, float v_scale) {
+  if constexpr (quant != Quant::per_tensor) {
+    (void)layer;
+    (void)k_scale;
+    (void)v_scale;
+    throw UnsupportedError(std::string(Traits::descriptor.name) + ": set_tensor_scale is for per_tensor quantized "
+                           "layouts; this one is " + quant_name(quant));
+  } else {
+    detail::check_layer(layer, layers);
+    const float given[2] = {k_scale, v_scale};
+    const char* names[2] = {"k_scale", "v_scale"};
+    for (int kv = 0; kv < 2; ++kv)
+      if (!(given[kv] > 0.0f && given[kv] <= 3.0e38f))
+        throw ArgumentError(names[kv], "must be finite and positive, got " + std::to_string(given[kv]));
+    const scale_t stored[2] = {detail::store_scale<scale_t>(k_scale), detail::store_scale<scale_t>(v_scale)};
+    backend_->from_host(scales_.as<scale_t>() + geometry_.scale_strides.layer * layer, stored, sizeof(stored),
+                        config_.stream);
+  }
 }
 
 template <class Traits> int64_t TypedCache<Traits>::row_length(int64_t row) const {
@@ -382,10 +443,14 @@ template <class Traits> void TypedCache<Traits>::synchronize() {
 
 template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
   MemoryReport m;
-  m.storage_bytes = pool_.bytes();
+  m.storage_bytes = pool_.bytes() + scales_.bytes();
+  m.scale_bytes = scales_.bytes();
+  if (Traits::descriptor.scales_in_page())
+    m.scale_bytes += pool_.bytes() / geometry_.page_block_bytes * (geometry_.page_block_bytes - geometry_.scale_offset_bytes);
   m.staging_bytes = stage_k_.bytes() + stage_v_.bytes() + stage_rows_.bytes() + stage_positions_.bytes() +
                     stage_slots_.bytes();
-  m.bookkeeping_bytes = row_length_.bytes() + status_.bytes() + reorder_scratch_.bytes() + length_scratch_.bytes();
+  m.bookkeeping_bytes = row_length_.bytes() + status_.bytes() + reorder_scratch_.bytes() + scale_scratch_.bytes() +
+                        length_scratch_.bytes();
   return m;
 }
 

@@ -1,5 +1,6 @@
 // Element types. fp16 and bf16 are plain 16-bit carriers with conversions that compile for host and
-// device alike, so the CPU backend rounds exactly as the CUDA backend does.
+// device alike, so the CPU backend rounds exactly as the CUDA backend does. The 8-bit storage types
+// (int8, fp8_e4m3, fp8_e5m2) hold quantization codes; quant.hpp turns them into values with a scale.
 #pragma once
 
 #include <cstdint>
@@ -11,13 +12,20 @@
 
 namespace kvforge {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, i64 };
+enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2 };
 
 struct fp16 {
   uint16_t bits;
 };
 struct bf16 {
   uint16_t bits;
+};
+// OCP fp8 formats: e4m3 has no infinity and one NaN per sign (max 448); e5m2 is IEEE-like (max 57344).
+struct fp8_e4m3 {
+  uint8_t bits;
+};
+struct fp8_e5m2 {
+  uint8_t bits;
 };
 
 constexpr int dtype_size(DType t) {
@@ -27,6 +35,9 @@ constexpr int dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::i8: return 1;
+    case DType::f8e4m3: return 1;
+    case DType::f8e5m2: return 1;
   }
   return 0;
 }
@@ -38,6 +49,9 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::i32: return "int32";
     case DType::i64: return "int64";
+    case DType::i8: return "int8";
+    case DType::f8e4m3: return "fp8_e4m3";
+    case DType::f8e5m2: return "fp8_e5m2";
   }
   return "?";
 }
@@ -48,6 +62,11 @@ template <> struct dtype_of<fp16> { static constexpr DType value = DType::f16; }
 template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
+template <> struct dtype_of<int8_t> { static constexpr DType value = DType::i8; };
+template <> struct dtype_of<fp8_e4m3> { static constexpr DType value = DType::f8e4m3; };
+template <> struct dtype_of<fp8_e5m2> { static constexpr DType value = DType::f8e5m2; };
+
+constexpr bool is_quantized(DType t) { return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2; }
 
 KVF_HD KVF_INLINE uint32_t float_bits(float f) {
   uint32_t u;
@@ -64,12 +83,13 @@ KVF_HD KVF_INLINE float to_float(float x) { return x; }
 
 KVF_HD KVF_INLINE float to_float(bf16 x) { return bits_float(uint32_t(x.bits) << 16); }
 
-// Round to nearest even; NaN stays NaN (quiet), infinities stay infinite.
+// Round to nearest even; NaN stays NaN (quiet), infinities stay infinite. Written as a select, not a
+// branch, so that loops over rows vectorize.
 KVF_HD KVF_INLINE bf16 bf16_from_float(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x0040u)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16{uint16_t(u >> 16)};
+  const uint32_t u = float_bits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return bf16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 
 KVF_HD KVF_INLINE float to_float(fp16 x) {

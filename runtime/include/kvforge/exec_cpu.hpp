@@ -17,6 +17,9 @@ struct CpuExec {
     for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
   }
 
+  // An item is one thread here, so its lanes' maximum is its own value.
+  template <int Lanes> static uint32_t lane_max(uint32_t value) { return value; }
+
   static void atomic_max(int32_t* target, int32_t value) {
     int32_t seen = __atomic_load_n(target, __ATOMIC_RELAXED);
     while (seen < value &&

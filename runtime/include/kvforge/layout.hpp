@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kvforge/dtype.hpp"
+#include "kvforge/quant.hpp"
 
 namespace kvforge {
 
@@ -40,7 +41,10 @@ struct VariantDescriptor {
   int max_seq_len;  // the model's
   int num_axes;
   Axis axes[kNumAxes];
-  int64_t bytes_per_token;  // K and V of all layers for one token, as codegen computed it
+  int64_t bytes_per_token;  // K and V of all layers for one token, scales included, as codegen computed it
+  Quant quant = Quant::none;  // quantized storage only
+  DType scale = DType::f32;
+  ScalePlacement scale_placement = ScalePlacement::separate;
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
@@ -50,6 +54,8 @@ struct VariantDescriptor {
   constexpr bool paged() const { return addressing == Addressing::paged; }
   constexpr bool stacked() const { return has_axis(Axis::layer); }
   constexpr bool kv_fused() const { return has_axis(Axis::kv); }
+  constexpr bool quantized() const { return quant != Quant::none; }
+  constexpr bool scales_in_page() const { return quantized() && scale_placement == ScalePlacement::in_page; }
 };
 
 // Capacity chosen at construction: how many rows and positions, or how many pages.
@@ -70,13 +76,21 @@ struct Strides {
   int64_t head = 0;
 };
 
+// Scales of a quantized layout use the same five coordinates; the strides of coordinates a scale does
+// not vary over are 0 (head for per_token; all but layer and kv for per_tensor).
 struct Geometry {
   int64_t extent[kNumAxes] = {};  // 0 for axes the layout does not have
   int64_t axis_stride[kNumAxes] = {};
   Strides strides;
-  int64_t tensor_elems = 0;  // elements of one physical tensor
+  int64_t tensor_elems = 0;  // elements of one physical tensor (with its in-page scales)
   int tensors = 0;           // physical tensors in the pool: (stacked ? 1 : layers) * (kv_fused ? 1 : 2)
-  int64_t total_elems = 0;
+  int64_t total_elems = 0;   // elements of the storage pool
+  // Quantized layouts only. Scale strides are in scale elements from the scale base, which is the
+  // separate scale buffer, or the pool plus `scale_offset_bytes` when scales live in each page.
+  Strides scale_strides;
+  int64_t scale_elems = 0;         // size of the separate scale buffer (0 for in-page scales)
+  int64_t scale_offset_bytes = 0;  // in-page: where page 0's scales start in the pool
+  int64_t page_block_bytes = 0;    // in-page: one page's codes and scales, the page stride in bytes
 
   KVF_HD int64_t offset(int layer, int kv, int64_t row_or_page, int64_t seq_or_slot, int head) const {
     return layer * strides.layer + kv * strides.kv + row_or_page * strides.row_or_page +

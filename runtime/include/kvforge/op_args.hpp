@@ -37,10 +37,18 @@ template <class T> struct Rows3 {
   int64_t head_stride;
 };
 
+// Scales of a quantized layout: the base of layer 0, K, unit 0, slot 0, head 0, and the coordinate
+// strides in scale elements (see Geometry). Null for float layouts.
+struct ScaleRef {
+  void* base;
+  Strides s;
+};
+
 // append (one layer) and commit (every layer's staged tokens) are one operation.
 template <class Store, class In> struct WriteArgs {
   Store* pool;
   Strides s;
+  ScaleRef scales;
   Rows3<const In> k, v;
   int64_t input_layer_stride;   // elements between successive layers' staged tokens
   const int32_t* rows;          // contiguous and ring
@@ -65,6 +73,7 @@ template <class In> struct StageArgs {
 template <class Store, class In> struct GatherArgs {
   const Store* pool;
   Strides s;
+  ScaleRef scales;
   Rows3<In> k, v;  // token_stride: within a head; head_stride: between heads
   int layer;
   int64_t row;
@@ -78,16 +87,20 @@ template <class Store, class In> struct GatherArgs {
 template <class Store> struct ZeroRowArgs {
   Store* pool;
   Strides s;
+  ScaleRef scales;
   int64_t row;
   int64_t positions;
   int layers;
 };
 
 // Reorder, per layer: pack selected rows to scratch [rows, 2, positions, heads, dim], then unpack.
+// Quantized layouts carry their scales along through scale_scratch [rows, 2, positions, heads].
 template <class Store> struct ReorderArgs {
   Store* pool;
   Strides s;
+  ScaleRef scales;
   Store* scratch;
+  void* scale_scratch;
   const int32_t* beam;
   int64_t rows;
   int64_t positions;
@@ -100,6 +113,7 @@ template <class Store> struct ReorderArgs {
 template <class Store> struct CopyPagesArgs {
   Store* pool;
   Strides s;
+  ScaleRef scales;
   const int32_t* pairs;  // [n, 2] as (src, dst)
   int64_t count;
   int layers;

@@ -3,8 +3,10 @@
 // decides how items and lanes map to hardware: the CPU runs items on OpenMP threads with one lane,
 // CUDA gives each item a group of threads that split its heads into 16-byte vectors.
 //
-// Traits supply compile-time constants (heads, head_dim, page_size, window, addressing) so that
-// loops have fixed trip counts and divisions by page size and window are by constants.
+// Traits supply compile-time constants (heads, head_dim, page_size, window, addressing, quantization)
+// so that loops have fixed trip counts and divisions by page size and window are by constants.
+// Quantized layouts quantize inside write (append and commit) and dequantize inside gather; the rules
+// are in quant.hpp.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "kvforge/dtype.hpp"
 #include "kvforge/layout.hpp"
 #include "kvforge/op_args.hpp"
+#include "kvforge/quant.hpp"
 
 namespace kvforge::detail {
 
@@ -75,6 +78,46 @@ KVF_HD KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, int lane, i
 #endif
 }
 
+// Lanes of a quantizing CUDA item: one logical warp (a power of two up to 32) sweeps each head's row
+// in turn, so a scale's amax is one warp reduction.
+template <int D> constexpr int quant_lanes() {
+  int lanes = 1;
+  while (lanes * 2 <= D && lanes < 32) lanes *= 2;
+  return lanes;
+}
+
+// Row loops: on CUDA the item's lanes stride through the row; on the CPU one thread takes the whole
+// row in a plain counted loop, which the compiler vectorizes.
+#if defined(__CUDA_ARCH__)
+#define KVF_ROW_LOOP(i, n) for (int i = lane; i < (n); i += lanes)
+#else
+#define KVF_ROW_LOOP(i, n) \
+  (void)lane;              \
+  (void)lanes;             \
+  for (int i = 0; i < (n); ++i)
+#endif
+
+template <int D, class In> KVF_HD KVF_INLINE uint32_t row_amax(const In* src, int lane, int lanes) {
+  uint32_t m = 0;
+  KVF_ROW_LOOP(i, D) {
+    const uint32_t b = magnitude_bits(to_float(src[i]));
+    m = m > b ? m : b;
+  }
+  return m;
+}
+
+template <int D, class Code, class In>
+KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
+  KVF_ROW_LOOP(i, D) dst[i] = Codec<Code>::encode(to_float(src[i]) / scale);
+}
+
+template <int D, class Out, class Code>
+KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int lane, int lanes) {
+  KVF_ROW_LOOP(i, D) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
+}
+
+#undef KVF_ROW_LOOP
+
 template <class Traits, class Exec> struct Ops {
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
@@ -83,8 +126,51 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int P = Traits::page_size;
   static constexpr int W = Traits::window;
   static constexpr Addressing kAddressing = Traits::addressing;
-  static constexpr int kLanes = item_lanes<Store, H, D>();
+  using Scale = typename Traits::scale_t;
+  static constexpr Quant kQuant = Traits::quant;
+  static constexpr bool kQuantized = kQuant != Quant::none;
+  // Dynamic scales one token holds per K or V.
+  static constexpr int kScalesPerToken = kQuant == Quant::per_token_head ? H : kQuant == Quant::per_token ? 1 : 0;
+  static constexpr int kLanes = kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
   static constexpr int64_t kItemBytes = int64_t(H) * D * sizeof(Store);
+
+  KVF_HD static KVF_INLINE Scale* scale_at(const ScaleRef& r, int64_t layer, int64_t kv, int64_t unit, int64_t slot) {
+    return static_cast<Scale*>(r.base) + r.s.layer * layer + r.s.kv * kv + r.s.row_or_page * unit +
+           r.s.seq_or_slot * slot;
+  }
+
+  // One token's K or V (all heads) into codes, computing and storing its dynamic scales; a
+  // per-tensor scale is only read.
+  KVF_HD static KVF_INLINE void quantize_token(Store* dst, int64_t dst_head, Scale* scale, int64_t scale_head,
+                                               const In* src, int64_t src_head, int lane, int lanes) {
+    if constexpr (kQuant == Quant::per_tensor) {
+      const float s = to_float(*scale);
+      for (int h = 0; h < H; ++h) encode_row<D>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
+    } else if constexpr (kQuant == Quant::per_token) {
+      uint32_t m = 0;
+      for (int h = 0; h < H; ++h) {
+        const uint32_t b = row_amax<D>(src + h * src_head, lane, lanes);
+        m = m > b ? m : b;
+      }
+      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kLanes>(m));
+      if (lane == 0) *scale = stored;
+      const float s = to_float(stored);
+      for (int h = 0; h < H; ++h) encode_row<D>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
+    } else {
+      for (int h = 0; h < H; ++h) {
+        const Scale stored =
+            dynamic_scale<Store, Scale>(Exec::template lane_max<kLanes>(row_amax<D>(src + h * src_head, lane, lanes)));
+        if (lane == 0) scale[h * scale_head] = stored;
+        encode_row<D>(dst + h * dst_head, src + h * src_head, to_float(stored), lane, lanes);
+      }
+    }
+  }
+
+  // Moves a token's dynamic scales (K or V), for copies that keep codes as they are.
+  KVF_HD static KVF_INLINE void copy_scales(Scale* dst, int64_t dst_head, const Scale* src, int64_t src_head, int lane) {
+    if (lane != 0) return;
+    for (int h = 0; h < kScalesPerToken; ++h) dst[h * dst_head] = src[h * src_head];
+  }
 
   // Where position `pos` of a sequence lives: (row or page, seq index or slot).
   KVF_HD static KVF_INLINE void locate_position(int64_t row, const int32_t* pages, int64_t pos, int64_t& unit,
@@ -125,10 +211,16 @@ template <class Traits, class Exec> struct Ops {
       const int layer = a.first_layer + l;
       const int64_t in_k = l * a.input_layer_stride + t * a.k.token_stride;
       const int64_t in_v = l * a.input_layer_stride + t * a.v.token_stride;
-      copy_heads<H, D>(a.pool + a.s.layer * layer + a.s.row_or_page * unit + a.s.seq_or_slot * slot, a.s.head,
-                       a.k.data + in_k, a.k.head_stride, lane, lanes);
-      copy_heads<H, D>(a.pool + a.s.layer * layer + a.s.kv + a.s.row_or_page * unit + a.s.seq_or_slot * slot,
-                       a.s.head, a.v.data + in_v, a.v.head_stride, lane, lanes);
+      Store* dst = a.pool + a.s.layer * layer + a.s.row_or_page * unit + a.s.seq_or_slot * slot;
+      if constexpr (kQuantized) {
+        quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, a.k.data + in_k,
+                       a.k.head_stride, lane, lanes);
+        quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head,
+                       a.v.data + in_v, a.v.head_stride, lane, lanes);
+      } else {
+        copy_heads<H, D>(dst, a.s.head, a.k.data + in_k, a.k.head_stride, lane, lanes);
+        copy_heads<H, D>(dst + a.s.kv, a.s.head, a.v.data + in_v, a.v.head_stride, lane, lanes);
+      }
     });
   }
 
@@ -149,8 +241,18 @@ template <class Traits, class Exec> struct Ops {
       int64_t unit, slot;
       locate_position(a.row, a.pages, a.begin + j, unit, slot);
       const Store* src = a.pool + a.s.layer * a.layer + a.s.row_or_page * unit + a.s.seq_or_slot * slot;
-      copy_heads<H, D>(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, lane, lanes);
-      copy_heads<H, D>(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, lane, lanes);
+      if constexpr (kQuantized) {
+        const Rows3<In> out[2] = {a.k, a.v};
+        for (int kv = 0; kv < 2; ++kv) {
+          const Scale* scale = scale_at(a.scales, a.layer, kv, unit, slot);
+          for (int h = 0; h < H; ++h)
+            decode_row<D>(out[kv].data + j * out[kv].token_stride + h * out[kv].head_stride,
+                          src + kv * a.s.kv + h * a.s.head, to_float(scale[h * a.scales.s.head]), lane, lanes);
+        }
+      } else {
+        copy_heads<H, D>(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, lane, lanes);
+        copy_heads<H, D>(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, lane, lanes);
+      }
     });
   }
 
@@ -162,6 +264,11 @@ template <class Traits, class Exec> struct Ops {
       zero_heads<H, D>(a.pool + a.s.layer * (lk / 2) + a.s.kv * (lk % 2) + a.s.row_or_page * a.row +
                            a.s.seq_or_slot * pos,
                        a.s.head, lane, lanes);
+      if constexpr (kScalesPerToken > 0) {
+        Scale* scale = scale_at(a.scales, lk / 2, lk % 2, a.row, pos);
+        if (lane == 0)
+          for (int h = 0; h < kScalesPerToken; ++h) scale[h * a.scales.s.head] = Scale{};
+      }
     });
   }
 
@@ -176,6 +283,9 @@ template <class Traits, class Exec> struct Ops {
       const Store* src = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * a.beam[r] +
                          a.s.seq_or_slot * pos;
       copy_heads<H, D>(a.scratch + i * H * D, D, src, a.s.head, lane, lanes);
+      if constexpr (kScalesPerToken > 0)
+        copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, 1,
+                    scale_at(a.scales, a.layer, kv, a.beam[r], pos), a.scales.s.head, lane);
     });
     ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
@@ -184,6 +294,9 @@ template <class Traits, class Exec> struct Ops {
       const int64_t r = i / (2 * a.positions);
       Store* dst = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * r + a.s.seq_or_slot * pos;
       copy_heads<H, D>(dst, a.s.head, a.scratch + i * H * D, D, lane, lanes);
+      if constexpr (kScalesPerToken > 0)
+        copy_scales(scale_at(a.scales, a.layer, kv, r, pos), a.scales.s.head,
+                    static_cast<const Scale*>(a.scale_scratch) + i * kScalesPerToken, 1, lane);
     });
   }
 
@@ -210,6 +323,9 @@ template <class Traits, class Exec> struct Ops {
         const int64_t base = a.s.layer * layer + a.s.kv * kv + a.s.seq_or_slot * slot;
         copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
                          a.pool + base + a.s.row_or_page * a.pairs[2 * pair], a.s.head, lane, lanes);
+        if constexpr (kScalesPerToken > 0)
+          copy_scales(scale_at(a.scales, layer, kv, a.pairs[2 * pair + 1], slot), a.scales.s.head,
+                      scale_at(a.scales, layer, kv, a.pairs[2 * pair], slot), a.scales.s.head, lane);
       });
     }
   }

@@ -1,0 +1,255 @@
+// The benchmark matrix. Benchmarks are registered at run time from the registry, so a new spec appears
+// here with no edit. Names are `<op>/<variant>/<shape>` (`copy/bytes:<n>` for the baseline), so
+// --benchmark_filter selects variant, operation and shape.
+//
+// Bytes moved are counted the same way for every op: everything read plus everything written, at the
+// types actually stored (report.py prints the rule with the table):
+//   append: the K and V input, the 8-byte target of each token, and the codes and scales written;
+//   gather: the codes and scales read, and the K and V output written.
+// A streaming copy of half that many bytes (so the same bytes cross the memory bus) runs in the
+// same process, and the report divides by it: absolute times on a shared machine drift.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvforge/kvforge.hpp"
+
+namespace {
+
+using namespace kvforge;
+
+struct Shape {
+  const char* op;    // append_decode, append_prefill, gather
+  const char* key;   // batch, chunk, ctx
+  int64_t n;
+};
+
+struct Preset {
+  std::vector<Shape> shapes;
+  bool (*keeps)(const VariantDescriptor&);
+};
+
+bool llama_bf16_or_quantized(const VariantDescriptor& d) {
+  return std::string(d.model) == "llama3_8b" && (d.storage == DType::bf16 || d.quantized());
+}
+bool any_variant(const VariantDescriptor&) { return true; }
+
+const std::map<std::string, Preset>& presets() {
+  static const std::map<std::string, Preset> p = {
+      // Quantized variants and their bf16 twins: the cost of quantizing on append and dequantizing on gather.
+      {"quant", {{{"append_decode", "batch", 64}, {"gather", "ctx", 1024}}, llama_bf16_or_quantized}},
+      {"full",
+       {{{"append_decode", "batch", 1},
+         {"append_decode", "batch", 8},
+         {"append_decode", "batch", 64},
+         {"append_decode", "batch", 256},
+         {"append_prefill", "chunk", 512},
+         {"append_prefill", "chunk", 2048},
+         {"gather", "ctx", 1024},
+         {"gather", "ctx", 8192}},
+        any_variant}},
+  };
+  return p;
+}
+
+int64_t layer_token_bytes(const VariantDescriptor& d) { return d.bytes_per_token / d.layers; }
+int64_t input_token_bytes(const VariantDescriptor& d) { return int64_t(2) * d.heads * d.head_dim * dtype_size(d.input); }
+
+// Layers one append step writes: a lazy variant stages every layer and commits once, as an engine
+// drives it; an eager one is measured one layer at a time.
+int layers_per_append(const VariantDescriptor& d) { return d.update == UpdateMode::lazy ? d.layers : 1; }
+
+int64_t bytes_moved(const VariantDescriptor& d, const Shape& s) {
+  if (std::string(s.op) == "gather") return s.n * (layer_token_bytes(d) + input_token_bytes(d));
+  return s.n * (input_token_bytes(d) + 8 + layer_token_bytes(d)) * layers_per_append(d);
+}
+
+// One benchmark's cache and inputs. Only one is alive at a time: the next benchmark replaces it.
+struct Prepared {
+  std::unique_ptr<Cache> cache;
+  std::vector<unsigned char> k, v, k_out, v_out;
+  std::vector<int32_t> rows, positions, pages;
+  std::vector<int64_t> slots;
+  int64_t tokens = 0;
+  int64_t positions_per_row = 0;
+};
+
+std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s) {
+  const VariantDescriptor& d = *e.descriptor;
+  auto p = std::make_unique<Prepared>();
+  const bool gather = std::string(s.op) == "gather";
+  const bool decode = std::string(s.op) == "append_decode";
+  // Decode: one token for each of n rows. Prefill: n tokens of one row. Gather: n positions of one row.
+  const int64_t rows = decode ? s.n : 1;
+  const int64_t per_row = decode ? 16 : s.n;
+  p->positions_per_row = per_row;
+  CacheConfig cfg;
+  cfg.rows = rows;
+  cfg.max_seq_len = d.addressing == Addressing::contiguous ? per_row : 0;
+  cfg.pages = d.paged() ? rows * ((per_row + d.page_size - 1) / d.page_size) : 0;
+  cfg.max_staged_tokens = decode ? rows : per_row;
+  if (d.addressing == Addressing::ring && per_row > d.window) return nullptr;  // a ring cannot hold it
+  p->cache = e.create(cfg);
+  p->tokens = gather ? 0 : (decode ? rows : per_row);
+  const int64_t in_bytes = (gather ? per_row : p->tokens) * d.heads * d.head_dim * dtype_size(d.input);
+  std::mt19937 rng(1);
+  p->k.resize(size_t(in_bytes));
+  p->v.resize(size_t(in_bytes));
+  // Small random values that are finite in every input dtype (bf16/fp16 bit patterns of |x| < 2).
+  for (size_t i = 0; i + 1 < p->k.size(); i += 2) {
+    const uint16_t bits = uint16_t(0x3000 + rng() % 0x0c00) | (rng() & 1 ? 0x8000 : 0);
+    std::memcpy(&p->k[i], &bits, 2);
+    std::memcpy(&p->v[i], &bits, 2);
+  }
+  const int64_t pages_per_row = d.paged() ? (per_row + d.page_size - 1) / d.page_size : 0;
+  // Pages handed out in a shuffled order, as an allocator under churn would.
+  for (int64_t i = 0; i < rows * pages_per_row; ++i) p->pages.push_back(int32_t(i));
+  std::shuffle(p->pages.begin(), p->pages.end(), rng);
+  auto slot_of = [&](int64_t row, int64_t pos) {
+    return int64_t(p->pages[size_t(row * pages_per_row + pos / d.page_size)]) * d.page_size + pos % d.page_size;
+  };
+  if (gather) {
+    // Fill the row once; the benchmark reads it back.
+    std::vector<int32_t> r(static_cast<size_t>(per_row), 0), pos(static_cast<size_t>(per_row));
+    std::vector<int64_t> sl(static_cast<size_t>(per_row));
+    for (int64_t t = 0; t < per_row; ++t) {
+      pos[size_t(t)] = int32_t(t);
+      if (d.paged()) sl[size_t(t)] = slot_of(0, t);
+    }
+    const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(sl.data(), per_row))
+                                      : TokenTargets::row_positions(IndexView::of(r.data(), per_row),
+                                                                    IndexView::of(pos.data(), per_row));
+    p->cache->append(0, TensorView::contiguous(p->k.data(), d.input, Device::cpu, per_row, d.heads, d.head_dim),
+                     TensorView::contiguous(p->v.data(), d.input, Device::cpu, per_row, d.heads, d.head_dim), tt);
+    p->cache->commit();
+    p->k_out.resize(size_t(in_bytes));
+    p->v_out.resize(size_t(in_bytes));
+  } else {
+    for (int64_t t = 0; t < p->tokens; ++t) {
+      const int64_t row = decode ? t : 0, pos = decode ? 0 : t;
+      p->rows.push_back(int32_t(row));
+      p->positions.push_back(int32_t(pos));
+      if (d.paged()) p->slots.push_back(slot_of(row, pos));
+    }
+  }
+  return p;
+}
+
+void run_variant(benchmark::State& state, const VariantEntry* e, Shape s) {
+  static std::unique_ptr<Prepared> current;
+  static std::string current_key;
+  const VariantDescriptor& d = *e->descriptor;
+  const std::string key = std::string(d.name) + s.op + std::to_string(s.n);
+  if (key != current_key) {
+    current.reset();  // free the previous benchmark's cache before allocating this one
+    current = prepare(*e, s);
+    current_key = key;
+  }
+  if (!current) {
+    state.SkipWithError("this layout cannot hold the shape");
+    return;
+  }
+  Prepared& p = *current;
+  const bool gather = std::string(s.op) == "gather";
+  for (auto _ : state) {
+    if (gather) {
+      GatherRange g;
+      g.row = 0;
+      g.begin = 0;
+      g.end = p.positions_per_row;
+      g.pages = IndexView::of(p.pages.data(), int64_t(p.pages.size()));
+      p.cache->gather(0, g,
+                      TensorView::contiguous(p.k_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim),
+                      TensorView::contiguous(p.v_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim));
+    } else {
+      const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(p.slots.data(), p.tokens))
+                                        : TokenTargets::row_positions(IndexView::of(p.rows.data(), p.tokens),
+                                                                      IndexView::of(p.positions.data(), p.tokens));
+      for (int layer = 0; layer < layers_per_append(d); ++layer)
+        p.cache->append(layer, TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
+                        TensorView::contiguous(p.v.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim), tt);
+      p.cache->commit();
+    }
+    benchmark::ClobberMemory();
+  }
+  const int64_t bytes = bytes_moved(d, s);
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["bytes_moved"] = double(bytes);
+  state.counters["bytes_per_token"] = double(d.bytes_per_token);
+}
+
+// The roofline: a streaming copy of bytes/2 with every core, so that `bytes` cross the bus.
+void run_copy(benchmark::State& state, int64_t bytes) {
+  const int64_t half = bytes / 2;
+  static std::vector<unsigned char> src, dst;
+  if (int64_t(src.size()) < half) {
+    src.assign(size_t(half), 1);
+    dst.assign(size_t(half), 0);
+  }
+  for (auto _ : state) {
+#pragma omp parallel
+    {
+      const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t chunk = (half + threads - 1) / threads, begin = std::min(half, t * chunk),
+                    end = std::min(half, begin + chunk);
+      std::memcpy(dst.data() + begin, src.data() + begin, size_t(end - begin));
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["bytes_moved"] = double(bytes);
+}
+
+// Our own flags come first and are removed before Google Benchmark sees the rest.
+std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& fallback) {
+  std::string value = fallback;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind(name + "=", 0) == 0) {
+      value = a.substr(name.size() + 1);
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  return value;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string preset_name = take_flag(argc, argv, "--kvf_preset", "quant");
+  auto it = presets().find(preset_name);
+  if (it == presets().end()) {
+    std::fprintf(stderr, "kvforge_bench: unknown --kvf_preset=%s (allowed: ", preset_name.c_str());
+    for (const auto& [name, _] : presets()) std::fprintf(stderr, "%s ", name.c_str());
+    std::fprintf(stderr, ")\n");
+    return 2;
+  }
+  const Preset& preset = it->second;
+  std::set<int64_t> copies;
+  for (const auto& e : registry().variants()) {
+    if (!preset.keeps(*e.descriptor)) continue;
+    for (const Shape& s : preset.shapes) {
+      const std::string name = std::string(s.op) + "/" + e.descriptor->name + "/" + s.key + ":" + std::to_string(s.n);
+      benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s)->UseRealTime();
+      copies.insert(bytes_moved(*e.descriptor, s));
+    }
+  }
+  for (int64_t b : copies)
+    benchmark::RegisterBenchmark(("copy/bytes:" + std::to_string(b)).c_str(), run_copy, b)->UseRealTime();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,122 @@
+// Quantization rules, one source for both backends (docs/quantization.md states them in words):
+//   - amax is the largest |x| over the scale's group, taken over finite values only;
+//   - a dynamic scale is amax / qmax in fp32, rounded *up* when stored as bf16 so that no value of the
+//     group saturates; a group whose scale comes out 0 (all zeros) gets scale 1, so codes are 0;
+//   - code = saturate(round_half_even(x / scale)); +-inf saturate to +-qmax; NaN becomes 0 in int8 and
+//     NaN in fp8 (both fp8 formats have a NaN code);
+//   - value = code * scale in fp32, then rounded to the input dtype (round to nearest even).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kvforge/config.hpp"
+#include "kvforge/dtype.hpp"
+
+namespace kvforge {
+
+// How many values share one scale.
+enum class Quant : uint8_t { none, per_tensor, per_token, per_token_head };
+// Where dynamic scales live: a tensor beside the cache, or at the end of each page's block.
+enum class ScalePlacement : uint8_t { separate, in_page };
+
+constexpr const char* quant_name(Quant q) {
+  return q == Quant::none ? "none" : q == Quant::per_tensor ? "per_tensor" : q == Quant::per_token ? "per_token"
+                                                                                                   : "per_token_head";
+}
+constexpr const char* scale_placement_name(ScalePlacement p) {
+  return p == ScalePlacement::separate ? "separate" : "in_page";
+}
+
+namespace detail {
+
+// |x| as ordered bits: for finite floats, comparing these integers compares magnitudes, so amax is an
+// integer max that vectorizes without fast-math. Non-finite values count as 0.
+KVF_HD KVF_INLINE uint32_t magnitude_bits(float x) {
+  const uint32_t a = float_bits(x) & 0x7fffffffu;
+  return a & (0u - uint32_t(a < 0x7f800000u));  // a mask, not a select: GCC 12 vectorizes only this form
+}
+
+// Rounds a float of magnitude below 2^22 to the nearest integer, ties to even, by adding and
+// subtracting 1.5 * 2^23 (IEEE round-to-nearest does the rounding); unlike rintf it vectorizes
+// everywhere. Needs strict IEEE arithmetic: no -ffast-math, which would fold it away.
+KVF_HD KVF_INLINE float round_half_even_small(float x) {
+  constexpr float kMagic = 12582912.0f;
+  return (x + kMagic) - kMagic;
+}
+
+// An fp8 format with E exponent bits, M mantissa bits and bias B. `MaxCode` is the largest finite
+// magnitude's code; `NanCode` is the format's (positive) NaN. Both directions are selects rather
+// than branches so that the CPU loops over a row vectorize.
+template <int E, int M, int B, uint8_t MaxCode, uint8_t NanCode, bool HasInf> struct Fp8Format {
+  KVF_HD static KVF_INLINE float decode(uint8_t c) {
+    const uint32_t sign = uint32_t(c & 0x80u) << 24;
+    const uint32_t mag = c & 0x7fu;
+    // Normal: the exponent and mantissa fields shift into place and the exponent is rebiased.
+    const float normal = bits_float(sign | ((mag << (23 - M)) + (uint32_t(127 - B) << 23)));
+    // Subnormal: mant * 2^(1 - B - M), exact in fp32.
+    const float sub = bits_float(float_bits(float(mag) * bits_float(uint32_t(127 + 1 - B - M) << 23)) | sign);
+    const float finite = (mag >> M) == 0 ? sub : normal;
+    const float special = HasInf && (mag & ((1u << M) - 1u)) == 0 ? bits_float(sign | 0x7f800000u)
+                                                                   : bits_float(0x7fc00000u);
+    return mag > MaxCode ? special : finite;
+  }
+  KVF_HD static KVF_INLINE uint8_t encode(float v) {
+    const uint32_t u = float_bits(v);
+    const uint32_t sign = (u >> 24) & 0x80u;
+    const uint32_t a = u & 0x7fffffffu;
+    // Subnormal range: scale by 2^(B - 1 + M) (exact) and round the integer half to even. Other
+    // magnitudes are replaced by 0 first so that the conversion stays in range.
+    const uint32_t min_normal = uint32_t(127 + 1 - B) << 23;
+    const float small = a < min_normal ? bits_float(a) : 0.0f;
+    const uint32_t sub = uint32_t(round_half_even_small(small * bits_float(uint32_t(127 + B - 1 + M) << 23)));
+    // Normal range: round the mantissa to M bits half to even, then rebias the exponent. Values past
+    // the largest finite one (and infinity) come out above MaxCode and saturate below.
+    const uint32_t shift = 23 - M;
+    const uint32_t r = (a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
+    const uint32_t normal = r - (uint32_t(127 - B) << M);
+    const uint32_t code = a < min_normal ? sub : (normal > MaxCode ? MaxCode : normal);
+    return uint8_t(sign | (a > 0x7f800000u ? NanCode : code));
+  }
+};
+using E4M3 = Fp8Format<4, 3, 7, 0x7e, 0x7f, false>;
+using E5M2 = Fp8Format<5, 2, 15, 0x7b, 0x7f, true>;
+
+template <class Code> struct Codec;
+template <> struct Codec<int8_t> {
+  static constexpr float qmax = 127.0f;
+  KVF_HD static KVF_INLINE int8_t encode(float v) {
+    v = v == v ? v : 0.0f;  // NaN -> 0
+    v = v > qmax ? qmax : v;
+    v = v < -qmax ? -qmax : v;
+    return int8_t(int(round_half_even_small(v)));
+  }
+  KVF_HD static KVF_INLINE float decode(int8_t c) { return float(c); }
+};
+template <> struct Codec<fp8_e4m3> {
+  static constexpr float qmax = 448.0f;
+  KVF_HD static KVF_INLINE fp8_e4m3 encode(float v) { return fp8_e4m3{E4M3::encode(v)}; }
+  KVF_HD static KVF_INLINE float decode(fp8_e4m3 c) { return E4M3::decode(c.bits); }
+};
+template <> struct Codec<fp8_e5m2> {
+  static constexpr float qmax = 57344.0f;
+  KVF_HD static KVF_INLINE fp8_e5m2 encode(float v) { return fp8_e5m2{E5M2::encode(v)}; }
+  KVF_HD static KVF_INLINE float decode(fp8_e5m2 c) { return E5M2::decode(c.bits); }
+};
+
+// A scale as stored, rounded up in magnitude so that amax / stored <= qmax.
+template <class Scale> KVF_HD KVF_INLINE Scale store_scale(float s);
+template <> KVF_HD KVF_INLINE float store_scale<float>(float s) { return s; }
+template <> KVF_HD KVF_INLINE bf16 store_scale<bf16>(float s) {
+  const uint32_t u = float_bits(s);
+  return bf16{uint16_t((u >> 16) + ((u & 0xffffu) ? 1u : 0u))};
+}
+
+// The stored scale for a group whose amax has magnitude bits `amax_bits`.
+template <class Code, class Scale> KVF_HD KVF_INLINE Scale dynamic_scale(uint32_t amax_bits) {
+  const float s = bits_float(amax_bits) / Codec<Code>::qmax;
+  return store_scale<Scale>(s > 0.0f ? s : 1.0f);
+}
+
+}  // namespace detail
+}  // namespace kvforge

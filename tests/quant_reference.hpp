@@ -1,0 +1,133 @@
+// An independent reference quantizer, written from the rules in docs/quantization.md with different
+// means than runtime/include/kvforge/quant.hpp: fp8 codes are decoded with ldexp and encoded by a
+// nearest-value search over the format's table, int8 by nearbyint, and input-dtype rounding by
+// frexp/ldexp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "support.hpp"
+
+namespace kvtest {
+
+struct Fp8Spec {
+  int exp_bits, mant_bits, bias;
+  bool has_inf;
+};
+inline Fp8Spec fp8_spec(DType t) { return t == DType::f8e4m3 ? Fp8Spec{4, 3, 7, false} : Fp8Spec{5, 2, 15, true}; }
+
+// The value of an 8-bit code; NaN where the format says NaN.
+inline float ref_decode(DType t, uint8_t code) {
+  if (t == DType::i8) return float(int8_t(code));
+  const Fp8Spec f = fp8_spec(t);
+  const int sign = code & 0x80 ? -1 : 1;
+  const int e = (code >> f.mant_bits) & ((1 << f.exp_bits) - 1);
+  const int m = code & ((1 << f.mant_bits) - 1);
+  const int top = (1 << f.exp_bits) - 1;
+  if (f.has_inf && e == top) return m == 0 ? sign * INFINITY : NAN;
+  if (!f.has_inf && e == top && m == (1 << f.mant_bits) - 1) return NAN;
+  if (e == 0) return sign * std::ldexp(float(m), 1 - f.bias - f.mant_bits);
+  return sign * std::ldexp(float(m + (1 << f.mant_bits)), e - f.bias - f.mant_bits);
+}
+
+inline float ref_qmax(DType t) {
+  if (t == DType::i8) return 127.0f;
+  float best = 0;
+  for (int c = 0; c < 128; ++c)
+    if (std::isfinite(ref_decode(t, uint8_t(c)))) best = std::max(best, ref_decode(t, uint8_t(c)));
+  return best;
+}
+
+// Round half to even and saturate; int8 NaN -> 0, fp8 NaN -> the format's NaN.
+inline uint8_t ref_encode(DType t, float v) {
+  if (t == DType::i8) {
+    if (std::isnan(v)) return 0;
+    const float r = std::nearbyint(std::clamp(v, -127.0f, 127.0f));
+    return uint8_t(int8_t(r));
+  }
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  if (std::isnan(v)) return uint8_t(sign | 0x7f);
+  const float a = std::fabs(v);
+  const uint8_t max_code = t == DType::f8e4m3 ? 0x7e : 0x7b;
+  if (a >= ref_decode(t, max_code)) return uint8_t(sign | max_code);  // saturate
+  uint8_t best = 0;
+  for (int c = 1; c < 128; ++c) {
+    const float value = ref_decode(t, uint8_t(c));
+    if (!std::isfinite(value)) continue;
+    const float d = std::fabs(value - a), bd = std::fabs(ref_decode(t, best) - a);
+    // Nearest, ties to the even code (the one whose last mantissa bit is 0).
+    if (d < bd || (d == bd && (c & 1) == 0)) best = uint8_t(c);
+  }
+  return uint8_t(sign | best);
+}
+
+// Nearest-even rounding of a float to a narrower float dtype, through frexp/ldexp.
+inline float round_to(DType t, float x) {
+  if (t == DType::f32 || !std::isfinite(x) || x == 0.0f) return x;
+  const int bits = t == DType::bf16 ? 8 : 11;             // significant bits
+  const int min_exp = t == DType::bf16 ? -126 : -14;       // smallest normal exponent
+  int e;
+  std::frexp(x, &e);                                       // |x| = m 2^e, m in [0.5, 1)
+  const int quantum = std::max(e - bits, min_exp - bits + 1);
+  const float r = std::ldexp(std::nearbyint(std::ldexp(x, -quantum)), quantum);
+  if (t == DType::f16 && std::fabs(r) > 65504.0f) return std::copysign(INFINITY, x);
+  return r;
+}
+
+// A dynamic scale as stored: amax / qmax, or 1 when that is 0; bf16 scales round up.
+inline float ref_scale(DType scale_dtype, float amax, float qmax) {
+  float s = amax / qmax;
+  if (!(s > 0.0f)) s = 1.0f;
+  if (scale_dtype == DType::bf16) {
+    uint32_t u;
+    std::memcpy(&u, &s, 4);
+    uint32_t lo = u & 0xffff0000u;
+    float down;
+    std::memcpy(&down, &lo, 4);
+    if (down < s) lo += 0x10000u;
+    std::memcpy(&s, &lo, 4);
+  }
+  return s;
+}
+
+// One token's K or V ([heads][dim] values) as the cache should hold and return it.
+struct RefToken {
+  std::vector<uint8_t> codes;   // [heads][dim]
+  std::vector<float> scales;    // per head (the same value repeated for per_token and per_tensor)
+  std::vector<float> gathered;  // [heads][dim], in the input dtype's precision
+};
+
+inline RefToken ref_quantize(const VariantDescriptor& d, const std::vector<float>& x, float tensor_scale) {
+  const int H = d.heads, D = d.head_dim;
+  const float qmax = ref_qmax(d.storage);
+  RefToken out;
+  out.codes.resize(size_t(H) * D);
+  out.gathered.resize(size_t(H) * D);
+  out.scales.resize(size_t(H));
+  auto amax_of = [&](int h0, int h1) {
+    float m = 0;
+    for (int h = h0; h < h1; ++h)
+      for (int i = 0; i < D; ++i)
+        if (std::isfinite(x[size_t(h) * D + i])) m = std::max(m, std::fabs(x[size_t(h) * D + i]));
+    return m;
+  };
+  for (int h = 0; h < H; ++h) {
+    if (d.quant == Quant::per_tensor) out.scales[h] = tensor_scale;
+    else if (d.quant == Quant::per_token) out.scales[h] = ref_scale(d.scale, amax_of(0, H), qmax);
+    else out.scales[h] = ref_scale(d.scale, amax_of(h, h + 1), qmax);
+    for (int i = 0; i < D; ++i) {
+      const size_t at = size_t(h) * D + i;
+      out.codes[at] = ref_encode(d.storage, x[at] / out.scales[h]);
+      out.gathered[at] = round_to(d.input, ref_decode(d.storage, out.codes[at]) * out.scales[h]);
+    }
+  }
+  return out;
+}
+
+inline float load_scale(DType t, const void* src) { return t == DType::f32 ? load_as(DType::f32, src) : load_as(DType::bf16, src); }
+
+}  // namespace kvtest
