@@ -46,6 +46,8 @@ const std::map<std::string, Preset>& presets() {
   static const std::map<std::string, Preset> p = {
       // Quantized variants and their bf16 twins: the cost of quantizing on append and dequantizing on gather.
       {"quant", {{{"append_decode", "batch", 64}, {"gather", "ctx", 1024}}, llama_bf16_or_quantized}},
+      // The memory-management layer only (allocator, step metadata, offload, a synthetic trace).
+      {"memory", {{}, any_variant}},
       {"full",
        {{{"append_decode", "batch", 1},
          {"append_decode", "batch", 8},
@@ -208,6 +210,153 @@ void run_copy(benchmark::State& state, int64_t bytes) {
   state.counters["bytes_moved"] = double(bytes);
 }
 
+// ---- memory management (issue: allocator, sequence manager, offload) ------------------------------
+
+const char* kMemoryVariant = "vllm_paged_nhd.llama3_8b.bf16";
+
+// Allocate and free 16 pages: the allocator's rate, in pages per second.
+void run_allocator(benchmark::State& state) {
+  BlockAllocator a(1 << 16);
+  std::vector<int32_t> got;
+  for (auto _ : state) {
+    got.clear();
+    a.allocate(16, got);
+    a.release(got);
+  }
+  state.SetItemsProcessed(state.iterations() * 16);
+}
+
+// step() for `batch` sequences decoding one token each: the metadata build cost per token.
+void run_step_metadata(benchmark::State& state, int64_t batch, int64_t context) {
+  const VariantEntry& e = registry().at(kMemoryVariant);
+  CacheConfig cfg;
+  const int P = e.descriptor->page_size;
+  cfg.pages = batch * ((context + 1024) / P + 1);
+  // The pool is never written here, so a tiny-model twin of the same page size stands in for it.
+  const VariantEntry& small = registry().at("vllm_paged_nhd.tiny.bf16");
+  auto cache = small.create(cfg);
+  SequenceManagerOptions o;
+  o.prefix_caching = false;
+  SequenceManager m(*cache, o);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < batch; ++i) {
+    m.add(i, std::vector<int32_t>(size_t(context), int32_t(i)));
+    ids.push_back(i);
+  }
+  m.step(ids);
+  int64_t steps = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    if (++steps * 1 >= 1000) {  // keep sequences from outgrowing the pool
+      for (int64_t i = 0; i < batch; ++i) {
+        m.free(i);
+        m.add(i, std::vector<int32_t>(size_t(context), int32_t(i)));
+      }
+      m.step(ids);
+      steps = 0;
+    }
+    for (int64_t i = 0; i < batch; ++i) m.append(i, {7});
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(m.step(ids));
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+  (void)e;
+}
+
+// Offload one sequence of `pages` pages to the host tier and restore it, against a copy of the same
+// bytes both ways.
+void run_offload_restore(benchmark::State& state, int64_t pages) {
+  const VariantEntry& e = registry().at(kMemoryVariant);
+  const int P = e.descriptor->page_size;
+  CacheConfig cfg;
+  cfg.pages = pages + 1;
+  auto cache = e.create(cfg);
+  SequenceManagerOptions o;
+  o.host_blocks = int32_t(pages);
+  o.prefix_caching = false;
+  SequenceManager m(*cache, o);
+  m.add(0, std::vector<int32_t>(size_t(pages * P), 1));
+  m.step({0});
+  m.offload(0);  // first touch of the host tier and staging is not what is measured
+  m.restore(0);
+  for (auto _ : state) {
+    m.offload(0);
+    m.restore(0);
+  }
+  const int64_t bytes = 2 * pages * cache->packed_page_bytes();  // out and back
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["bytes_moved"] = double(bytes);
+}
+
+// A synthetic serving trace through the manager: requests with lognormal prompt and output lengths,
+// a third of them opening with one of four shared system prompts, admitted while pages last. Reports
+// the mean memory utilization (token slots holding tokens / slots of pages held).
+void run_trace_utilization(benchmark::State& state) {
+  const VariantEntry& e = registry().at("vllm_paged_nhd.tiny.bf16");
+  for (auto _ : state) {
+    CacheConfig cfg;
+    cfg.pages = 2048;
+    auto cache = e.create(cfg);
+    SequenceManager m(*cache);
+    std::mt19937 rng(3);
+    std::lognormal_distribution<double> prompt_len(5.5, 0.8), output_len(4.5, 0.9);
+    std::vector<std::vector<int32_t>> systems(4);
+    for (size_t s = 0; s < systems.size(); ++s) systems[s].assign(200, int32_t(1000 + s));
+    struct Live {
+      int64_t id, remaining;
+    };
+    std::vector<Live> live;
+    double sum = 0;
+    int samples = 0;
+    int64_t next = 0;
+    for (int step = 0; step < 600; ++step) {
+      for (int arrivals = std::poisson_distribution<int>(1.5)(rng); arrivals > 0; --arrivals) {
+        std::vector<int32_t> prompt;
+        if (rng() % 3 == 0) prompt = systems[rng() % systems.size()];
+        const int64_t n = std::min<int64_t>(2000, int64_t(prompt_len(rng)) + 1);
+        for (int64_t i = 0; i < n; ++i) prompt.push_back(int32_t(rng() % 30000));
+        try {
+          m.add(next, prompt);
+          live.push_back({next++, std::min<int64_t>(1000, int64_t(output_len(rng)) + 1)});
+        } catch (const CapacityError&) {
+          break;  // full: the request waits (dropped here)
+        }
+      }
+      for (size_t i = 0; i < live.size();) {
+        bool done = --live[i].remaining <= 0;
+        if (!done) {
+          try {
+            m.append(live[i].id, {int32_t(rng() % 30000)});
+          } catch (const CapacityError&) {
+            done = true;  // preempted
+          }
+        }
+        if (done) {
+          m.free(live[i].id);
+          live[i] = live.back();
+          live.pop_back();
+        } else {
+          ++i;
+        }
+      }
+      sum += m.utilization();
+      ++samples;
+    }
+    state.counters["utilization"] = sum / samples;
+    state.counters["prefix_hit_blocks"] = double(m.stats().prefix_hits);
+    state.counters["evictions"] = double(m.stats().evictions);
+  }
+}
+
+void register_memory_benchmarks() {
+  benchmark::RegisterBenchmark("memory/allocate_free/pages:16", run_allocator);
+  for (int64_t batch : {64, 256})
+    benchmark::RegisterBenchmark(("memory/step_metadata/batch:" + std::to_string(batch) + "/context:2048").c_str(),
+                                 run_step_metadata, batch, int64_t(2048));
+  benchmark::RegisterBenchmark("memory/offload_restore/pages:64", run_offload_restore, int64_t(64))->UseRealTime();
+  benchmark::RegisterBenchmark("memory/trace_utilization", run_trace_utilization)->Iterations(1);
+}
+
 // Our own flags come first and are removed before Google Benchmark sees the rest.
 std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& fallback) {
   std::string value = fallback;
@@ -244,6 +393,11 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s)->UseRealTime();
       copies.insert(bytes_moved(*e.descriptor, s));
     }
+  }
+  if (preset_name == "memory" || preset_name == "full") {
+    register_memory_benchmarks();
+    const VariantEntry& e = registry().at(kMemoryVariant);
+    copies.insert(2 * 64 * e.descriptor->bytes_per_token * e.descriptor->page_size);
   }
   for (int64_t b : copies)
     benchmark::RegisterBenchmark(("copy/bytes:" + std::to_string(b)).c_str(), run_copy, b)->UseRealTime();

@@ -23,6 +23,8 @@ class CpuBackend final : public Backend {
   void to_host(void* host, const void* src, int64_t bytes, void*) override { std::memcpy(host, src, size_t(bytes)); }
   void from_host(void* dst, const void* host, int64_t bytes, void*) override { std::memcpy(dst, host, size_t(bytes)); }
   void synchronize(void*) override {}
+  int64_t free_memory() override { return -1; }
+  Backend& host() override { return *this; }
 };
 }  // namespace
 

@@ -1,6 +1,8 @@
 // The CUDA backend: memory, copies, device-side index checks. Built only with KVFORGE_CUDA=ON.
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include <string>
 
 #include "kvforge/backend.hpp"
@@ -51,6 +53,26 @@ void check_indices_on_device(void* stream, const IndexCheckArgs& a) {
 namespace {
 using detail::check;
 
+// Page-locked host memory: the host tier of offload, so that transfers run at full PCIe speed.
+class PinnedHostBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu; }
+  void* allocate(int64_t bytes) override {
+    void* p = nullptr;
+    check(cudaMallocHost(&p, size_t(bytes)), "cudaMallocHost");
+    std::memset(p, 0, size_t(bytes));
+    return p;
+  }
+  void release(void* p) noexcept override { cudaFreeHost(p); }
+  void fill(void* dst, int byte, int64_t bytes, void*) override { std::memset(dst, byte, size_t(bytes)); }
+  void copy(void* dst, const void* src, int64_t bytes, void*) override { std::memmove(dst, src, size_t(bytes)); }
+  void to_host(void* host, const void* src, int64_t bytes, void*) override { std::memcpy(host, src, size_t(bytes)); }
+  void from_host(void* dst, const void* host, int64_t bytes, void*) override { std::memcpy(dst, host, size_t(bytes)); }
+  void synchronize(void*) override {}
+  int64_t free_memory() override { return -1; }
+  Backend& host() override { return *this; }
+};
+
 class CudaBackend final : public Backend {
  public:
   Device device() const override { return Device::cuda; }
@@ -79,6 +101,15 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
   }
   void synchronize(void* s) override { check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize"); }
+  int64_t free_memory() override {
+    size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return int64_t(free);
+  }
+  Backend& host() override {
+    static PinnedHostBackend pinned;
+    return pinned;
+  }
 };
 }  // namespace
 

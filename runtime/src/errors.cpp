@@ -42,6 +42,7 @@ const char* index_check_argument(int32_t code) {
     case kCheckPages: return "range.pages";
     case kCheckBeam: return "beam";
     case kCheckBlockPairs: return "pairs";
+    case kCheckPageList: return "pages";
     default: return "index";
   }
 }

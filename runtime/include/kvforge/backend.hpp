@@ -20,6 +20,11 @@ class Backend {
   virtual void to_host(void* host, const void* src, int64_t bytes, void* stream) = 0;
   virtual void from_host(void* dst, const void* host, int64_t bytes, void* stream) = 0;
   virtual void synchronize(void* stream) = 0;
+  // Bytes the device has free now, or -1 where that is not a meaningful number (the CPU).
+  virtual int64_t free_memory() = 0;
+  // The host memory that pairs with this device for offload: pinned memory for CUDA, so transfers
+  // run at full speed; plain memory for the CPU (this same backend).
+  virtual Backend& host() = 0;
 };
 
 // The backend for a device; throws BackendError when it is not built in or no device is present.

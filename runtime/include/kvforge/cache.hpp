@@ -91,6 +91,12 @@ class Cache {
   // For each pair (src, dst), page dst of every layer becomes a copy of page src. int32 [2n].
   virtual void copy_blocks(const IndexView& pairs) = 0;
   virtual LayerView view(int layer) const = 0;
+  // Paged layouts: one page of every layer, codes and scales, packed (offload and restore move these).
+  virtual int64_t packed_page_bytes() const = 0;
+  // Page pages[i] of every layer goes to packed + i * packed_page_bytes(), or comes back from there.
+  // `pages` is int32 on the cache's device; `packed` is memory of the cache's device. One launch each.
+  virtual void pack_pages(const IndexView& pages, void* packed) = 0;
+  virtual void unpack_pages(const void* packed, const IndexView& pages) = 0;
   // per_tensor quantized layouts: the static scales of one layer, held in device memory so a captured
   // graph picks up new values. Both must be finite and positive. Others raise UnsupportedError.
   virtual void set_tensor_scale(int layer, float k_scale, float v_scale) = 0;

@@ -71,6 +71,9 @@ template <class Traits> class TypedCache final : public Cache {
   void reorder(const IndexView& beam) override;
   void copy_blocks(const IndexView& pairs) override;
   LayerView view(int layer) const override;
+  int64_t packed_page_bytes() const override;
+  void pack_pages(const IndexView& pages, void* packed) override;
+  void unpack_pages(const void* packed, const IndexView& pages) override;
   void set_tensor_scale(int layer, float k_scale, float v_scale) override;
   int64_t row_length(int64_t row) const override;
   void synchronize() override;
@@ -84,6 +87,7 @@ template <class Traits> class TypedCache final : public Cache {
   void check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
                      int32_t code);
   void check_row(int64_t row) const;
+  void move_pages(const IndexView& pages, void* packed, bool to_packed);
   detail::DeviceStatus* status() const { return status_.as<detail::DeviceStatus>(); }
   detail::ScaleRef scale_ref() const;
 
@@ -375,6 +379,31 @@ template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pa
   detail::CopyPagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
                                     static_cast<const int32_t*>(pairs.data), pairs.size / 2, layers, status()};
   KVFORGE_RUN_OP(copy_pages, a);
+}
+
+template <class Traits> int64_t TypedCache<Traits>::packed_page_bytes() const {
+  return Traits::descriptor.paged() ? CpuOps::packed_page_bytes(layers) : 0;
+}
+
+template <class Traits> void TypedCache<Traits>::move_pages(const IndexView& pages, void* packed, bool to_packed) {
+  if (!Traits::descriptor.paged())
+    throw UnsupportedError(std::string(Traits::descriptor.name) + ": pack_pages and unpack_pages are for paged layouts");
+  detail::check_index_view("pages", pages, DType::i32, pages.size, config_.device);
+  if (pages.size == 0) return;
+  if (!packed) throw ArgumentError("packed", "data is null");
+  check_indices(pages, pages.size, 0, capacity_.pages, false, detail::kCheckPageList);
+  detail::MovePagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
+                                    static_cast<const int32_t*>(pages.data), pages.size, layers,
+                                    static_cast<unsigned char*>(packed), packed_page_bytes(), to_packed, status()};
+  KVFORGE_RUN_OP(move_pages, a);
+}
+
+template <class Traits> void TypedCache<Traits>::pack_pages(const IndexView& pages, void* packed) {
+  move_pages(pages, packed, true);
+}
+
+template <class Traits> void TypedCache<Traits>::unpack_pages(const void* packed, const IndexView& pages) {
+  move_pages(pages, const_cast<void*>(packed), false);
 }
 
 template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {

@@ -24,5 +24,8 @@ template <class T> void CudaOps<T>::reorder_lengths(void* s, const ReorderArgs<S
 template <class T> void CudaOps<T>::copy_pages(void* s, const CopyPagesArgs<Store>& a) {
   CudaOpsFor<T>::copy_pages(cuda_exec(s), a);
 }
+template <class T> void CudaOps<T>::move_pages(void* s, const MovePagesArgs<Store>& a) {
+  CudaOpsFor<T>::move_pages(cuda_exec(s), a);
+}
 
 }  // namespace kvforge::detail

@@ -16,6 +16,7 @@ template <class Traits> struct CudaOps {
   static void reorder_layer(void* stream, const ReorderArgs<Store>& a);
   static void reorder_lengths(void* stream, const ReorderArgs<Store>& a);
   static void copy_pages(void* stream, const CopyPagesArgs<Store>& a);
+  static void move_pages(void* stream, const MovePagesArgs<Store>& a);
 };
 
 // Device-side index validation (no host read, so graph capture stays legal).

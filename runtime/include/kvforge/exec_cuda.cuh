@@ -4,10 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cub/util_ptx.cuh>
-#include <cub/warp/warp_reduce.cuh>
-#include <cuda/functional>
-
 #include <cstdint>
 
 #include "kvforge/errors.hpp"
@@ -39,21 +35,9 @@ struct CudaExec {
   }
 
   // The maximum over one item's `Lanes` threads (a logical warp, power of two), given to all of them.
-  template <int Lanes> KVF_HD static uint32_t lane_max(uint32_t value) {
-#if defined(__CUDA_ARCH__)
-    if constexpr (Lanes == 1) {
-      return value;
-    } else {
-      using Reduce = cub::WarpReduce<uint32_t, Lanes>;
-      __shared__ typename Reduce::TempStorage storage[256 / Lanes];
-      const uint32_t first = Reduce(storage[threadIdx.x / Lanes]).Reduce(value, cuda::maximum<>{});
-      const unsigned group = Lanes == 32 ? 0xffffffffu : ((1u << Lanes) - 1u) << (threadIdx.x % 32 / Lanes * Lanes);
-      return cub::ShuffleIndex<Lanes>(first, 0, group);
-    }
-#else
-    return value;
-#endif
-  }
+  // Defined in exec_cuda_reduce.cuh, which only quantized variants include: CUB's headers would
+  // otherwise more than double every variant's compile time.
+  template <int Lanes> KVF_HD static uint32_t lane_max(uint32_t value);
 
   KVF_HD static void atomic_max(int32_t* target, int32_t value) {
 #if defined(__CUDA_ARCH__)

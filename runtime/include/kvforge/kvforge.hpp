@@ -6,5 +6,6 @@
 #include "kvforge/dtype.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/layout.hpp"
+#include "kvforge/memory.hpp"
 #include "kvforge/registry.hpp"
 #include "kvforge/tensor.hpp"

@@ -27,6 +27,7 @@ enum IndexCheck : int32_t {
   kCheckPages,
   kCheckBeam,
   kCheckBlockPairs,
+  kCheckPageList,
 };
 const char* index_check_argument(int32_t code);
 
@@ -117,6 +118,21 @@ template <class Store> struct CopyPagesArgs {
   const int32_t* pairs;  // [n, 2] as (src, dst)
   int64_t count;
   int layers;
+  const DeviceStatus* status;
+};
+
+// Pages of every layer to or from a packed buffer (offload and restore). Packed page i holds codes
+// [layers][2][page_size][heads * head_dim], then scales [layers][2][page_size][scales per token].
+template <class Store> struct MovePagesArgs {
+  Store* pool;
+  Strides s;
+  ScaleRef scales;
+  const int32_t* pages;
+  int64_t count;
+  int layers;
+  unsigned char* packed;
+  int64_t packed_page_bytes;
+  bool to_packed;
   const DeviceStatus* status;
 };
 

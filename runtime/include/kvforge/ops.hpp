@@ -311,15 +311,57 @@ template <class Traits, class Exec> struct Ops {
     });
   }
 
+  // Page operations run one item per (page, layer, kv, slot), the slot moving fastest.
+  struct PageItem {
+    int64_t slot, kv, layer, index;
+  };
+  KVF_HD static KVF_INLINE PageItem page_item(int64_t i, int layers) {
+    return {i % P, (i / P) % 2, (i / (2 * P)) % layers, i / (2 * P * layers)};
+  }
+
+  static constexpr int64_t packed_codes_bytes(int layers) { return int64_t(layers) * 2 * P * H * D * sizeof(Store); }
+  static constexpr int64_t packed_page_bytes(int layers) {
+    return packed_codes_bytes(layers) + int64_t(layers) * 2 * P * kScalesPerToken * sizeof(Scale);
+  }
+
+  static void move_pages(const Exec& ex, const MovePagesArgs<Store>& a) {
+    if constexpr (kAddressing == Addressing::paged) {
+      const int64_t items = a.count * a.layers * 2 * P;
+      ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+        if (a.status->code) return;
+        const PageItem it = page_item(i, a.layers);
+        const int64_t slot = it.slot, kv = it.kv, layer = it.layer, j = it.index;
+        const int64_t page = a.pages[j];
+        const int64_t row = (layer * 2 + kv) * P + slot;  // within the packed page
+        unsigned char* packed = a.packed + j * a.packed_page_bytes;
+        Store* packed_codes = reinterpret_cast<Store*>(packed) + row * H * D;
+        Store* pooled = a.pool + a.s.layer * layer + a.s.kv * kv + a.s.row_or_page * page + a.s.seq_or_slot * slot;
+        if (a.to_packed) {
+          copy_heads<H, D>(packed_codes, D, pooled, a.s.head, lane, lanes);
+        } else {
+          copy_heads<H, D>(pooled, a.s.head, packed_codes, D, lane, lanes);
+        }
+        if constexpr (kScalesPerToken > 0) {
+          Scale* packed_scales =
+              reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.layers)) + row * kScalesPerToken;
+          Scale* pooled_scales = scale_at(a.scales, layer, kv, page, slot);
+          if (a.to_packed) {
+            copy_scales(packed_scales, 1, pooled_scales, a.scales.s.head, lane);
+          } else {
+            copy_scales(pooled_scales, a.scales.s.head, packed_scales, 1, lane);
+          }
+        }
+      });
+    }
+  }
+
   static void copy_pages(const Exec& ex, const CopyPagesArgs<Store>& a) {
     if constexpr (kAddressing == Addressing::paged) {  // only paged layouts have pages to copy
       const int64_t items = a.count * a.layers * 2 * P;
       ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
         if (a.status->code) return;
-        const int64_t slot = i % P;
-        const int64_t kv = (i / P) % 2;
-        const int64_t layer = (i / (2 * P)) % a.layers;
-        const int64_t pair = i / (2 * P * a.layers);
+        const PageItem it = page_item(i, a.layers);
+        const int64_t slot = it.slot, kv = it.kv, layer = it.layer, pair = it.index;
         const int64_t base = a.s.layer * layer + a.s.kv * kv + a.s.seq_or_slot * slot;
         copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
                          a.pool + base + a.s.row_or_page * a.pairs[2 * pair], a.s.head, lane, lanes);

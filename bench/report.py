@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Turns kvforge_bench's JSON (--benchmark_out=F --benchmark_out_format=json) into a markdown report and
+a PNG chart.
+
+Every figure that counts is a ratio measured in the same run: a variant's bandwidth over the
+streaming copy of the same bytes (copy/bytes:N), and a quantized variant's over its bf16 twin (same
+layout, model and shape).
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections import OrderedDict
+
+BYTES_RULE = (
+    "Bytes moved = everything read plus everything written, at the types actually stored: for an append, "
+    "the K and V input, the 8-byte target of each token, and the codes and scales written (a lazy variant "
+    "stages every layer and commits once, so its step counts every layer); for a gather, the codes and "
+    "scales read and the K and V output written. `copy` is a streaming copy of half that many bytes with "
+    "every core, so the same bytes cross the memory bus.")
+
+NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)")
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    runs = [b for b in data["benchmarks"] if b.get("run_type", "iteration") == "iteration" and "error_occurred" not in b]
+    return data.get("context", {}), runs
+
+
+def gbps(b):
+    return b.get("bytes_per_second", 0.0) / 1e9
+
+
+def build(runs):
+    copies = {}
+    rows = []
+    memory = []
+    for b in runs:
+        name = b["name"].replace("/real_time", "")
+        if name.startswith("copy/bytes:"):
+            copies[int(float(b["bytes_moved"]))] = gbps(b)
+        elif name.startswith("memory/"):
+            memory.append((name, b))
+        else:
+            m = NAME.match(name)
+            if m:
+                rows.append(dict(m.groupdict(), gbps=gbps(b), bytes=int(float(b["bytes_moved"])),
+                                 bytes_per_token=int(float(b.get("bytes_per_token", 0)))))
+    by_key = {(r["op"], r["variant"], r["shape"]): r for r in rows}
+    for r in rows:
+        copy = copies.get(r["bytes"])
+        r["to_copy"] = r["gbps"] / copy if copy else None
+        layout, model, dtype = r["variant"].split(".")
+        twin = by_key.get((r["op"], f"{layout}.{model}.bf16", r["shape"]))
+        r["to_bf16"] = r["gbps"] / twin["gbps"] if twin and twin is not r and "_in_" in dtype else None
+    return rows, memory, copies
+
+
+def fmt(x, digits=2):
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(rows, memory, copies, context):
+    out = []
+    out.append(f"Machine: {context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz; "
+               f"caches {', '.join(str(c.get('size', '?')) for c in context.get('caches', []))} bytes.\n")
+    out.append(BYTES_RULE + "\n")
+    if rows:
+        out.append("| op | variant | shape | GB/s | ÷ copy | ÷ bf16 twin | bytes/token |")
+        out.append("|---|---|---|---:|---:|---:|---:|")
+        for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["variant"])):
+            out.append(f"| {r['op']} | `{r['variant']}` | {r['shape']} | {r['gbps']:.1f} | {fmt(r['to_copy'])} | "
+                       f"{fmt(r['to_bf16'])} | {r['bytes_per_token']} |")
+        out.append("")
+    if memory:
+        out.append("| memory benchmark | time | figure |")
+        out.append("|---|---:|---|")
+        for name, b in memory:
+            figure = []
+            if "items_per_second" in b:
+                figure.append(f"{b['items_per_second'] / 1e6:.1f} M items/s")
+            if "bytes_per_second" in b:
+                copy = copies.get(int(float(b.get("bytes_moved", 0))))
+                figure.append(f"{gbps(b):.2f} GB/s" + (f", {gbps(b) / copy:.2f}× copy" if copy else ""))
+            for key in ("utilization", "prefix_hit_blocks", "evictions"):
+                if key in b:
+                    figure.append(f"{key} {b[key]:.3g}")
+            out.append(f"| {name} | {b['real_time']:.0f} {b['time_unit']} | {'; '.join(figure)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def chart(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not importable here (tools/setup installs python3-matplotlib for /usr/bin/python3)"
+    groups = OrderedDict()
+    for r in sorted(rows, key=lambda r: (r["variant"].split(".")[0], r["variant"])):
+        if r["to_copy"] is not None:
+            groups.setdefault((r["op"], r["shape"]), []).append(r)
+    if not groups:
+        return "no chart: no variant benchmark had a copy baseline"
+    fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.2 * len(groups)), squeeze=False)
+    for ax, ((op, shape), rs) in zip(axes[:, 0], groups.items()):
+        layouts = [r["variant"].split(".")[0] for r in rs]
+        palette = {l: plt.cm.tab10(i % 10) for i, l in enumerate(OrderedDict.fromkeys(layouts))}
+        ax.bar(range(len(rs)), [r["to_copy"] for r in rs], color=[palette[l] for l in layouts])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(rs)))
+        ax.set_xticklabels([".".join(r["variant"].split(".")[1:]) + "\n" + r["variant"].split(".")[0] for r in rs],
+                           rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("÷ streaming copy")
+        ax.set_title(f"{op} {shape}: bandwidth as a share of a same-run streaming copy (1.0 = roofline)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return f"chart: {path}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", help="kvforge_bench --benchmark_out file")
+    p.add_argument("--markdown", help="write the table here (default: print it)")
+    p.add_argument("--chart", help="write the PNG chart here")
+    args = p.parse_args()
+    try:
+        context, runs = load(args.json)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"report: cannot read {args.json}: {e}", file=sys.stderr)
+        return 1
+    rows, memory, copies = build(runs)
+    text = markdown(rows, memory, copies, context)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+        print(f"report: table in {args.markdown}")
+    else:
+        print(text)
+    if args.chart:
+        print("report: " + chart(rows, args.chart))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,524 @@
+#include "kvforge/memory.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace kvforge {
+
+CapacityError::CapacityError(const std::string& argument, int64_t needed, int64_t available)
+    : ArgumentError(argument, "needs " + std::to_string(needed) + ", only " + std::to_string(available) +
+                                  " available; nothing was allocated"),
+      needed_(needed),
+      available_(available) {}
+
+// ---- BlockAllocator ---------------------------------------------------------------------------------
+
+BlockAllocator::BlockAllocator(int32_t blocks) {
+  if (blocks < 0) throw OutOfRangeError("blocks", blocks, 0, INT32_MAX);
+  refs_.assign(size_t(blocks), 0);
+  free_.reserve(size_t(blocks));
+  for (int32_t b = blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 is handed out first
+}
+
+void BlockAllocator::check_block(const char* argument, int32_t block) const {
+  if (block < 0 || block >= total()) throw OutOfRangeError(argument, block, 0, total());
+}
+
+void BlockAllocator::allocate(int32_t n, std::vector<int32_t>& out) {
+  if (n < 0) throw OutOfRangeError("n", n, 0, INT32_MAX);
+  if (n > free_count()) throw CapacityError("blocks", n, free_count());
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t b = free_.back();
+    free_.pop_back();
+    refs_[size_t(b)] = 1;
+    out.push_back(b);
+  }
+}
+
+std::vector<int32_t> BlockAllocator::allocate(int32_t n) {
+  std::vector<int32_t> out;
+  allocate(n, out);
+  return out;
+}
+
+void BlockAllocator::retain(int32_t block) {
+  check_block("block", block);
+  if (refs_[size_t(block)] == 0) throw StateError("block", std::to_string(block) + " is free; only a block in use can be shared");
+  ++refs_[size_t(block)];
+}
+
+void BlockAllocator::release(const std::vector<int32_t>& blocks) {
+  for (int32_t b : blocks) check_block("blocks", b);
+  // Drop the counts, undoing them all if a block turns out to be released more often than owned, so
+  // an error changes nothing; blocks reach the free list only once the whole list is accepted.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int32_t b = blocks[i];
+    if (refs_[size_t(b)] == 0) {
+      for (size_t j = 0; j < i; ++j) ++refs_[size_t(blocks[j])];
+      bool repeated = false;
+      for (size_t j = 0; j < i; ++j) repeated = repeated || blocks[j] == b;
+      throw StateError("blocks", repeated ? "block " + std::to_string(b) + " is released more often than it is owned"
+                                          : "block " + std::to_string(b) + " is already free (double free)");
+    }
+    --refs_[size_t(b)];
+  }
+  for (int32_t b : blocks)
+    if (refs_[size_t(b)] == 0) {
+      refs_[size_t(b)] = -1;  // mark while pushing, so a repeated block is pushed once
+      free_.push_back(b);
+    }
+  for (int32_t b : blocks)
+    if (refs_[size_t(b)] == -1) refs_[size_t(b)] = 0;
+}
+
+int32_t BlockAllocator::ref_count(int32_t block) const {
+  check_block("block", block);
+  return refs_[size_t(block)];
+}
+
+// ---- DeviceBatch ------------------------------------------------------------------------------------
+
+DeviceBatch::DeviceBatch(const BatchMetadata& m, Device device, void* stream) {
+  Backend& b = backend(device);
+  auto put = [&](const auto& host) {
+    using T = typename std::decay_t<decltype(host)>::value_type;
+    buffers_.emplace_back(b, int64_t(std::max<size_t>(host.size(), 1) * sizeof(T)));
+    if (!host.empty()) b.from_host(buffers_.back().data(), host.data(), int64_t(host.size() * sizeof(T)), stream);
+    return IndexView{buffers_.back().data(), dtype_of<T>::value, device, int64_t(host.size())};
+  };
+  buffers_.reserve(7);
+  slots = put(m.slots);
+  query_start = put(m.query_start);
+  lengths = put(m.lengths);
+  page_table = put(m.page_table);
+  indptr = put(m.indptr);
+  indices = put(m.indices);
+  last_page_len = put(m.last_page_len);
+}
+
+// ---- SequenceManager --------------------------------------------------------------------------------
+
+namespace {
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  // splitmix64's finalizer over a running combination: cheap and well spread.
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  return h;
+}
+
+// The key of a full block: its parent's key, the salt, and its tokens, so equal keys mean equal prefixes.
+uint64_t block_key(uint64_t parent, uint64_t salt, const int32_t* tokens, int32_t n) {
+  uint64_t h = mix(parent, salt);
+  for (int32_t i = 0; i < n; ++i) h = mix(h, uint64_t(uint32_t(tokens[i])));
+  return h;
+}
+
+}  // namespace
+
+SequenceManager::SequenceManager(Cache& cache, SequenceManagerOptions options)
+    : cache_(cache),
+      options_(options),
+      backend_(backend(cache.config().device)),
+      device_(int32_t(cache.config().pages)),
+      host_(options.host_blocks) {
+  if (!cache.descriptor().paged())
+    throw UnsupportedError(std::string(cache.descriptor().name) + ": a sequence manager owns pages; this layout has none");
+  const size_t n = size_t(cache.config().pages);
+  block_hash_.assign(n, 0);
+  block_cached_.assign(n, 0);
+  block_tokens_.resize(n);
+  lru_prev_.assign(n, -1);
+  lru_next_.assign(n, -1);
+  if (options.host_blocks > 0) host_pool_ = Buffer(backend_.host(), int64_t(options.host_blocks) * cache.packed_page_bytes());
+}
+
+SequenceManager::Sequence& SequenceManager::live(int64_t seq, const char* argument) {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) throw StateError(argument, "sequence " + std::to_string(seq) + " does not exist");
+  if (it->second.offloaded)
+    throw StateError(argument, "sequence " + std::to_string(seq) + " is offloaded; restore() it first");
+  return it->second;
+}
+
+const SequenceManager::Sequence& SequenceManager::find(int64_t seq, const char* argument) const {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) throw StateError(argument, "sequence " + std::to_string(seq) + " does not exist");
+  return it->second;
+}
+
+int64_t SequenceManager::length(int64_t seq) const { return int64_t(find(seq, "seq").tokens.size()); }
+bool SequenceManager::offloaded(int64_t seq) const { return find(seq, "seq").offloaded; }
+const std::vector<int32_t>& SequenceManager::pages(int64_t seq) const { return find(seq, "seq").pages; }
+const std::vector<int32_t>& SequenceManager::tokens(int64_t seq) const { return find(seq, "seq").tokens; }
+
+void SequenceManager::lru_push(int32_t b) {
+  lru_prev_[size_t(b)] = lru_tail_;
+  lru_next_[size_t(b)] = -1;
+  if (lru_tail_ >= 0) lru_next_[size_t(lru_tail_)] = b; else lru_head_ = b;
+  lru_tail_ = b;
+  ++lru_size_;
+}
+
+void SequenceManager::lru_remove(int32_t b) {
+  const int32_t p = lru_prev_[size_t(b)], n = lru_next_[size_t(b)];
+  if (p >= 0) lru_next_[size_t(p)] = n; else lru_head_ = n;
+  if (n >= 0) lru_prev_[size_t(n)] = p; else lru_tail_ = p;
+  lru_prev_[size_t(b)] = lru_next_[size_t(b)] = -1;
+  --lru_size_;
+}
+
+void SequenceManager::allocate(int32_t n, std::vector<int32_t>& out) {
+  if (n > available_blocks()) throw CapacityError("pages", n, available_blocks());
+  // Evict the least recently used cached pages that nobody holds, only as many as needed.
+  while (device_.free_count() < n) {
+    const int32_t b = lru_head_;
+    lru_remove(b);
+    prefix_.erase(block_hash_[size_t(b)]);
+    block_cached_[size_t(b)] = 0;
+    block_tokens_[size_t(b)].clear();
+    device_.release({b});
+    ++stats_.evictions;
+  }
+  device_.allocate(n, out);
+}
+
+void SequenceManager::release(const std::vector<int32_t>& pages) {
+  device_.release(pages);
+  // A cached page that only the prefix cache still holds becomes evictable.
+  for (int32_t b : pages)
+    if (block_cached_[size_t(b)] && device_.ref_count(b) == 1 && lru_prev_[size_t(b)] < 0 && lru_head_ != b) lru_push(b);
+}
+
+void SequenceManager::register_full_blocks(Sequence& s) {
+  if (!options_.prefix_caching) return;
+  const int32_t P = page_size();
+  const int32_t full = int32_t(s.tokens.size() / size_t(P));
+  for (; s.hashed_blocks < full; ++s.hashed_blocks) {
+    const int32_t* t = s.tokens.data() + size_t(s.hashed_blocks) * P;
+    s.chain = block_key(s.chain, s.salt, t, P);
+    const int32_t b = s.pages[size_t(s.hashed_blocks)];
+    if (block_cached_[size_t(b)] || prefix_.count(s.chain)) continue;  // already cached (maybe elsewhere)
+    prefix_[s.chain] = b;
+    block_hash_[size_t(b)] = s.chain;
+    block_cached_[size_t(b)] = 1;
+    block_tokens_[size_t(b)].assign(t, t + P);
+    device_.retain(b);  // the cache's own reference
+  }
+}
+
+int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
+  if (sequences_.count(seq)) throw StateError("seq", "sequence " + std::to_string(seq) + " already exists");
+  Sequence s;
+  s.salt = salt.value_or(options_.salt);
+  const int32_t P = page_size();
+  // Share cached full blocks, but always leave the prompt's last token to compute.
+  std::vector<int32_t> shared;
+  uint64_t chain = 0;
+  if (options_.prefix_caching && !prompt.empty()) {
+    const int64_t lookups = int64_t(prompt.size() - 1) / P;
+    for (int64_t i = 0; i < lookups; ++i) {
+      const int32_t* t = prompt.data() + i * P;
+      const uint64_t key = block_key(chain, s.salt, t, P);
+      auto it = prefix_.find(key);
+      if (it == prefix_.end() || !std::equal(t, t + P, block_tokens_[size_t(it->second)].begin())) {
+        stats_.prefix_misses += lookups - i;
+        break;
+      }
+      shared.push_back(it->second);
+      chain = key;
+    }
+  }
+  const int64_t cached = int64_t(shared.size()) * P;
+  const int64_t rest = int64_t(prompt.size()) - cached;
+  const int32_t new_pages = int32_t((int64_t(prompt.size()) + P - 1) / P) - int32_t(shared.size());
+  // Take the shared pages before allocating, so that eviction cannot pick them.
+  for (int32_t b : shared) {
+    if (device_.ref_count(b) == 1) lru_remove(b);
+    device_.retain(b);
+  }
+  try {
+    allocate(new_pages, s.pages);
+  } catch (...) {
+    release(shared);
+    throw;
+  }
+  stats_.prefix_hits += int64_t(shared.size());
+  s.pages.insert(s.pages.begin(), shared.begin(), shared.end());
+  s.tokens = prompt;
+  s.pending = rest;
+  s.chain = chain;
+  s.hashed_blocks = int32_t(shared.size());
+  register_full_blocks(s);
+  sequences_.emplace(seq, std::move(s));
+  return cached;
+}
+
+void SequenceManager::append(int64_t seq, const std::vector<int32_t>& tokens) {
+  Sequence& s = live(seq, "seq");
+  if (tokens.empty()) return;
+  const int32_t P = page_size();
+  const int64_t length = int64_t(s.tokens.size());
+  const int32_t needed = int32_t((length + int64_t(tokens.size()) + P - 1) / P) - int32_t(s.pages.size());
+  // A partial last page that others share is copied before it is written.
+  const bool copy_last = length % P != 0 && device_.ref_count(s.pages.back()) > 1;
+  if (needed + (copy_last ? 1 : 0) > available_blocks())
+    throw CapacityError("pages", needed + (copy_last ? 1 : 0), available_blocks());
+  if (copy_last) {
+    std::vector<int32_t> fresh;
+    allocate(1, fresh);
+    const std::vector<int32_t> pair{s.pages.back(), fresh[0]};
+    cache_.copy_blocks(device_index(pair, 0));
+    release({s.pages.back()});
+    s.pages.back() = fresh[0];
+    ++stats_.copies_on_write;
+  }
+  allocate(needed, s.pages);
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  s.pending += int64_t(tokens.size());
+  register_full_blocks(s);
+}
+
+void SequenceManager::fork(int64_t parent, int64_t child) {
+  if (sequences_.count(child)) throw StateError("child", "sequence " + std::to_string(child) + " already exists");
+  Sequence& p = live(parent, "parent");
+  if (p.pending) throw StateError("parent", "sequence " + std::to_string(parent) + " has tokens no step() has written yet");
+  Sequence c = p;
+  for (int32_t b : c.pages) device_.retain(b);
+  sequences_.emplace(child, std::move(c));
+}
+
+void SequenceManager::free(int64_t seq) {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) throw StateError("seq", "sequence " + std::to_string(seq) + " does not exist");
+  if (it->second.offloaded) host_.release(it->second.host_pages);
+  else release(it->second.pages);
+  sequences_.erase(it);
+}
+
+IndexView SequenceManager::device_index(const std::vector<int32_t>& host, int slot) {
+  Buffer& b = index_scratch_[slot];
+  const int64_t bytes = int64_t(host.size() * sizeof(int32_t));
+  if (b.bytes() < bytes) b = Buffer(backend_, std::max<int64_t>(bytes, 256));
+  backend_.from_host(b.data(), host.data(), bytes, cache_.config().stream);
+  return IndexView{b.data(), DType::i32, cache_.config().device, int64_t(host.size())};
+}
+
+namespace {
+// Calls fn(first, count) for each run of consecutive values in `pages`: transfers merge along runs.
+template <class Fn> void for_each_run(const std::vector<int32_t>& pages, Fn fn) {
+  const int32_t n = int32_t(pages.size());
+  for (int32_t i = 0; i < n;) {
+    int32_t run = 1;
+    while (i + run < n && pages[size_t(i + run)] == pages[size_t(i)] + run) ++run;
+    fn(i, run);
+    i += run;
+  }
+}
+}  // namespace
+
+void SequenceManager::offload(int64_t seq) {
+  Sequence& s = live(seq, "seq");
+  if (s.pending) throw StateError("seq", "sequence " + std::to_string(seq) + " has tokens no step() has written yet");
+  const int32_t n = int32_t(s.pages.size());
+  if (n > host_.free_count()) throw CapacityError("host_blocks", n, host_.free_count());
+  const int64_t ppb = cache_.packed_page_bytes();
+  std::vector<int32_t> host_pages;
+  host_.allocate(n, host_pages);
+  auto* pool = static_cast<unsigned char*>(host_pool_.data());
+  if (&backend_.host() == &backend_) {
+    // The CPU: the host tier is this device's own memory, so pages pack straight into it.
+    for_each_run(host_pages, [&](int32_t i, int32_t run) {
+      const std::vector<int32_t> part(s.pages.begin() + i, s.pages.begin() + i + run);
+      cache_.pack_pages(device_index(part, 0), pool + host_pages[size_t(i)] * ppb);
+    });
+  } else {
+    // CUDA: one pack launch into device staging, then one copy per run of consecutive host pages.
+    if (staging_.bytes() < n * ppb) staging_ = Buffer(backend_, n * ppb);
+    cache_.pack_pages(device_index(s.pages, 0), staging_.data());
+    const auto* staged = static_cast<const unsigned char*>(staging_.data());
+    for_each_run(host_pages, [&](int32_t i, int32_t run) {
+      backend_.to_host(pool + host_pages[size_t(i)] * ppb, staged + i * ppb, run * ppb, cache_.config().stream);
+    });
+  }
+  release(s.pages);
+  s.pages.clear();
+  s.host_pages = std::move(host_pages);
+  s.offloaded = true;
+  stats_.offloaded_pages += n;
+}
+
+void SequenceManager::restore(int64_t seq) {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) throw StateError("seq", "sequence " + std::to_string(seq) + " does not exist");
+  Sequence& s = it->second;
+  if (!s.offloaded) throw StateError("seq", "sequence " + std::to_string(seq) + " is not offloaded");
+  const int32_t n = int32_t(s.host_pages.size());
+  std::vector<int32_t> pages;
+  allocate(n, pages);
+  const int64_t ppb = cache_.packed_page_bytes();
+  const auto* pool = static_cast<const unsigned char*>(host_pool_.data());
+  if (&backend_.host() == &backend_) {
+    for_each_run(s.host_pages, [&](int32_t i, int32_t run) {
+      const std::vector<int32_t> part(pages.begin() + i, pages.begin() + i + run);
+      cache_.unpack_pages(pool + s.host_pages[size_t(i)] * ppb, device_index(part, 0));
+    });
+  } else {
+    if (staging_.bytes() < n * ppb) staging_ = Buffer(backend_, n * ppb);
+    auto* staged = static_cast<unsigned char*>(staging_.data());
+    for_each_run(s.host_pages, [&](int32_t i, int32_t run) {
+      backend_.from_host(staged + i * ppb, pool + s.host_pages[size_t(i)] * ppb, run * ppb, cache_.config().stream);
+    });
+    cache_.unpack_pages(staging_.data(), device_index(pages, 0));
+  }
+  host_.release(s.host_pages);
+  s.host_pages.clear();
+  s.pages = std::move(pages);
+  // The restored pages are not registered in the prefix cache; the hash chain (a function of the
+  // tokens alone) stays valid, so later full pages register under the right keys.
+  s.offloaded = false;
+  stats_.restored_pages += n;
+}
+
+BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
+  BatchMetadata m;
+  const int32_t P = page_size();
+  for (int64_t id : seqs) {  // check everything before handing anything out
+    const Sequence& s = live(id, "seqs");
+    m.max_pages = std::max(m.max_pages, int32_t(s.pages.size()));
+  }
+  m.query_start.push_back(0);
+  m.indptr.push_back(0);
+  for (int64_t id : seqs) {
+    Sequence& s = sequences_.at(id);
+    const int64_t length = int64_t(s.tokens.size());
+    for (int64_t pos = length - s.pending; pos < length; ++pos)
+      m.slots.push_back(int64_t(s.pages[size_t(pos / P)]) * P + pos % P);
+    s.pending = 0;
+    m.query_start.push_back(int32_t(m.slots.size()));
+    m.lengths.push_back(int32_t(length));
+    m.page_table.insert(m.page_table.end(), s.pages.begin(), s.pages.end());
+    m.page_table.insert(m.page_table.end(), size_t(m.max_pages) - s.pages.size(), -1);
+    m.indices.insert(m.indices.end(), s.pages.begin(), s.pages.end());
+    m.indptr.push_back(int32_t(m.indices.size()));
+    m.last_page_len.push_back(length == 0 ? 0 : int32_t((length - 1) % P + 1));
+  }
+  return m;
+}
+
+GatherRange SequenceManager::range(int64_t seq, int64_t begin, int64_t end) {
+  const Sequence& s = live(seq, "seq");
+  if (end > int64_t(s.tokens.size())) throw OutOfRangeError("end", end, begin, int64_t(s.tokens.size()) + 1);
+  GatherRange g;
+  g.pages = device_index(s.pages, 1);
+  g.begin = begin;
+  g.end = end;
+  return g;
+}
+
+double SequenceManager::utilization() const {
+  // Each held page counts the tokens it really holds once, however many sequences share it; a cached
+  // page nobody uses holds a full page of reusable tokens.
+  const int32_t P = page_size();
+  std::vector<int32_t> fill(size_t(device_.total()), 0);
+  for (int32_t b = 0; b < device_.total(); ++b)
+    if (block_cached_[size_t(b)]) fill[size_t(b)] = P;
+  for (const auto& [id, s] : sequences_) {
+    const int64_t n = int64_t(s.tokens.size());
+    for (size_t j = 0; j < s.pages.size(); ++j)
+      fill[size_t(s.pages[j])] = std::max<int32_t>(fill[size_t(s.pages[j])], int32_t(std::min<int64_t>(P, n - int64_t(j) * P)));
+  }
+  int64_t tokens = 0;
+  for (int32_t f : fill) tokens += f;
+  const int64_t held = device_.total() - device_.free_count();
+  return held == 0 ? 1.0 : double(tokens) / double(held * int64_t(P));
+}
+
+void SequenceManager::check_invariants() const {
+  auto fail = [](const std::string& what) { throw StateError("invariant", what); };
+  std::vector<int32_t> owners(size_t(device_.total()), 0), host_owners(size_t(host_.total()), 0);
+  const int32_t P = page_size();
+  for (const auto& [id, s] : sequences_) {
+    if (s.offloaded) {
+      if (!s.pages.empty()) fail("offloaded sequence " + std::to_string(id) + " still holds device pages");
+      if (int64_t(s.host_pages.size()) != (int64_t(s.tokens.size()) + P - 1) / P)
+        fail("offloaded sequence " + std::to_string(id) + " holds the wrong number of host pages");
+      for (int32_t b : s.host_pages) ++host_owners[size_t(b)];
+      continue;
+    }
+    if (int64_t(s.pages.size()) != (int64_t(s.tokens.size()) + P - 1) / P)
+      fail("sequence " + std::to_string(id) + " holds " + std::to_string(s.pages.size()) + " pages for " +
+           std::to_string(s.tokens.size()) + " tokens");
+    for (int32_t b : s.pages) ++owners[size_t(b)];
+  }
+  int32_t in_lru = 0;
+  for (int32_t b = lru_head_; b >= 0; b = lru_next_[size_t(b)]) {
+    if (!block_cached_[size_t(b)] || owners[size_t(b)] != 0) fail("page " + std::to_string(b) + " is evictable but in use");
+    ++in_lru;
+  }
+  if (in_lru != lru_size_) fail("the LRU list and its size disagree");
+  int32_t free_pages = 0;
+  for (int32_t b = 0; b < device_.total(); ++b) {
+    const int32_t want = owners[size_t(b)] + block_cached_[size_t(b)];
+    if (device_.ref_count(b) != want)
+      fail("page " + std::to_string(b) + " has " + std::to_string(device_.ref_count(b)) + " references for " +
+           std::to_string(want) + " owners");
+    if (block_cached_[size_t(b)] && owners[size_t(b)] == 0 && lru_prev_[size_t(b)] < 0 && lru_head_ != b)
+      fail("cached page " + std::to_string(b) + " that nobody uses is not evictable");
+    if (block_cached_[size_t(b)] && prefix_.at(block_hash_[size_t(b)]) != b) fail("prefix map and page disagree");
+    free_pages += want == 0;
+  }
+  if (free_pages != device_.free_count()) fail("the free count disagrees with the owners");
+  for (int32_t b = 0; b < host_.total(); ++b)
+    if (host_.ref_count(b) != host_owners[size_t(b)]) fail("host page " + std::to_string(b) + " has the wrong owners");
+}
+
+// ---- planning ---------------------------------------------------------------------------------------
+
+int64_t MemoryPlan::max_len_for_batch(int64_t batch) const {
+  if (batch <= 0) throw OutOfRangeError("batch", batch, 1, INT64_MAX);
+  return pages / batch * page_size;
+}
+
+CacheConfig MemoryPlan::config(void* stream) const {
+  CacheConfig c;
+  c.pages = pages;
+  c.stream = stream;
+  return c;
+}
+
+MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
+  if (!d.paged()) throw UnsupportedError(std::string(d.name) + ": memory planning counts pages; this layout has none");
+  MemoryPlan p;
+  p.page_size = d.page_size;
+  p.page_bytes = d.bytes_per_token * d.page_size;
+  const int64_t fixed = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
+  if (r.mode == PlanMode::allocate) {
+    if (r.pages <= 0) throw OutOfRangeError("pages", r.pages, 1, INT32_MAX);
+    p.pages = r.pages;
+  } else {
+    int64_t available;
+    if (r.device == Device::cpu) {
+      if (r.budget_bytes <= 0)
+        throw ArgumentError("budget_bytes", "the CPU has no free-memory figure to reserve from; give a positive budget");
+      available = r.budget_bytes;
+    } else {
+      available = backend(r.device).free_memory();
+    }
+    if (r.reserve_bytes < 0) throw OutOfRangeError("reserve_bytes", r.reserve_bytes, 0, available + 1);
+    const int64_t usable = available - r.reserve_bytes - fixed;
+    p.pages = std::min<int64_t>(usable > 0 ? usable / p.page_bytes : 0, INT32_MAX);
+    if (p.pages <= 0)
+      throw CapacityError("reserve_bytes", p.page_bytes + r.reserve_bytes + fixed, available);
+  }
+  p.pool_bytes = p.pages * p.page_bytes + fixed;
+  p.tokens = p.pages * d.page_size;
+  return p;
+}
+
+}  // namespace kvforge

@@ -1,0 +1,278 @@
+// A model-based harness for the sequence manager, shared by the randomized test and the libFuzzer
+// target. Random operations (add with shared system prompts, decode and prefill appends, fork, free,
+// offload, restore, and the evictions that allocation pressure causes) run against a plain model of
+// which sequence holds which tokens. The K/V written for position p of a sequence is a pure function
+// of its tokens [0, p], as a model's would be, so shared prefixes must read back identically. After
+// every operation the manager's invariants are checked; every verify() gathers each live sequence
+// and compares it with the model.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+
+#include "quant_reference.hpp"
+
+namespace kvtest {
+
+// Where the operations' choices come from: a seeded generator, or the fuzzer's bytes.
+struct Choices {
+  virtual ~Choices() = default;
+  virtual uint32_t below(uint32_t n) = 0;  // in [0, n)
+  virtual bool exhausted() const { return false; }
+};
+
+struct RandomChoices : Choices {
+  explicit RandomChoices(uint64_t seed) : rng(seed) {}
+  uint32_t below(uint32_t n) override { return n ? uint32_t(rng() % n) : 0; }
+  std::mt19937_64 rng;
+};
+
+struct ByteChoices : Choices {
+  ByteChoices(const uint8_t* d, size_t n) : data(d), size(n) {}
+  uint32_t below(uint32_t n) override {
+    if (!n) return 0;
+    uint32_t v = 0;
+    for (int i = 0; i < 2; ++i) v = v << 8 | (at < size ? data[at++] : 0u);
+    return v % n;
+  }
+  bool exhausted() const override { return at >= size; }
+  const uint8_t* data;
+  size_t size, at = 0;
+};
+
+// Raised by the harness on any disagreement, so that the fuzzer and the test can both report it.
+struct ModelMismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class SequenceModel {
+ public:
+  SequenceModel(const VariantEntry& e, int64_t pages, int32_t host_pages, bool prefix_caching)
+      : d_(*e.descriptor), arena_(Device::cpu) {
+    CacheConfig cfg;
+    cfg.pages = pages;
+    cache_ = e.create(cfg);
+    SequenceManagerOptions o;
+    o.prefix_caching = prefix_caching;
+    o.host_blocks = host_pages;
+    manager_ = std::make_unique<SequenceManager>(*cache_, o);
+    // System prompts that many requests start with: 0 to 3 pages and a bit.
+    const int P = d_.page_size;
+    for (int s = 0; s < 3; ++s) {
+      std::vector<int32_t> t;
+      for (int i = 0; i < s * P + P / 2 + 1; ++i) t.push_back(int32_t(1000 * (s + 1) + i));
+      system_prompts_.push_back(t);
+    }
+  }
+
+  // One random operation. Capacity errors are part of the game: the manager must refuse them whole.
+  void random_op(Choices& c) {
+    const uint32_t op = c.below(100);
+    const std::vector<int64_t> ids = live_ids();
+    const int64_t any = ids.empty() ? -1 : ids[c.below(uint32_t(ids.size()))];
+    try {
+      if (op < 22 || ids.empty()) {
+        add(c);
+      } else if (op < 55) {
+        append(any, c.below(4) == 0 ? 1 + c.below(uint32_t(2 * d_.page_size)) : 1, c);
+      } else if (op < 63) {
+        fork(any);
+      } else if (op < 75) {
+        free(any);
+      } else if (op < 83) {
+        offload(any);
+      } else if (op < 91) {
+        restore(c);
+      } else {
+        step_all();
+      }
+    } catch (const CapacityError&) {
+      ++capacity_refusals;
+    }
+    check();
+  }
+
+  void add(Choices& c) {
+    std::vector<int32_t> prompt;
+    if (c.below(3)) prompt = system_prompts_[c.below(uint32_t(system_prompts_.size()))];
+    const uint32_t extra = c.below(uint32_t(2 * d_.page_size));
+    for (uint32_t i = 0; i < extra + (prompt.empty() ? 1 : 0); ++i) prompt.push_back(int32_t(c.below(50)));
+    const int64_t id = next_id_++;
+    const int64_t cached = manager_->add(id, prompt);
+    if (cached < 0 || cached >= int64_t(prompt.size()) || cached % d_.page_size)
+      throw ModelMismatch("add: covered " + std::to_string(cached) + " of " + std::to_string(prompt.size()) + " tokens");
+    model_[id] = {prompt, int64_t(prompt.size()) - cached, false};
+  }
+
+  void append(int64_t id, uint32_t n, Choices& c) {
+    if (model_.at(id).offloaded) return;
+    std::vector<int32_t> t;
+    for (uint32_t i = 0; i < n; ++i) t.push_back(int32_t(c.below(50)));
+    manager_->append(id, t);
+    auto& m = model_.at(id);
+    m.tokens.insert(m.tokens.end(), t.begin(), t.end());
+    m.pending += n;
+  }
+
+  void fork(int64_t parent) {
+    if (model_.at(parent).offloaded) return;
+    step_all();  // a fork needs the parent's tokens written
+    const int64_t child = next_id_++;
+    manager_->fork(parent, child);
+    model_[child] = model_.at(parent);
+  }
+
+  void free(int64_t id) {
+    manager_->free(id);
+    model_.erase(id);
+  }
+
+  void offload(int64_t id) {
+    if (model_.at(id).offloaded) return;
+    step_all();
+    manager_->offload(id);
+    model_.at(id).offloaded = true;
+  }
+
+  void restore(Choices& c) {
+    std::vector<int64_t> out;
+    for (const auto& [id, m] : model_)
+      if (m.offloaded) out.push_back(id);
+    if (out.empty()) return;
+    const int64_t id = out[c.below(uint32_t(out.size()))];
+    manager_->restore(id);
+    model_.at(id).offloaded = false;
+  }
+
+  // Writes every pending token of every live sequence, through the manager's slots, in every layer.
+  void step_all() {
+    std::vector<int64_t> ids;
+    for (const auto& [id, m] : model_)
+      if (!m.offloaded && m.pending) ids.push_back(id);
+    if (ids.empty()) return;
+    const BatchMetadata b = manager_->step(ids);
+    const int64_t T = int64_t(b.slots.size());
+    std::vector<std::vector<float>> k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto& m = model_.at(ids[i]);
+      const int64_t count = b.query_start[i + 1] - b.query_start[i];
+      if (count != m.pending || b.lengths[i] != int64_t(m.tokens.size()))
+        throw ModelMismatch("step: sequence " + std::to_string(ids[i]) + " has " + std::to_string(count) +
+                            " new tokens and length " + std::to_string(b.lengths[i]) + ", the model " +
+                            std::to_string(m.pending) + " and " + std::to_string(m.tokens.size()));
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t pos = int64_t(m.tokens.size()) - count + j;
+        k[size_t(b.query_start[i] + j)] = token_values(m.tokens, pos, 0);
+        v[size_t(b.query_start[i] + j)] = token_values(m.tokens, pos, 1);
+      }
+      m.pending = 0;
+    }
+    const int es = dtype_size(d_.input);
+    const int64_t hd = int64_t(d_.heads) * d_.head_dim;
+    std::vector<unsigned char> kb(size_t(T * hd * es)), vb(kb.size());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < hd; ++i) {
+        store_as(d_.input, k[size_t(t)][size_t(i)], kb.data() + (t * hd + i) * es);
+        store_as(d_.input, v[size_t(t)][size_t(i)], vb.data() + (t * hd + i) * es);
+      }
+    for (int layer = 0; layer < d_.layers; ++layer)
+      cache_->append(layer, TensorView::contiguous(kb.data(), d_.input, Device::cpu, T, d_.heads, d_.head_dim),
+                     TensorView::contiguous(vb.data(), d_.input, Device::cpu, T, d_.heads, d_.head_dim),
+                     TokenTargets::paged(IndexView::of(b.slots.data(), T)));
+    cache_->commit();
+  }
+
+  // Gathers every live sequence (after writing what is pending) and compares with the model.
+  void verify() {
+    step_all();
+    for (const auto& [id, m] : model_) {
+      if (m.offloaded) continue;
+      const int64_t n = int64_t(m.tokens.size());
+      if (n == 0) continue;
+      const int es = dtype_size(d_.input);
+      for (int layer = 0; layer < d_.layers; ++layer) {
+        std::vector<unsigned char> ko(size_t(d_.heads * n * d_.head_dim * es)), vo(ko.size());
+        cache_->gather(layer, manager_->range(id, 0, n),
+                       TensorView::contiguous(ko.data(), d_.input, Device::cpu, d_.heads, n, d_.head_dim),
+                       TensorView::contiguous(vo.data(), d_.input, Device::cpu, d_.heads, n, d_.head_dim));
+        for (int64_t pos = 0; pos < n; ++pos)
+          for (int kv = 0; kv < 2; ++kv) {
+            const std::vector<float> want = expected(m.tokens, pos, kv);
+            for (int h = 0; h < d_.heads; ++h)
+              for (int x = 0; x < d_.head_dim; ++x) {
+                const float got = load_as(d_.input, (kv ? vo : ko).data() + ((h * n + pos) * d_.head_dim + x) * es);
+                if (got != want[size_t(h * d_.head_dim + x)])
+                  throw ModelMismatch(std::string(d_.name) + ": sequence " + std::to_string(id) + " layer " +
+                                      std::to_string(layer) + " position " + std::to_string(pos) + " kv " +
+                                      std::to_string(kv) + " head " + std::to_string(h) + " dim " +
+                                      std::to_string(x) + ": got " + std::to_string(got) + ", want " +
+                                      std::to_string(want[size_t(h * d_.head_dim + x)]));
+              }
+          }
+      }
+      ++verified_sequences;
+    }
+  }
+
+  // The manager agrees with the model, and its own invariants hold.
+  void check() const {
+    manager_->check_invariants();
+    for (const auto& [id, m] : model_) {
+      if (!manager_->contains(id)) throw ModelMismatch("sequence " + std::to_string(id) + " vanished");
+      if (manager_->tokens(id) != m.tokens) throw ModelMismatch("sequence " + std::to_string(id) + " tokens differ");
+      if (manager_->offloaded(id) != m.offloaded) throw ModelMismatch("sequence " + std::to_string(id) + " offload state");
+    }
+    int64_t manager_count = 0;
+    for (int64_t id = 0; id < next_id_; ++id) manager_count += manager_->contains(id);
+    if (manager_count != int64_t(model_.size())) throw ModelMismatch("the manager holds sequences the model freed");
+  }
+
+  SequenceManager& manager() { return *manager_; }
+  const std::map<int64_t, std::vector<int32_t>> live_tokens() const {
+    std::map<int64_t, std::vector<int32_t>> out;
+    for (const auto& [id, m] : model_) out[id] = m.tokens;
+    return out;
+  }
+  std::unique_ptr<Cache> cache_;
+  int64_t capacity_refusals = 0, verified_sequences = 0;
+
+ private:
+  struct Model {
+    std::vector<int32_t> tokens;
+    int64_t pending = 0;
+    bool offloaded = false;
+  };
+
+  std::vector<int64_t> live_ids() const {
+    std::vector<int64_t> out;
+    for (const auto& [id, m] : model_) out.push_back(id);
+    return out;
+  }
+
+  // K or V of position `pos` as the model writes it: a function of tokens [0, pos] only.
+  std::vector<float> token_values(const std::vector<int32_t>& tokens, int64_t pos, int kv) const {
+    uint64_t h = 0x12345;
+    for (int64_t i = 0; i <= pos; ++i) h = (h ^ uint64_t(uint32_t(tokens[size_t(i)]))) * 0x100000001b3ULL + uint64_t(i);
+    std::vector<float> out(size_t(d_.heads) * d_.head_dim);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = exact_value(h * 2654435761ULL + i * 2 + uint64_t(kv));
+    return out;
+  }
+  // What a gather returns for it: the values, or the reference quantizer's reading of them.
+  std::vector<float> expected(const std::vector<int32_t>& tokens, int64_t pos, int kv) const {
+    std::vector<float> x = token_values(tokens, pos, kv);
+    if (!d_.quantized()) return x;
+    return ref_quantize(d_, x, 1.0f).gathered;
+  }
+
+  const VariantDescriptor& d_;
+  Arena arena_;
+  std::unique_ptr<SequenceManager> manager_;
+  std::map<int64_t, Model> model_;
+  std::vector<std::vector<int32_t>> system_prompts_;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace kvtest
