@@ -21,7 +21,7 @@ BYTES_RULE = (
     "scales read and the K and V output written. `copy` is a streaming copy of half that many bytes with "
     "every core, so the same bytes cross the memory bus.")
 
-NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)")
+NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)(?P<cold>/cold)?")
 
 
 def load(path):
@@ -40,22 +40,23 @@ def build(runs):
     rows = []
     memory = []
     for b in runs:
-        name = b["name"].replace("/real_time", "")
+        name = re.sub(r"/(real_time|iterations:\d+)", "", b["name"])
         if name.startswith("copy/bytes:"):
-            copies[int(float(b["bytes_moved"]))] = gbps(b)
+            copies[(int(float(b["bytes_moved"])), name.endswith("/cold"))] = gbps(b)
         elif name.startswith("memory/"):
             memory.append((name, b))
         else:
             m = NAME.match(name)
             if m:
-                rows.append(dict(m.groupdict(), gbps=gbps(b), bytes=int(float(b["bytes_moved"])),
+                rows.append(dict(m.groupdict(), cache="cold" if m.group("cold") else "hot", gbps=gbps(b),
+                                 bytes=int(float(b["bytes_moved"])),
                                  bytes_per_token=int(float(b.get("bytes_per_token", 0)))))
-    by_key = {(r["op"], r["variant"], r["shape"]): r for r in rows}
+    by_key = {(r["op"], r["variant"], r["shape"], r["cache"]): r for r in rows}
     for r in rows:
-        copy = copies.get(r["bytes"])
+        copy = copies.get((r["bytes"], r["cache"] == "cold"))
         r["to_copy"] = r["gbps"] / copy if copy else None
         layout, model, dtype = r["variant"].split(".")
-        twin = by_key.get((r["op"], f"{layout}.{model}.bf16", r["shape"]))
+        twin = by_key.get((r["op"], f"{layout}.{model}.bf16", r["shape"], r["cache"]))
         r["to_bf16"] = r["gbps"] / twin["gbps"] if twin and twin is not r and "_in_" in dtype else None
     return rows, memory, copies
 
@@ -70,10 +71,10 @@ def markdown(rows, memory, copies, context):
                f"caches {', '.join(str(c.get('size', '?')) for c in context.get('caches', []))} bytes.\n")
     out.append(BYTES_RULE + "\n")
     if rows:
-        out.append("| op | variant | shape | GB/s | ÷ copy | ÷ bf16 twin | bytes/token |")
-        out.append("|---|---|---|---:|---:|---:|---:|")
-        for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["variant"])):
-            out.append(f"| {r['op']} | `{r['variant']}` | {r['shape']} | {r['gbps']:.1f} | {fmt(r['to_copy'])} | "
+        out.append("| op | variant | shape | cache | GB/s | ÷ copy | ÷ bf16 twin | bytes/token |")
+        out.append("|---|---|---|---|---:|---:|---:|---:|")
+        for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["cache"], r["variant"])):
+            out.append(f"| {r['op']} | `{r['variant']}` | {r['shape']} | {r['cache']} | {r['gbps']:.1f} | {fmt(r['to_copy'])} | "
                        f"{fmt(r['to_bf16'])} | {r['bytes_per_token']} |")
         out.append("")
     if memory:
@@ -84,7 +85,7 @@ def markdown(rows, memory, copies, context):
             if "items_per_second" in b:
                 figure.append(f"{b['items_per_second'] / 1e6:.1f} M items/s")
             if "bytes_per_second" in b:
-                copy = copies.get(int(float(b.get("bytes_moved", 0))))
+                copy = copies.get((int(float(b.get("bytes_moved", 0))), False))
                 figure.append(f"{gbps(b):.2f} GB/s" + (f", {gbps(b) / copy:.2f}× copy" if copy else ""))
             for key in ("utilization", "prefix_hit_blocks", "evictions"):
                 if key in b:
@@ -104,11 +105,11 @@ def chart(rows, path):
     groups = OrderedDict()
     for r in sorted(rows, key=lambda r: (r["variant"].split(".")[0], r["variant"])):
         if r["to_copy"] is not None:
-            groups.setdefault((r["op"], r["shape"]), []).append(r)
+            groups.setdefault((r["op"], r["shape"], r["cache"]), []).append(r)
     if not groups:
         return "no chart: no variant benchmark had a copy baseline"
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.2 * len(groups)), squeeze=False)
-    for ax, ((op, shape), rs) in zip(axes[:, 0], groups.items()):
+    for ax, ((op, shape, cache), rs) in zip(axes[:, 0], groups.items()):
         layouts = [r["variant"].split(".")[0] for r in rs]
         palette = {l: plt.cm.tab10(i % 10) for i, l in enumerate(OrderedDict.fromkeys(layouts))}
         ax.bar(range(len(rs)), [r["to_copy"] for r in rs], color=[palette[l] for l in layouts])
@@ -117,7 +118,7 @@ def chart(rows, path):
         ax.set_xticklabels([".".join(r["variant"].split(".")[1:]) + "\n" + r["variant"].split(".")[0] for r in rs],
                            rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("÷ streaming copy")
-        ax.set_title(f"{op} {shape}: bandwidth as a share of a same-run streaming copy (1.0 = roofline)")
+        ax.set_title(f"{op} {shape} ({cache} cache): bandwidth as a share of a same-run streaming copy")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return f"chart: {path}"

@@ -50,14 +50,15 @@ struct ModelMismatch : std::runtime_error {
 
 class SequenceModel {
  public:
-  SequenceModel(const VariantEntry& e, int64_t pages, int32_t host_pages, bool prefix_caching)
-      : d_(*e.descriptor), arena_(Device::cpu) {
+  SequenceModel(const VariantEntry& e, int64_t pages, int32_t host_pages, bool prefix_caching, int32_t window = 0)
+      : d_(*e.descriptor), arena_(Device::cpu), window_(window) {
     CacheConfig cfg;
     cfg.pages = pages;
     cache_ = e.create(cfg);
     SequenceManagerOptions o;
     o.prefix_caching = prefix_caching;
     o.host_blocks = host_pages;
+    o.window = window;
     manager_ = std::make_unique<SequenceManager>(*cache_, o);
     // System prompts that many requests start with: 0 to 3 pages and a bit.
     const int P = d_.page_size;
@@ -190,20 +191,23 @@ class SequenceModel {
     step_all();
     for (const auto& [id, m] : model_) {
       if (m.offloaded) continue;
-      const int64_t n = int64_t(m.tokens.size());
+      // With a sliding window only the last `window` positions are readable.
+      const int64_t end = int64_t(m.tokens.size());
+      const int64_t begin = window_ ? std::max<int64_t>(0, end - window_) : 0;
+      const int64_t n = end - begin;
       if (n == 0) continue;
       const int es = dtype_size(d_.input);
       for (int layer = 0; layer < d_.layers; ++layer) {
         std::vector<unsigned char> ko(size_t(d_.heads * n * d_.head_dim * es)), vo(ko.size());
-        cache_->gather(layer, manager_->range(id, 0, n),
+        cache_->gather(layer, manager_->range(id, begin, end),
                        TensorView::contiguous(ko.data(), d_.input, Device::cpu, d_.heads, n, d_.head_dim),
                        TensorView::contiguous(vo.data(), d_.input, Device::cpu, d_.heads, n, d_.head_dim));
-        for (int64_t pos = 0; pos < n; ++pos)
+        for (int64_t pos = begin; pos < end; ++pos)
           for (int kv = 0; kv < 2; ++kv) {
             const std::vector<float> want = expected(m.tokens, pos, kv);
             for (int h = 0; h < d_.heads; ++h)
               for (int x = 0; x < d_.head_dim; ++x) {
-                const float got = load_as(d_.input, (kv ? vo : ko).data() + ((h * n + pos) * d_.head_dim + x) * es);
+                const float got = load_as(d_.input, (kv ? vo : ko).data() + ((h * n + pos - begin) * d_.head_dim + x) * es);
                 if (got != want[size_t(h * d_.head_dim + x)])
                   throw ModelMismatch(std::string(d_.name) + ": sequence " + std::to_string(id) + " layer " +
                                       std::to_string(layer) + " position " + std::to_string(pos) + " kv " +
@@ -272,6 +276,7 @@ class SequenceModel {
   std::unique_ptr<SequenceManager> manager_;
   std::map<int64_t, Model> model_;
   std::vector<std::vector<int32_t>> system_prompts_;
+  int32_t window_ = 0;
   int64_t next_id_ = 0;
 };
 

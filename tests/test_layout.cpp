@@ -1,6 +1,7 @@
 // Property tests of every variant's address function (make_geometry + Geometry::offset), over every
 // coordinate of a small capacity: each element lands in bounds, no two coordinates share an element,
 // and together they cover the whole pool.
+#include <cctype>
 #include <vector>
 
 #include "support.hpp"
@@ -112,9 +113,17 @@ TEST(RingAddressing, WrapsOverSeveralWindowsAndRefusesExpiredPositions) {
   }
 }
 
+// Every variant's address function; a hybrid variant contributes its members, one per layer group.
 std::vector<const VariantEntry*> entries() {
+  static std::vector<VariantEntry> members;
   std::vector<const VariantEntry*> out;
-  for (const auto& e : registry().variants()) out.push_back(&e);
+  for (const auto& e : registry().variants())
+    if (!e.descriptor->is_hybrid()) out.push_back(&e);
+  for (const auto& e : registry().variants())
+    if (e.descriptor->is_hybrid())
+      for (int g = 0; g < e.descriptor->hybrid->num_groups; ++g)
+        members.push_back({e.descriptor->hybrid->groups[g].member, e.descriptor->hybrid->groups[g].create});
+  for (const auto& m : members) out.push_back(&m);
   return out;
 }
 
@@ -122,7 +131,7 @@ INSTANTIATE_TEST_SUITE_P(Registry, EveryLayout, testing::ValuesIn(entries()),
                          [](const testing::TestParamInfo<const VariantEntry*>& i) {
                            std::string n = i.param->descriptor->name;
                            for (char& c : n)
-                             if (c == '.') c = '_';
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
 

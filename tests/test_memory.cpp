@@ -151,6 +151,23 @@ TEST_P(EveryPagedTinyVariant, RandomOperationsMatchTheModel) {
   EXPECT_GT(model.verified_sequences, 0);
 }
 
+// The same, with a sliding window: pages that leave it are freed as sequences grow.
+TEST_P(EveryPagedTinyVariant, RandomOperationsWithASlidingWindowMatchTheModel) {
+  const VariantDescriptor& d = *GetParam()->descriptor;
+  SequenceModel model(*GetParam(), 64 / d.page_size * 3 + 8, 24, true, d.page_size + 5);
+  RandomChoices choices(43);
+  try {
+    for (int i = 0; i < 1500; ++i) {
+      model.random_op(choices);
+      if (i % 250 == 249) model.verify();
+    }
+    model.verify();
+  } catch (const ModelMismatch& e) {
+    FAIL() << e.what();
+  }
+  EXPECT_GT(model.verified_sequences, 0);
+}
+
 // The same prompts give the same cache contents whether prefixes are reused or recomputed.
 TEST_P(EveryPagedTinyVariant, PrefixReuseGivesIdenticalContents) {
   const VariantDescriptor& d = *GetParam()->descriptor;
@@ -198,5 +215,105 @@ INSTANTIATE_TEST_SUITE_P(Registry, EveryPagedTinyVariant, testing::ValuesIn(page
                            return n;
                          });
 
+// A hybrid cache routes each layer to its group's member, and its local group frees pages that
+// leave the sliding window while the global group keeps everything; both read back as written.
+TEST(Hybrid, RoutesLayersToGroupsAndFreesPagesThatLeaveTheWindow) {
+  const VariantEntry* entry = nullptr;
+  for (const auto& e : registry().variants())
+    if (e.descriptor->is_hybrid() && std::string(e.descriptor->model) == "tiny_hybrid") entry = &e;
+  if (!entry) GTEST_SKIP() << "no hybrid variant for tiny_hybrid is registered";
+  const VariantDescriptor& d = *entry->descriptor;
+  CacheConfig cfg;
+  cfg.pages = 24;
+  auto cache = entry->create(cfg);
+  ASSERT_EQ(cache->num_groups(), d.hybrid->num_groups);
+  HybridSequenceManager m(*cache);
+  int local = -1;
+  for (int g = 0; g < d.hybrid->num_groups; ++g)
+    if (d.hybrid->groups[g].sliding_window) local = g;
+  ASSERT_GE(local, 0);
+  const int window = d.hybrid->groups[local].sliding_window;
+  for (int layer = 0; layer < d.layers; ++layer) {
+    const LayerGroupInfo& g = d.hybrid->groups[cache->group_of(layer)];
+    EXPECT_EQ(g.layers[cache->group_layer(layer)], layer) << "layer " << layer << " routes to the wrong member layer";
+  }
+  // K/V of (layer, position) from the tokens up to it and the layer, so misrouting shows.
+  auto value = [&](const std::vector<int32_t>& tokens, int64_t pos, int layer, int kv, int i) {
+    uint64_t h = uint64_t(layer) * 1000003u + uint64_t(kv);
+    for (int64_t p = 0; p <= pos; ++p) h = h * 31 + uint64_t(tokens[size_t(p)]);
+    return exact_value(h * 4096 + uint64_t(i));
+  };
+  const int es = dtype_size(d.input);
+  const int64_t row = int64_t(d.heads) * d.head_dim;
+  auto step = [&](const std::vector<int64_t>& ids) {
+    const std::vector<BatchMetadata> batches = m.step(ids);
+    for (int layer = 0; layer < d.layers; ++layer) {
+      const BatchMetadata& b = batches[size_t(cache->group_of(layer))];
+      const int64_t T = int64_t(b.slots.size());
+      std::vector<unsigned char> k(size_t(T * row * es)), v(k.size());
+      for (size_t s = 0; s < ids.size(); ++s)
+        for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) {
+          const int64_t pos = b.lengths[s] - (b.query_start[s + 1] - t);
+          for (int64_t i = 0; i < row; ++i) {
+            store_as(d.input, value(m.group(0).tokens(ids[s]), pos, layer, 0, int(i)), k.data() + (t * row + i) * es);
+            store_as(d.input, value(m.group(0).tokens(ids[s]), pos, layer, 1, int(i)), v.data() + (t * row + i) * es);
+          }
+        }
+      cache->append(layer, TensorView::contiguous(k.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
+                    TensorView::contiguous(v.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
+                    TokenTargets::paged(IndexView::of(b.slots.data(), T)));
+    }
+  };
+  std::vector<int32_t> system(70, 5);  // more than one page of the global group's 64
+  std::vector<int32_t> a = system, b = system;
+  a.push_back(1);
+  b.push_back(2);
+  EXPECT_EQ(m.add(1, a), 0);
+  step({1});
+  const int64_t shared = m.add(2, b);
+  EXPECT_GT(shared, 0) << "the second prompt reuses the first one's prefix";
+  step({2});
+  for (int t = 0; t < 60; ++t) {
+    m.append(1, {int32_t(t)});
+    m.append(2, {int32_t(t + 100)});
+    step({1, 2});
+  }
+  for (int64_t id : {1, 2}) {
+    const std::vector<int32_t>& tokens = m.group(0).tokens(id);
+    const int64_t n = int64_t(tokens.size());
+    const int P = d.hybrid->groups[local].member->page_size;
+    // The local group holds only the pages that overlap the window.
+    int64_t held = 0;
+    for (int32_t p : m.group(local).pages(id)) held += p >= 0;
+    EXPECT_LE(held, (window + P - 1) / P + 1) << "sequence " << id;
+    for (int layer = 0; layer < d.layers; ++layer) {
+      const bool windowed = cache->group_of(layer) == local;
+      const int64_t begin = windowed ? n - window : 0;
+      if (windowed) {
+        EXPECT_THROW(m.range(layer, id, 0, n), OutOfRangeError) << "positions left the window";
+      }
+      const int64_t count = n - begin;
+      std::vector<unsigned char> ko(size_t(row * count * es)), vo(ko.size());
+      cache->gather(layer, m.range(layer, id, begin, n),
+                    TensorView::contiguous(ko.data(), d.input, Device::cpu, d.heads, count, d.head_dim),
+                    TensorView::contiguous(vo.data(), d.input, Device::cpu, d.heads, count, d.head_dim));
+      for (int h = 0; h < d.heads; ++h)
+        for (int64_t j = 0; j < count; ++j)
+          for (int x = 0; x < d.head_dim; ++x) {
+            const int64_t at = ((h * count + j) * d.head_dim + x) * es;
+            const int i = h * d.head_dim + x;
+            ASSERT_EQ(load_as(d.input, ko.data() + at), value(tokens, begin + j, layer, 0, i))
+                << "sequence " << id << " layer " << layer << " position " << begin + j;
+            ASSERT_EQ(load_as(d.input, vo.data() + at), value(tokens, begin + j, layer, 1, i));
+          }
+    }
+  }
+  for (int g = 0; g < m.num_groups(); ++g) m.group(g).check_invariants();
+  EXPECT_THROW(cache->copy_blocks(IndexView{}), UnsupportedError) << "page ids are per group";
+  const MemoryReport r = cache->memory();
+  EXPECT_EQ(r.storage_bytes, cache->group(0).memory().storage_bytes + cache->group(1).memory().storage_bytes);
+}
+
 }  // namespace
 }  // namespace kvtest
+

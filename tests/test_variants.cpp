@@ -2,6 +2,7 @@
 // ragged batches that mix prefill and decode with padding, over several seeds; then reorder or
 // copy_blocks, reset_row and reset; and the raw storage read through strides the test derives itself.
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <map>
@@ -15,8 +16,11 @@ namespace {
 
 class Driver {
  public:
-  Driver(const VariantEntry& e, Device device, uint32_t seed)
-      : d_(*e.descriptor), arena_(device), rng_(seed), heads_(d_.heads), dim_(d_.head_dim) {
+  using Factory = std::function<std::unique_ptr<Cache>(const CacheConfig&)>;
+  Driver(const VariantEntry& e, Device device, uint32_t seed) : Driver(*e.descriptor, e.create, device, seed) {}
+  // Any implementation of a descriptor: a generated variant, or the generic path.
+  Driver(const VariantDescriptor& d, const Factory& create, Device device, uint32_t seed)
+      : d_(d), arena_(device), rng_(seed), heads_(d_.heads), dim_(d_.head_dim) {
     esize_ = dtype_size(d_.input);
     ref_.window = d_.addressing == Addressing::ring ? d_.window : 0;
     const bool big_ring = d_.addressing == Addressing::ring && int64_t(d_.window) * d_.bytes_per_token > (64 << 20);
@@ -39,7 +43,7 @@ class Driver {
       cfg.rows = sequences_;
       cfg.max_seq_len = d_.addressing == Addressing::contiguous ? capacity_ : 0;
     }
-    cache_ = e.create(cfg);
+    cache_ = create(cfg);
     if (d_.quant == Quant::per_tensor) {
       // Scales that differ by layer and by K/V, so that mixing them up shows; with values up to 32
       // some fp8_e4m3 codes saturate, which the reference must predict too.
@@ -448,6 +452,65 @@ TEST_P(EveryVariant, BytesPerTokenMatchesAllocation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, EveryVariant, testing::ValuesIn(all_cases()), case_name);
+
+// The generic runtime-strided path, serving each generated variant's descriptor, meets the same
+// reference: it is a real fallback, not only a benchmark baseline.
+class EveryGenericTwin : public testing::TestWithParam<Case> {};
+
+TEST_P(EveryGenericTwin, RandomTrafficMatchesReference) {
+  const VariantDescriptor& d = *GetParam().entry->descriptor;
+  auto generic = [&d](const CacheConfig& c) { return make_generic_cache(d, c); };
+  for (uint32_t seed : {1u, 2u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Driver drv(d, generic, Device::cpu, seed);
+    ASSERT_TRUE(drv.cache_->descriptor().generic);
+    for (int i = 0; i < 6; ++i) {
+      drv.step(i);
+      drv.verify("generic, after step " + std::to_string(i));
+      if (testing::Test::HasFailure()) return;
+    }
+    drv.verify_storage();
+    if (d.paged()) {
+      drv.copy_blocks();
+      drv.verify("generic, after copy_blocks");
+    } else {
+      drv.reorder();
+      drv.verify("generic, after reorder");
+      drv.reset_row(0);
+      drv.verify("generic, after reset_row");
+    }
+  }
+}
+
+std::vector<Case> generic_cases() {
+  std::vector<Case> out;
+  for (const Case& c : all_cases())
+    if (c.device == Device::cpu && generic_unsupported_reason(*c.entry->descriptor, CacheConfig{}).empty())
+      out.push_back(c);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Registry, EveryGenericTwin, testing::ValuesIn(generic_cases()), case_name);
+
+// A name that was not generated, but whose layout and model are, is served by the generic path.
+TEST(GenericFallback, ServesAShapeThatWasNotGeneratedAndRefusesWhatItCannot) {
+  ASSERT_EQ(registry().find("vllm_paged_nhd.qwen2_5_0_5b.fp32"), nullptr) << "the test needs a name that is not generated";
+  CacheConfig cfg;
+  cfg.pages = 4;
+  auto cache = registry().create("vllm_paged_nhd.qwen2_5_0_5b.fp32", cfg);
+  const VariantDescriptor& d = cache->descriptor();
+  EXPECT_TRUE(d.generic);
+  EXPECT_EQ(std::string(d.name), "vllm_paged_nhd.qwen2_5_0_5b.fp32");
+  EXPECT_EQ(d.storage, DType::f32);
+  const VariantDescriptor& qwen = *registry().at("vllm_paged_nhd.qwen2_5_0_5b.bf16").descriptor;
+  EXPECT_EQ(d.layers, qwen.layers);
+  EXPECT_EQ(d.heads * d.head_dim, qwen.heads * qwen.head_dim);
+  EXPECT_EQ(d.bytes_per_token, 2 * qwen.bytes_per_token) << "fp32 stores twice bf16's bytes";
+  EXPECT_THROW(registry().create("jetstream_ring.qwen2_5_0_5b.bf16", CacheConfig{}), UnknownVariantError)
+      << "a ring's window may follow the model, which other variants cannot tell";
+  EXPECT_THROW(registry().create("jetstream_stacked_lazy.qwen2_5_0_5b.fp32", CacheConfig{}), UnknownVariantError)
+      << "lazy staging needs a generated variant";
+  EXPECT_THROW(registry().create("vllm_paged_nhd.nosuchmodel.bf16", CacheConfig{}), UnknownVariantError);
+}
 
 std::vector<Case> lazy_cases() {
   std::vector<Case> out;

@@ -44,11 +44,17 @@ int list(int argc, char** argv) {
   for (const auto* e : kvforge::registry().select(q)) {
     const auto& d = *e->descriptor;
     if (!dtype.empty() && dtype != kvforge::dtype_name(d.storage)) continue;
-    const std::string scales = d.quantized() ? std::string(kvforge::quant_name(d.quant)) + " " +
-                                                   std::string(kvforge::dtype_name(d.scale)) + " " +
-                                                   kvforge::scale_placement_name(d.scale_placement)
-                                             : "-";
-    std::printf("%-*s  %-10s  %-6s  %-8s  %-28s  %11lld\n", int(width), d.name, kvforge::addressing_name(d.addressing),
+    std::string scales = d.quantized() ? std::string(kvforge::quant_name(d.quant)) + " " +
+                                             std::string(kvforge::dtype_name(d.scale)) + " " +
+                                             kvforge::scale_placement_name(d.scale_placement)
+                                       : "-";
+    if (d.is_hybrid()) {  // the column shows each layer group's layout instead
+      scales.clear();
+      for (int g = 0; g < d.hybrid->num_groups; ++g)
+        scales += std::string(g ? ", " : "") + d.hybrid->groups[g].name + ": " + d.hybrid->groups[g].member->layout;
+    }
+    std::printf("%-*s  %-10s  %-6s  %-8s  %-28s  %11lld\n", int(width), d.name,
+                d.is_hybrid() ? "hybrid" : kvforge::addressing_name(d.addressing),
                 d.update == kvforge::UpdateMode::lazy ? "lazy" : "eager",
                 std::string(kvforge::dtype_name(d.storage)).c_str(), scales.c_str(),
                 static_cast<long long>(d.bytes_per_token));

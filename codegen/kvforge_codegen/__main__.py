@@ -86,7 +86,10 @@ def main(argv: List[str] | None = None) -> int:
         for v in variants:
             q = v.quantization
             scales = f"{q.granularity} {q.scale_dtype} {q.scales}" if q else "-"
-            print(f"{v.name:<{width}}  {v.layout.addressing:<10}  {v.layout.update:<6}  {scales:<28}  {v.bytes_per_token:>11}")
+            addressing = "hybrid" if v.members else v.layout.addressing
+            if v.members:
+                scales = ", ".join(f"{g.name}: {m.layout.name}" for g, m in v.members)
+            print(f"{v.name:<{width}}  {addressing:<10}  {v.layout.update:<6}  {scales:<28}  {v.bytes_per_token:>11}")
         print(f"{len(variants)} variants")
         return 0
     if args.command == "outputs":

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import vocab
 from .diagnostics import Diagnostics
-from .spec import LayoutSpec, ModelSpec, Quantization, SpecSet
+from .spec import LayerGroup, LayoutSpec, ModelSpec, Quantization, SpecSet
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,9 @@ class Variant:
     model: ModelSpec
     storage: str
     input: str
+    # Hybrid layouts: per layer group, the group and its member variant (the group's layout over the
+    # group's layers). Empty otherwise.
+    members: Tuple[Tuple[LayerGroup, "Variant"], ...] = ()
 
     @property
     def name(self) -> str:
@@ -55,9 +58,23 @@ class Variant:
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token of one sequence occupies: K and V of every layer and head, and their scales."""
+        if self.members:
+            return sum(m.bytes_per_token for _, m in self.members)
         values = 2 * self.model.layers * self.model.kv_heads * self.model.head_dim * vocab.DTYPES[self.storage]["bytes"]
         q = self.quantization
         return values + (self.scales_per_token * vocab.DTYPES[q.scale_dtype]["bytes"] if q else 0)
+
+
+def group_model(model: ModelSpec, group: LayerGroup) -> ModelSpec:
+    """The model as one layer group sees it: the group's layers and sliding window."""
+    return replace(model, layers=len(group.layers), sliding_window=group.sliding_window, layer_groups=())
+
+
+def hybrid_members(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage: str,
+                   input_dtype: str) -> Tuple[Tuple[LayerGroup, Variant], ...]:
+    layouts = {l.name: l for l in specs.layouts}
+    return tuple((model.group(g), Variant(layouts[member], group_model(model, model.group(g)), storage, input_dtype))
+                 for g, member in layout.groups)
 
 
 # ---- naming: one function forms names, one parses them --------------------------------------------
@@ -120,6 +137,31 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
     return reasons
 
 
+def hybrid_reasons(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage: str, input_dtype: str) -> List[str]:
+    """Why a hybrid layout cannot serve this model and dtype; empty when it can."""
+    layouts = {l.name: l for l in specs.layouts}
+    reasons: List[str] = []
+    wanted = [g for g, _ in layout.groups]
+    have = [g.name for g in model.layer_groups]
+    if sorted(wanted) != sorted(have):
+        reasons.append(f"groups {', '.join(wanted)} do not match {model.name}'s layer_groups "
+                       f"({', '.join(have) or 'none'})")
+        return reasons
+    for g, member in layout.groups:
+        m = layouts.get(member)
+        if m is None:
+            reasons.append(f"group {g}: unknown layout {member!r}")
+        elif m.hybrid:
+            reasons.append(f"group {g}: {member} is itself hybrid")
+        elif m.addressing != "paged":
+            reasons.append(f"group {g}: {member} is {m.addressing}; a group's window is kept by freeing pages, "
+                           f"so hybrid groups need paged layouts")
+        else:
+            for reason in unsupported_reasons(m, group_model(model, model.group(g)), storage, input_dtype):
+                reasons.append(f"group {g} ({member}): {reason}")
+    return reasons
+
+
 def check_expansions(specs: SpecSet, diags: Diagnostics) -> None:
     known = [m.name for m in specs.models]
     for layout in specs.layouts:
@@ -137,7 +179,9 @@ def check_expansions(specs: SpecSet, diags: Diagnostics) -> None:
                             diags.error(exp.loc, f"expand[{i}]", f"variant {name} is also expanded by expand[{seen[name]}]")
                             continue
                         seen[name] = i
-                        for reason in unsupported_reasons(layout, model, storage, input_dtype):
+                        check = hybrid_reasons(specs, layout, model, storage, input_dtype) if layout.hybrid else \
+                            unsupported_reasons(layout, model, storage, input_dtype)
+                        for reason in check:
                             diags.error(exp.loc, f"expand[{i}]", f"{name}: {reason}")
 
 
@@ -178,7 +222,8 @@ def plan_variants(specs: SpecSet, filters: Optional[Filters] = None) -> List[Var
                 model = specs.model(model_name)
                 for storage in exp.dtypes:
                     for input_dtype in exp.input_dtypes or (storage,):
-                        v = Variant(layout, model, storage, input_dtype)
+                        members = hybrid_members(specs, layout, model, storage, input_dtype) if layout.hybrid else ()
+                        v = Variant(layout, model, storage, input_dtype, members)
                         if filters.keeps(v):
                             out.append(v)
     return sorted(out, key=lambda v: v.name)

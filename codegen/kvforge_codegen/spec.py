@@ -13,6 +13,16 @@ from .yamlnodes import Entry, Value, load
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+    """Layers of a model that share an attention pattern (Gemma-2's local and global layers)."""
+
+    name: str
+    layers: Tuple[int, ...]
+    sliding_window: Optional[int]
+    loc: Loc
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     layers: int
@@ -21,6 +31,10 @@ class ModelSpec:
     max_seq_len: int
     sliding_window: Optional[int]
     loc: Loc
+    layer_groups: Tuple[LayerGroup, ...] = ()
+
+    def group(self, name: str) -> LayerGroup:
+        return next(g for g in self.layer_groups if g.name == name)
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,12 @@ class LayoutSpec:
     quantization: Optional[Quantization]
     expand: Tuple[Expansion, ...]
     loc: Loc
+    # A hybrid layout names a layout per layer group instead of a storage of its own.
+    groups: Tuple[Tuple[str, str], ...] = ()
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.groups)
 
 
 @dataclass(frozen=True)
@@ -63,8 +83,10 @@ class SpecSet:
         return next(m for m in self.models if m.name == name)
 
 
-MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window")
-LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "expand")
+MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window", "layer_groups")
+LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window")
+LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
+STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")
 QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")
 
@@ -185,9 +207,55 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     if window is not None and max_seq_len is not None and window > max_seq_len:
         diags.error(r.loc_of("sliding_window"), "sliding_window",
                     f"{window} exceeds max_seq_len {max_seq_len}", f"1..{max_seq_len}")
+    groups: Tuple[LayerGroup, ...] = ()
+    if r.has("layer_groups") and layers is not None and max_seq_len is not None:
+        groups = _parse_layer_groups(r.fields["layer_groups"].value, layers, max_seq_len, diags)
     if len(diags.errors) != before:
         return None
-    return ModelSpec(name, layers, kv_heads, head_dim, max_seq_len, window, doc.loc)
+    return ModelSpec(name, layers, kv_heads, head_dim, max_seq_len, window, doc.loc, groups)
+
+
+def _parse_layer_groups(value: Value, layers: int, max_seq_len: int, diags: Diagnostics) -> Tuple[LayerGroup, ...]:
+    """Groups must split the model's layers: every layer in exactly one group."""
+    if not isinstance(value.data, list) or not value.data:
+        diags.error(value.loc, "layer_groups", "expected a non-empty list of {name, layers, sliding_window?}")
+        return ()
+    groups: List[LayerGroup] = []
+    owner: Dict[int, str] = {}
+    before = len(diags.errors)
+    for i, item in enumerate(value.data):
+        r = _Reader(diags, item, f"layer_groups[{i}]", LAYER_GROUP_FIELDS)
+        if not isinstance(item.data, dict):
+            continue
+        name = r.name("name")
+        window = r.positive_int("sliding_window", required=False, maximum=max_seq_len)
+        members: List[int] = []
+        lv = r.fields.get("layers")
+        if lv is None:
+            r._missing("layers", f"layer indices 0..{layers - 1}")
+        elif not isinstance(lv.value.data, list) or not lv.value.data:
+            diags.error(lv.value.loc, f"layer_groups[{i}].layers", "expected a non-empty list of layer indices",
+                        f"0..{layers - 1}")
+        else:
+            for entry in lv.value.data:
+                if isinstance(entry.data, bool) or not isinstance(entry.data, int) or not 0 <= entry.data < layers:
+                    diags.error(entry.loc, f"layer_groups[{i}].layers", f"{entry.data!r} is not a layer of this model",
+                                f"0..{layers - 1}")
+                elif entry.data in owner:
+                    diags.error(entry.loc, f"layer_groups[{i}].layers",
+                                f"layer {entry.data} is already in group {owner[entry.data]!r}")
+                else:
+                    owner[entry.data] = name or "?"
+                    members.append(entry.data)
+        if name is not None and any(g.name == name for g in groups):
+            diags.error(r.loc_of("name"), f"layer_groups[{i}].name", f"group {name!r} is defined twice")
+        elif name is not None:
+            groups.append(LayerGroup(name, tuple(members), window, item.loc))
+    missing = [l for l in range(layers) if l not in owner]
+    if missing and len(diags.errors) == before:
+        diags.error(value.loc, "layer_groups", f"layers {', '.join(map(str, missing))} are in no group",
+                    "every layer in exactly one group")
+    return tuple(groups)
 
 
 def _parse_expansion(value: Value, index: int, diags: Diagnostics) -> Optional[Expansion]:
@@ -248,6 +316,8 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
     before = len(diags.errors)
     name = r.name("name")
     _check_file_name(name, path, r, diags)
+    if r.has("groups"):
+        return _parse_hybrid_layout(r, name, doc, before, diags)
     addressing = r.choice("addressing", vocab.ADDRESSING)
     axes = r.choice_list("axes", vocab.AXES)
     update = r.choice("update", vocab.UPDATE_MODES)
@@ -291,18 +361,7 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
     if r.has("quantization"):
         quantization = _parse_quantization(r.fields["quantization"].value, addressing, axes, diags)
 
-    expansions: List[Expansion] = []
-    if not r.has("expand"):
-        r._missing("expand")
-    else:
-        ev = r.fields["expand"].value
-        if not isinstance(ev.data, list) or not ev.data:
-            diags.error(ev.loc, "expand", "expected a non-empty list of {models, dtypes} entries")
-        else:
-            for i, item in enumerate(ev.data):
-                e = _parse_expansion(item, i, diags)
-                if e is not None:
-                    expansions.append(e)
+    expansions = _parse_expand_list(r, diags)
     if quantization is not None and expansions and \
             not any(d in vocab.QUANTIZED_DTYPES for e in expansions for d in e.dtypes):
         diags.error(r.fields["quantization"].key_loc, "quantization", "no expansion stores a quantized dtype, so it applies to nothing",
@@ -310,6 +369,45 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
     if len(diags.errors) != before:
         return None
     return LayoutSpec(name, addressing, axes, page_size, window, update, quantization, tuple(expansions), doc.loc)
+
+
+def _parse_expand_list(r: _Reader, diags: Diagnostics) -> List[Expansion]:
+    expansions: List[Expansion] = []
+    if not r.has("expand"):
+        r._missing("expand")
+        return expansions
+    ev = r.fields["expand"].value
+    if not isinstance(ev.data, list) or not ev.data:
+        diags.error(ev.loc, "expand", "expected a non-empty list of {models, dtypes} entries")
+        return expansions
+    for i, item in enumerate(ev.data):
+        e = _parse_expansion(item, i, diags)
+        if e is not None:
+            expansions.append(e)
+    return expansions
+
+
+def _parse_hybrid_layout(r: _Reader, name: Optional[str], doc: Value, before: int,
+                         diags: Diagnostics) -> Optional[LayoutSpec]:
+    """`groups: {group: layout}`: each layer group of the model is stored by the named layout."""
+    for field in STORAGE_FIELDS:
+        if r.has(field):
+            diags.error(r.fields[field].key_loc, field,
+                        "a hybrid layout takes its storage from the layouts its groups name", "name, groups, expand")
+    gv = r.fields["groups"].value
+    groups: List[Tuple[str, str]] = []
+    if not isinstance(gv.data, dict) or not gv.data:
+        diags.error(gv.loc, "groups", "expected a mapping of layer group name to layout name")
+    else:
+        for group, entry in gv.data.items():
+            if not isinstance(entry.value.data, str) or not re.fullmatch(vocab.NAME_PATTERN, entry.value.data):
+                diags.error(entry.value.loc, f"groups.{group}", f"expected a layout name, got {entry.value.data!r}")
+            else:
+                groups.append((group, entry.value.data))
+    expansions = _parse_expand_list(r, diags)
+    if len(diags.errors) != before:
+        return None
+    return LayoutSpec(name, "paged", (), None, None, "eager", None, tuple(expansions), doc.loc, tuple(groups))
 
 
 def _yaml_files(paths: Sequence[str]) -> List[str]:

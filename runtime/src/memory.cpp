@@ -203,7 +203,8 @@ void SequenceManager::register_full_blocks(Sequence& s) {
     const int32_t* t = s.tokens.data() + size_t(s.hashed_blocks) * P;
     s.chain = block_key(s.chain, s.salt, t, P);
     const int32_t b = s.pages[size_t(s.hashed_blocks)];
-    if (block_cached_[size_t(b)] || prefix_.count(s.chain)) continue;  // already cached (maybe elsewhere)
+    // A page that left the window before its step was never written; one already cached is shared.
+    if (b < 0 || block_cached_[size_t(b)] || prefix_.count(s.chain)) continue;
     prefix_[s.chain] = b;
     block_hash_[size_t(b)] = s.chain;
     block_cached_[size_t(b)] = 1;
@@ -212,31 +213,74 @@ void SequenceManager::register_full_blocks(Sequence& s) {
   }
 }
 
-int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
+// The cached full blocks at the head of `prompt`, leaving its last token to compute. With a sliding
+// window, blocks wholly before the prompt's window are never read, so they count as covered without a
+// page (entry -1); only blocks that overlap the window must come from the cache.
+std::vector<int32_t> SequenceManager::shared_prefix(const std::vector<int32_t>& prompt, uint64_t salt,
+                                                    uint64_t& chain) const {
+  std::vector<int32_t> shared;
+  chain = 0;
+  if (!options_.prefix_caching || prompt.empty()) return shared;
+  const int32_t P = page_size();
+  const int64_t lookups = int64_t(prompt.size() - 1) / P;
+  const int64_t oldest = options_.window > 0 ? int64_t(prompt.size()) - options_.window : 0;
+  for (int64_t i = 0; i < lookups; ++i) {
+    const int32_t* t = prompt.data() + i * P;
+    const uint64_t key = block_key(chain, salt, t, P);
+    if ((i + 1) * P <= oldest) {
+      shared.push_back(-1);
+      chain = key;
+      continue;
+    }
+    auto it = prefix_.find(key);
+    if (it == prefix_.end() || !std::equal(t, t + P, block_tokens_[size_t(it->second)].begin())) break;
+    shared.push_back(it->second);
+    chain = key;
+  }
+  return shared;
+}
+
+int64_t SequenceManager::cached_prefix(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) const {
+  uint64_t chain;
+  return int64_t(shared_prefix(prompt, salt.value_or(options_.salt), chain).size()) * page_size();
+}
+
+int32_t SequenceManager::pages_to_add(const std::vector<int32_t>& prompt, int64_t cached) const {
+  const int32_t P = page_size();
+  return int32_t((int64_t(prompt.size()) + P - 1) / P - cached / P);
+}
+
+int32_t SequenceManager::pages_to_append(int64_t seq, int64_t tokens) const {
+  const Sequence& s = find(seq, "seq");
+  if (s.offloaded) throw StateError("seq", "sequence " + std::to_string(seq) + " is offloaded; restore() it first");
+  const int32_t P = page_size();
+  const int64_t length = int64_t(s.tokens.size());
+  const bool copy_last = length % P != 0 && device_.ref_count(s.pages.back()) > 1;
+  return int32_t((length + tokens + P - 1) / P) - int32_t(s.pages.size()) + (copy_last ? 1 : 0);
+}
+
+int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt,
+                             int64_t max_cached) {
   if (sequences_.count(seq)) throw StateError("seq", "sequence " + std::to_string(seq) + " already exists");
   Sequence s;
   s.salt = salt.value_or(options_.salt);
   const int32_t P = page_size();
-  // Share cached full blocks, but always leave the prompt's last token to compute.
-  std::vector<int32_t> shared;
   uint64_t chain = 0;
-  if (options_.prefix_caching && !prompt.empty()) {
-    const int64_t lookups = int64_t(prompt.size() - 1) / P;
-    for (int64_t i = 0; i < lookups; ++i) {
-      const int32_t* t = prompt.data() + i * P;
-      const uint64_t key = block_key(chain, s.salt, t, P);
-      auto it = prefix_.find(key);
-      if (it == prefix_.end() || !std::equal(t, t + P, block_tokens_[size_t(it->second)].begin())) {
-        stats_.prefix_misses += lookups - i;
-        break;
-      }
-      shared.push_back(it->second);
-      chain = key;
-    }
+  std::vector<int32_t> shared = shared_prefix(prompt, s.salt, chain);
+  const int64_t lookups = prompt.empty() ? 0 : int64_t(prompt.size() - 1) / P;
+  if (int64_t(shared.size()) * P > max_cached) {
+    // Another group holds less of this prefix: share only what every group can, and let the chain
+    // restart from the last block kept.
+    shared.resize(size_t(std::max<int64_t>(0, max_cached) / P));
+    chain = 0;
+    for (size_t i = 0; i < shared.size(); ++i) chain = block_key(chain, s.salt, prompt.data() + i * P, P);
   }
+  if (options_.prefix_caching) stats_.prefix_misses += lookups - int64_t(shared.size());
   const int64_t cached = int64_t(shared.size()) * P;
+  const int32_t skipped = int32_t(std::count(shared.begin(), shared.end(), -1));  // outside the window
+  shared.erase(shared.begin(), shared.begin() + skipped);
   const int64_t rest = int64_t(prompt.size()) - cached;
-  const int32_t new_pages = int32_t((int64_t(prompt.size()) + P - 1) / P) - int32_t(shared.size());
+  const int32_t new_pages = int32_t((int64_t(prompt.size()) + P - 1) / P) - int32_t(shared.size()) - skipped;
   // Take the shared pages before allocating, so that eviction cannot pick them.
   for (int32_t b : shared) {
     if (device_.ref_count(b) == 1) lru_remove(b);
@@ -250,13 +294,27 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
   }
   stats_.prefix_hits += int64_t(shared.size());
   s.pages.insert(s.pages.begin(), shared.begin(), shared.end());
+  s.pages.insert(s.pages.begin(), size_t(skipped), -1);
+  s.dropped = skipped;
   s.tokens = prompt;
   s.pending = rest;
   s.chain = chain;
-  s.hashed_blocks = int32_t(shared.size());
-  register_full_blocks(s);
+  s.hashed_blocks = int32_t(shared.size()) + skipped;
+  drop_out_of_window(s);
   sequences_.emplace(seq, std::move(s));
   return cached;
+}
+
+void SequenceManager::drop_out_of_window(Sequence& s) {
+  if (options_.window <= 0) return;
+  const int32_t P = page_size();
+  const int64_t oldest = int64_t(s.tokens.size()) - options_.window;  // first position still readable
+  std::vector<int32_t> gone;
+  while (int64_t(s.dropped + 1) * P <= oldest) {
+    gone.push_back(s.pages[size_t(s.dropped)]);
+    s.pages[size_t(s.dropped++)] = -1;
+  }
+  if (!gone.empty()) release(gone);
 }
 
 void SequenceManager::append(int64_t seq, const std::vector<int32_t>& tokens) {
@@ -281,7 +339,7 @@ void SequenceManager::append(int64_t seq, const std::vector<int32_t>& tokens) {
   allocate(needed, s.pages);
   s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   s.pending += int64_t(tokens.size());
-  register_full_blocks(s);
+  drop_out_of_window(s);
 }
 
 void SequenceManager::fork(int64_t parent, int64_t child) {
@@ -289,7 +347,7 @@ void SequenceManager::fork(int64_t parent, int64_t child) {
   Sequence& p = live(parent, "parent");
   if (p.pending) throw StateError("parent", "sequence " + std::to_string(parent) + " has tokens no step() has written yet");
   Sequence c = p;
-  for (int32_t b : c.pages) device_.retain(b);
+  for (int32_t b : held(c)) device_.retain(b);
   sequences_.emplace(child, std::move(c));
 }
 
@@ -297,7 +355,7 @@ void SequenceManager::free(int64_t seq) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) throw StateError("seq", "sequence " + std::to_string(seq) + " does not exist");
   if (it->second.offloaded) host_.release(it->second.host_pages);
-  else release(it->second.pages);
+  else release(held(it->second));
   sequences_.erase(it);
 }
 
@@ -325,7 +383,8 @@ template <class Fn> void for_each_run(const std::vector<int32_t>& pages, Fn fn) 
 void SequenceManager::offload(int64_t seq) {
   Sequence& s = live(seq, "seq");
   if (s.pending) throw StateError("seq", "sequence " + std::to_string(seq) + " has tokens no step() has written yet");
-  const int32_t n = int32_t(s.pages.size());
+  const std::vector<int32_t> pages = held(s);
+  const int32_t n = int32_t(pages.size());
   if (n > host_.free_count()) throw CapacityError("host_blocks", n, host_.free_count());
   const int64_t ppb = cache_.packed_page_bytes();
   std::vector<int32_t> host_pages;
@@ -334,20 +393,20 @@ void SequenceManager::offload(int64_t seq) {
   if (&backend_.host() == &backend_) {
     // The CPU: the host tier is this device's own memory, so pages pack straight into it.
     for_each_run(host_pages, [&](int32_t i, int32_t run) {
-      const std::vector<int32_t> part(s.pages.begin() + i, s.pages.begin() + i + run);
+      const std::vector<int32_t> part(pages.begin() + i, pages.begin() + i + run);
       cache_.pack_pages(device_index(part, 0), pool + host_pages[size_t(i)] * ppb);
     });
   } else {
     // CUDA: one pack launch into device staging, then one copy per run of consecutive host pages.
     if (staging_.bytes() < n * ppb) staging_ = Buffer(backend_, n * ppb);
-    cache_.pack_pages(device_index(s.pages, 0), staging_.data());
+    cache_.pack_pages(device_index(pages, 0), staging_.data());
     const auto* staged = static_cast<const unsigned char*>(staging_.data());
     for_each_run(host_pages, [&](int32_t i, int32_t run) {
       backend_.to_host(pool + host_pages[size_t(i)] * ppb, staged + i * ppb, run * ppb, cache_.config().stream);
     });
   }
-  release(s.pages);
-  s.pages.clear();
+  release(pages);
+  s.pages.assign(s.pages.size(), -1);
   s.host_pages = std::move(host_pages);
   s.offloaded = true;
   stats_.offloaded_pages += n;
@@ -378,7 +437,7 @@ void SequenceManager::restore(int64_t seq) {
   }
   host_.release(s.host_pages);
   s.host_pages.clear();
-  s.pages = std::move(pages);
+  std::copy(pages.begin(), pages.end(), s.pages.begin() + s.dropped);
   // The restored pages are not registered in the prefix cache; the hash chain (a function of the
   // tokens alone) stays valid, so later full pages register under the right keys.
   s.offloaded = false;
@@ -397,14 +456,18 @@ BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
   for (int64_t id : seqs) {
     Sequence& s = sequences_.at(id);
     const int64_t length = int64_t(s.tokens.size());
-    for (int64_t pos = length - s.pending; pos < length; ++pos)
-      m.slots.push_back(int64_t(s.pages[size_t(pos / P)]) * P + pos % P);
+    for (int64_t pos = length - s.pending; pos < length; ++pos) {
+      const int32_t page = s.pages[size_t(pos / P)];  // -1: the position already left the window
+      m.slots.push_back(page < 0 ? -1 : int64_t(page) * P + pos % P);
+    }
     s.pending = 0;
+    // Its full pages are written by this step, so they can be shared from now on.
+    register_full_blocks(s);
     m.query_start.push_back(int32_t(m.slots.size()));
     m.lengths.push_back(int32_t(length));
     m.page_table.insert(m.page_table.end(), s.pages.begin(), s.pages.end());
     m.page_table.insert(m.page_table.end(), size_t(m.max_pages) - s.pages.size(), -1);
-    m.indices.insert(m.indices.end(), s.pages.begin(), s.pages.end());
+    m.indices.insert(m.indices.end(), s.pages.begin() + s.dropped, s.pages.end());
     m.indptr.push_back(int32_t(m.indices.size()));
     m.last_page_len.push_back(length == 0 ? 0 : int32_t((length - 1) % P + 1));
   }
@@ -414,6 +477,11 @@ BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
 GatherRange SequenceManager::range(int64_t seq, int64_t begin, int64_t end) {
   const Sequence& s = live(seq, "seq");
   if (end > int64_t(s.tokens.size())) throw OutOfRangeError("end", end, begin, int64_t(s.tokens.size()) + 1);
+  const int64_t first = int64_t(s.dropped) * page_size();
+  if (begin < first && end > begin)
+    throw OutOfRangeError("begin", begin, first, end + 1, -1,
+                          "positions before " + std::to_string(first) + " have left the window of " +
+                              std::to_string(options_.window) + " and their pages are freed");
   GatherRange g;
   g.pages = device_index(s.pages, 1);
   g.begin = begin;
@@ -430,7 +498,7 @@ double SequenceManager::utilization() const {
     if (block_cached_[size_t(b)]) fill[size_t(b)] = P;
   for (const auto& [id, s] : sequences_) {
     const int64_t n = int64_t(s.tokens.size());
-    for (size_t j = 0; j < s.pages.size(); ++j)
+    for (size_t j = size_t(s.dropped); j < s.pages.size(); ++j)
       fill[size_t(s.pages[j])] = std::max<int32_t>(fill[size_t(s.pages[j])], int32_t(std::min<int64_t>(P, n - int64_t(j) * P)));
   }
   int64_t tokens = 0;
@@ -445,8 +513,9 @@ void SequenceManager::check_invariants() const {
   const int32_t P = page_size();
   for (const auto& [id, s] : sequences_) {
     if (s.offloaded) {
-      if (!s.pages.empty()) fail("offloaded sequence " + std::to_string(id) + " still holds device pages");
-      if (int64_t(s.host_pages.size()) != (int64_t(s.tokens.size()) + P - 1) / P)
+      for (int32_t b : s.pages)
+        if (b >= 0) fail("offloaded sequence " + std::to_string(id) + " still holds device pages");
+      if (int64_t(s.host_pages.size()) + s.dropped != (int64_t(s.tokens.size()) + P - 1) / P)
         fail("offloaded sequence " + std::to_string(id) + " holds the wrong number of host pages");
       for (int32_t b : s.host_pages) ++host_owners[size_t(b)];
       continue;
@@ -454,7 +523,13 @@ void SequenceManager::check_invariants() const {
     if (int64_t(s.pages.size()) != (int64_t(s.tokens.size()) + P - 1) / P)
       fail("sequence " + std::to_string(id) + " holds " + std::to_string(s.pages.size()) + " pages for " +
            std::to_string(s.tokens.size()) + " tokens");
-    for (int32_t b : s.pages) ++owners[size_t(b)];
+    for (size_t j = 0; j < s.pages.size(); ++j) {
+      const int32_t b = s.pages[j];
+      if ((b < 0) != (int32_t(j) < s.dropped)) fail("sequence " + std::to_string(id) + " page " + std::to_string(j) + " is freed out of turn");
+      if (b >= 0) ++owners[size_t(b)];
+    }
+    if (options_.window > 0 && (int64_t(s.dropped) + 1) * P <= int64_t(s.tokens.size()) - options_.window)
+      fail("sequence " + std::to_string(id) + " holds a page wholly outside its window");
   }
   int32_t in_lru = 0;
   for (int32_t b = lru_head_; b >= 0; b = lru_next_[size_t(b)]) {

@@ -55,7 +55,7 @@ class BadSpecMessages(unittest.TestCase):
     def test_unknown_field(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "colour: blue\n"), [
             "layouts/bad.yaml:9: colour: unknown field "
-            "(allowed: name, addressing, axes, page_size, window, update, quantization, expand)"])
+            "(allowed: name, addressing, axes, page_size, window, update, quantization, groups, expand)"])
 
     def test_duplicate_key(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "update: lazy\n"), [
@@ -122,7 +122,7 @@ class BadSpecMessages(unittest.TestCase):
             "layouts/ring.yaml:7: expand[0]: ring.llama3_8b.bf16: window: model needs a model with "
             "sliding_window, and llama3_8b has none",
             "layouts/ring.yaml:7: expand[0].models: unknown model 'gpt5' "
-            "(allowed: llama3_8b, mistral_7b, qwen2_5_0_5b, tiny)"])
+            "(allowed: gemma2_2b, llama3_8b, mistral_7b, qwen2_5_0_5b, tiny, tiny_hybrid)"])
 
     def test_name_must_match_file(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="other")), [
@@ -250,6 +250,87 @@ class Quantization(unittest.TestCase):
         self.assertEqual(errors_of(unused), [
             "layouts/bad.yaml:6: quantization: no expansion stores a quantized dtype, so it applies to nothing "
             "(allowed: int8, fp8_e4m3, fp8_e5m2 in expand[].dtypes)"])
+
+
+HYBRID_LAYOUT = """\
+name: hyb
+groups:
+  local: {local}
+  global: vllm_paged_nhd
+expand:
+  - models: [tiny_hybrid]
+    dtypes: [bf16]
+"""
+
+
+def model_errors(text, name="m.yaml"):
+    """Errors of one extra model file next to the default models and a trivial layout."""
+    d = SpecDir({"ok.yaml": GOOD_LAYOUT.format(name="ok")})
+    models = os.path.join(d.tmp.name, "models")
+    os.makedirs(models)
+    with open(os.path.join(models, name), "w") as f:
+        f.write(textwrap.dedent(text))
+    try:
+        load_specs([d.layouts], [models], d.tmp.name)
+    except SpecFailure as failure:
+        return [str(e) for e in failure.errors if str(e).startswith("models/")]
+    return []
+
+
+def with_repo_layouts(d, *names):
+    for n in names:
+        os.symlink(os.path.join(REPO, "specs", "layouts", n + ".yaml"), os.path.join(d.layouts, n + ".yaml"))
+    return d
+
+
+class HybridLayouts(unittest.TestCase):
+    def test_layer_groups_must_split_the_layers(self):
+        text = """\
+        name: m
+        layers: 4
+        kv_heads: 2
+        head_dim: 16
+        max_seq_len: 64
+        layer_groups:
+          - name: local
+            layers: [0, 2, 2]
+            sliding_window: 100
+          - name: global
+            layers: [1, 7]
+        """
+        self.assertEqual(model_errors(text), [
+            "models/m.yaml:8: layer_groups[0].layers: layer 2 is already in group 'local'",
+            "models/m.yaml:9: layer_groups[0].sliding_window: 100 is too large (allowed: 1..64)",
+            "models/m.yaml:11: layer_groups[1].layers: 7 is not a layer of this model (allowed: 0..3)"])
+
+    def test_a_hybrid_variant_has_one_member_per_group(self):
+        d = with_repo_layouts(SpecDir({"hyb.yaml": HYBRID_LAYOUT.format(local="jetstream_paged_copy"),
+                                       "jetstream_paged_copy.yaml": GOOD_LAYOUT.format(name="jetstream_paged_copy")}),
+                              "vllm_paged_nhd")
+        specs = load_specs([d.layouts], [MODELS], d.tmp.name)
+        [v] = [v for v in plan_variants(specs) if v.name == "hyb.tiny_hybrid.bf16"]
+        self.assertEqual([(g.name, m.layout.name, m.model.layers, g.sliding_window) for g, m in v.members],
+                         [("local", "jetstream_paged_copy", 2, 24), ("global", "vllm_paged_nhd", 2, None)])
+        self.assertEqual(v.bytes_per_token, sum(m.bytes_per_token for _, m in v.members))
+        header = render([v])["hyb.tiny_hybrid.bf16.hpp"]
+        self.assertIn("hyb__tiny_hybrid__bf16__local_traits", header)
+        self.assertIn("&hybrid};", header)
+
+    def test_hybrid_groups_need_paged_layouts_and_matching_groups(self):
+        d = with_repo_layouts(SpecDir({"hyb.yaml": HYBRID_LAYOUT.format(local="jetstream_ring")}),
+                              "jetstream_ring", "vllm_paged_nhd")
+        self.assertEqual(d.errors(), [
+            "layouts/hyb.yaml:6: expand[0]: hyb.tiny_hybrid.bf16: group local: jetstream_ring is ring; a group's "
+            "window is kept by freeing pages, so hybrid groups need paged layouts"])
+        text = HYBRID_LAYOUT.format(local="vllm_paged_nhd").replace("tiny_hybrid", "tiny") + "axes: [page]\n"
+        d = with_repo_layouts(SpecDir({"hyb.yaml": text}), "vllm_paged_nhd")
+        self.assertEqual(d.errors(), [
+            "layouts/hyb.yaml:8: axes: a hybrid layout takes its storage from the layouts its groups name "
+            "(allowed: name, groups, expand)"])
+        d = with_repo_layouts(SpecDir({"hyb.yaml": text.replace("axes: [page]\n", "")}), "vllm_paged_nhd")
+        self.assertEqual(d.errors(), [
+            "layouts/hyb.yaml:6: expand[0]: hyb.tiny.bf16: groups local, global do not match tiny's "
+            "layer_groups (none)"])
 
 
 class Naming(unittest.TestCase):

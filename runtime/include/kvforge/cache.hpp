@@ -109,6 +109,12 @@ class Cache {
   virtual const void* storage() const = 0;
   // The scale buffer beside the pool (separate or per_tensor scales), else null.
   virtual const void* scale_storage() const = 0;
+
+  // Hybrid variants keep one member cache per layer group; every other cache is its own only group.
+  virtual int num_groups() const { return 1; }
+  virtual Cache& group(int g);
+  virtual int group_of(int layer) const;
+  virtual int group_layer(int layer) const;  // the layer's index within its group
 };
 
 }  // namespace kvforge

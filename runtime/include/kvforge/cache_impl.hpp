@@ -285,7 +285,15 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
   if constexpr (addressing == Addressing::paged) {
     const int64_t pages_needed = (range.end + page_size - 1) / page_size;
     detail::check_index_view("range.pages", range.pages, DType::i32, pages_needed, config_.device);
-    if (count > 0) check_indices(range.pages, pages_needed, 0, capacity_.pages, false, detail::kCheckPages);
+    if (count > 0) {
+      // Only the pages the range touches must be valid: a sliding-window sequence's earlier entries
+      // are -1 once their pages are freed.
+      const int64_t first = range.begin / page_size;
+      IndexView touched = range.pages;
+      touched.data = static_cast<const int32_t*>(range.pages.data) + first;
+      touched.size = pages_needed - first;
+      check_indices(touched, touched.size, 0, capacity_.pages, false, detail::kCheckPages);
+    }
   } else {
     check_row(range.row);
     if constexpr (addressing == Addressing::ring) {

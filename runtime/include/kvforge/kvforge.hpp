@@ -5,6 +5,8 @@
 #include "kvforge/cache.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/errors.hpp"
+#include "kvforge/generic.hpp"
+#include "kvforge/hybrid.hpp"
 #include "kvforge/layout.hpp"
 #include "kvforge/memory.hpp"
 #include "kvforge/registry.hpp"

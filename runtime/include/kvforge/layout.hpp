@@ -24,6 +24,8 @@ constexpr const char* addressing_name(Addressing a) {
   return a == Addressing::contiguous ? "contiguous" : a == Addressing::ring ? "ring" : "paged";
 }
 
+struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
+
 // Everything the spec fixed about a variant. Generated as a constexpr per variant.
 struct VariantDescriptor {
   const char* name;
@@ -45,6 +47,8 @@ struct VariantDescriptor {
   Quant quant = Quant::none;  // quantized storage only
   DType scale = DType::f32;
   ScalePlacement scale_placement = ScalePlacement::separate;
+  const HybridDescriptor* hybrid = nullptr;  // hybrid variants: one member per layer group
+  bool generic = false;                      // served by the generic runtime-strided path
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
@@ -55,6 +59,7 @@ struct VariantDescriptor {
   constexpr bool stacked() const { return has_axis(Axis::layer); }
   constexpr bool kv_fused() const { return has_axis(Axis::kv); }
   constexpr bool quantized() const { return quant != Quant::none; }
+  constexpr bool is_hybrid() const { return hybrid != nullptr; }
   constexpr bool scales_in_page() const { return quantized() && scale_placement == ScalePlacement::in_page; }
 };
 

@@ -83,6 +83,9 @@ struct SequenceManagerOptions {
   bool prefix_caching = true;
   uint64_t salt = 0;        // mixed into every block hash (an adapter or model id); add() may override
   int32_t host_blocks = 0;  // capacity of the host tier for offload, in pages; 0: no offload
+  // Sliding-window attention: only the last `window` positions are ever read, so pages wholly before
+  // them are freed (their page-table entries become -1). 0: keep everything.
+  int32_t window = 0;
 };
 
 struct SequenceStats {
@@ -104,7 +107,14 @@ class SequenceManager {
   // of the prompt that are cached are shared, at most up to the prompt's last token, which is always
   // left to compute. Returns how many prompt tokens are covered; the rest are new tokens of the
   // next step.
-  int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {});
+  int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {},
+              int64_t max_cached = INT64_MAX);
+  // What add() would cover from the prefix cache, without taking anything.
+  int64_t cached_prefix(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {}) const;
+  // Pages add() (sharing `cached` tokens) or append() would allocate now: all-or-nothing across the
+  // managers of a hybrid cache's groups.
+  int32_t pages_to_add(const std::vector<int32_t>& prompt, int64_t cached) const;
+  int32_t pages_to_append(int64_t seq, int64_t tokens) const;
   // Grows a sequence by tokens (a decode token, or a prefill chunk), allocating pages as it goes, all
   // or nothing. Writing into a page that a fork shares first copies it (copy-on-write).
   void append(int64_t seq, const std::vector<int32_t>& tokens);
@@ -152,7 +162,13 @@ class SequenceManager {
     int32_t hashed_blocks = 0;   // full blocks registered in the prefix cache
     std::vector<int32_t> host_pages;
     bool offloaded = false;
+    int32_t dropped = 0;  // leading pages freed because they left the window (entries are -1)
   };
+  std::vector<int32_t> shared_prefix(const std::vector<int32_t>& prompt, uint64_t salt, uint64_t& chain) const;
+  void drop_out_of_window(Sequence& s);
+  static std::vector<int32_t> held(const Sequence& s) {
+    return std::vector<int32_t>(s.pages.begin() + s.dropped, s.pages.end());
+  }
   Sequence& live(int64_t seq, const char* argument);
   const Sequence& find(int64_t seq, const char* argument) const;
   void allocate(int32_t n, std::vector<int32_t>& out);  // evicts cached pages when it must
@@ -170,6 +186,7 @@ class SequenceManager {
   std::unordered_map<int64_t, Sequence> sequences_;
   // Prefix cache: chained block hash -> block, and per block its hash and tokens (collisions are
   // checked against the tokens, never trusted). The cache holds one reference on each cached block.
+  // A full block joins at the step() that hands out its last slots: from then on its K/V is written.
   std::unordered_map<uint64_t, int32_t> prefix_;
   std::vector<uint64_t> block_hash_;
   std::vector<uint8_t> block_cached_;

@@ -33,7 +33,11 @@ class Registry {
   // Throws UnknownVariantError naming the nearest registered names.
   const VariantEntry& at(std::string_view name) const;
   std::vector<const VariantEntry*> select(const VariantQuery& q) const;
+  // A registered variant; or, for a float eager layout x model x dtype that was not generated but whose
+  // layout and model are known from other variants, the generic path (it says so on stderr).
   std::unique_ptr<Cache> create(std::string_view name, const CacheConfig& config) const;
+  // The descriptor a name would have, built from registered variants of its layout and its model.
+  std::optional<VariantDescriptor> synthesize(std::string_view name) const;
   // Exactly one variant must match the query; otherwise UnknownVariantError lists the candidates.
   std::unique_ptr<Cache> create(const VariantQuery& q, const CacheConfig& config) const;
   std::vector<std::string> nearest(std::string_view name, size_t count = 3) const;

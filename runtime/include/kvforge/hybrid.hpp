@@ -1,0 +1,98 @@
+// Hybrid caches: models whose layers follow different attention patterns (Gemma-2 and Mistral-style
+// alternating sliding-window and global layers) keep one member cache per layer group, each stored by
+// the layout the hybrid spec names for it, behind one Cache object, as DeepSpeed keeps a tuple of
+// cache configs. A sliding-window group frees the pages that leave its window (through its
+// sequence manager), so its memory stays bounded by the window.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kvforge/cache.hpp"
+#include "kvforge/memory.hpp"
+
+namespace kvforge {
+
+struct LayerGroupInfo {
+  const char* name;
+  int num_layers;
+  const int* layers;   // the model's layer indices in this group, ascending within the group
+  int sliding_window;  // 0: global attention
+  const VariantDescriptor* member;
+  std::unique_ptr<Cache> (*create)(const CacheConfig&);
+};
+
+struct HybridDescriptor {
+  int num_groups;
+  const LayerGroupInfo* groups;
+};
+
+// Routes each layer to its group's member cache (with the layer renumbered within the group). Each
+// member has `config.pages` pages of its own: page ids, and so targets and page lists, are per group.
+class HybridCache final : public Cache {
+ public:
+  HybridCache(const VariantDescriptor& d, const CacheConfig& config);
+
+  const VariantDescriptor& descriptor() const override { return d_; }
+  const CacheConfig& config() const override { return config_; }
+  const Geometry& geometry() const override { return members_[0]->geometry(); }
+  void append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) override;
+  void commit() override;
+  void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) override;
+  void reset() override;
+  void reset_row(int64_t row) override;
+  void reorder(const IndexView& beam) override;
+  void copy_blocks(const IndexView& pairs) override;
+  LayerView view(int layer) const override;
+  int64_t packed_page_bytes() const override;
+  void pack_pages(const IndexView& pages, void* packed) override;
+  void unpack_pages(const void* packed, const IndexView& pages) override;
+  void set_tensor_scale(int layer, float k_scale, float v_scale) override;
+  int64_t row_length(int64_t row) const override;
+  void synchronize() override;
+  MemoryReport memory() const override;
+  const void* storage() const override { return members_[0]->storage(); }
+  const void* scale_storage() const override { return members_[0]->scale_storage(); }
+
+  int num_groups() const override { return int(members_.size()); }
+  Cache& group(int g) override;
+  int group_of(int layer) const override;
+  int group_layer(int layer) const override;
+  const LayerGroupInfo& group_info(int g) const { return d_.hybrid->groups[g]; }
+
+ private:
+  [[noreturn]] void per_group(const char* what) const;
+  const VariantDescriptor& d_;
+  CacheConfig config_;
+  std::vector<std::unique_ptr<Cache>> members_;
+  std::vector<int> group_of_, index_in_group_;
+};
+
+template <class Traits> std::unique_ptr<Cache> make_hybrid_cache(const CacheConfig& config) {
+  return std::make_unique<HybridCache>(Traits::descriptor, config);
+}
+
+// One sequence manager per layer group behind one set of calls, all or nothing across the groups. A
+// group with a sliding window frees pages as they leave it. Prefix reuse covers what every group
+// still holds, so all groups agree on which tokens need computing.
+class HybridSequenceManager {
+ public:
+  explicit HybridSequenceManager(Cache& cache, SequenceManagerOptions options = {});
+  int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {});
+  void append(int64_t seq, const std::vector<int32_t>& tokens);
+  void fork(int64_t parent, int64_t child);
+  void free(int64_t seq);
+  // Per group: the batch arrays for that group's layers (append layer l with step[cache.group_of(l)]).
+  std::vector<BatchMetadata> step(const std::vector<int64_t>& seqs);
+  // A gather of one layer; a windowed layer can only read the positions still in its window.
+  GatherRange range(int layer, int64_t seq, int64_t begin, int64_t end);
+  int64_t length(int64_t seq) const { return managers_[0]->length(seq); }
+  int num_groups() const { return int(managers_.size()); }
+  SequenceManager& group(int g) { return *managers_[size_t(g)]; }
+
+ private:
+  Cache& cache_;
+  std::vector<std::unique_ptr<SequenceManager>> managers_;
+};
+
+}  // namespace kvforge

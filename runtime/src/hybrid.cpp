@@ -1,0 +1,136 @@
+#include "kvforge/hybrid.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace kvforge {
+
+// The defaults for every cache that is not hybrid: one group, itself.
+Cache& Cache::group(int g) {
+  if (g != 0) throw OutOfRangeError("group", g, 0, 1);
+  return *this;
+}
+int Cache::group_of(int layer) const {
+  if (layer < 0 || layer >= descriptor().layers) throw OutOfRangeError("layer", layer, 0, descriptor().layers);
+  return 0;
+}
+int Cache::group_layer(int layer) const { return group_of(layer), layer; }
+
+HybridCache::HybridCache(const VariantDescriptor& d, const CacheConfig& config) : d_(d), config_(config) {
+  group_of_.assign(size_t(d.layers), -1);
+  index_in_group_.assign(size_t(d.layers), -1);
+  for (int g = 0; g < d.hybrid->num_groups; ++g) {
+    const LayerGroupInfo& info = d.hybrid->groups[g];
+    for (int i = 0; i < info.num_layers; ++i) {
+      group_of_[size_t(info.layers[i])] = g;
+      index_in_group_[size_t(info.layers[i])] = i;
+    }
+    members_.push_back(info.create(config));
+  }
+}
+
+Cache& HybridCache::group(int g) {
+  if (g < 0 || g >= num_groups()) throw OutOfRangeError("group", g, 0, num_groups());
+  return *members_[size_t(g)];
+}
+int HybridCache::group_of(int layer) const {
+  if (layer < 0 || layer >= d_.layers) throw OutOfRangeError("layer", layer, 0, d_.layers);
+  return group_of_[size_t(layer)];
+}
+int HybridCache::group_layer(int layer) const {
+  group_of(layer);
+  return index_in_group_[size_t(layer)];
+}
+
+void HybridCache::per_group(const char* what) const {
+  throw UnsupportedError(std::string(d_.name) + ": " + what +
+                         " works on page ids, and a hybrid cache's pages are per layer group; call it on group(g)");
+}
+
+void HybridCache::append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) {
+  members_[size_t(group_of(layer))]->append(group_layer(layer), k, v, targets);
+}
+void HybridCache::commit() {
+  for (auto& m : members_) m->commit();
+}
+void HybridCache::gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) {
+  members_[size_t(group_of(layer))]->gather(group_layer(layer), range, k_out, v_out);
+}
+void HybridCache::reset() {
+  for (auto& m : members_) m->reset();
+}
+void HybridCache::reset_row(int64_t row) { members_[0]->reset_row(row); }
+void HybridCache::reorder(const IndexView& beam) { members_[0]->reorder(beam); }
+void HybridCache::copy_blocks(const IndexView&) { per_group("copy_blocks"); }
+LayerView HybridCache::view(int layer) const { return members_[size_t(group_of(layer))]->view(group_layer(layer)); }
+int64_t HybridCache::packed_page_bytes() const { return 0; }
+void HybridCache::pack_pages(const IndexView&, void*) { per_group("pack_pages"); }
+void HybridCache::unpack_pages(const void*, const IndexView&) { per_group("unpack_pages"); }
+void HybridCache::set_tensor_scale(int layer, float k_scale, float v_scale) {
+  members_[size_t(group_of(layer))]->set_tensor_scale(group_layer(layer), k_scale, v_scale);
+}
+int64_t HybridCache::row_length(int64_t row) const { return members_[0]->row_length(row); }
+void HybridCache::synchronize() {
+  for (auto& m : members_) m->synchronize();
+}
+MemoryReport HybridCache::memory() const {
+  MemoryReport r;
+  for (const auto& m : members_) {
+    const MemoryReport x = m->memory();
+    r.storage_bytes += x.storage_bytes;
+    r.scale_bytes += x.scale_bytes;
+    r.staging_bytes += x.staging_bytes;
+    r.bookkeeping_bytes += x.bookkeeping_bytes;
+  }
+  return r;
+}
+
+// ---- HybridSequenceManager --------------------------------------------------------------------------
+
+HybridSequenceManager::HybridSequenceManager(Cache& cache, SequenceManagerOptions options) : cache_(cache) {
+  const HybridDescriptor* h = cache.descriptor().hybrid;
+  for (int g = 0; g < cache.num_groups(); ++g) {
+    SequenceManagerOptions o = options;
+    o.window = h ? h->groups[g].sliding_window : 0;
+    managers_.push_back(std::make_unique<SequenceManager>(cache.group(g), o));
+  }
+}
+
+int64_t HybridSequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
+  int64_t cached = INT64_MAX;
+  for (auto& m : managers_) cached = std::min(cached, m->cached_prefix(prompt, salt));
+  for (auto& m : managers_) {
+    const int32_t need = m->pages_to_add(prompt, cached);
+    if (need > m->available_blocks()) throw CapacityError("pages", need, m->available_blocks());
+  }
+  for (auto& m : managers_) m->add(seq, prompt, salt, cached);
+  return cached;
+}
+
+void HybridSequenceManager::append(int64_t seq, const std::vector<int32_t>& tokens) {
+  for (auto& m : managers_) {
+    const int32_t need = m->pages_to_append(seq, int64_t(tokens.size()));
+    if (need > m->available_blocks()) throw CapacityError("pages", need, m->available_blocks());
+  }
+  for (auto& m : managers_) m->append(seq, tokens);
+}
+
+void HybridSequenceManager::fork(int64_t parent, int64_t child) {
+  for (auto& m : managers_) m->fork(parent, child);
+}
+
+void HybridSequenceManager::free(int64_t seq) {
+  for (auto& m : managers_) m->free(seq);
+}
+
+std::vector<BatchMetadata> HybridSequenceManager::step(const std::vector<int64_t>& seqs) {
+  std::vector<BatchMetadata> out;
+  for (auto& m : managers_) out.push_back(m->step(seqs));
+  return out;
+}
+
+GatherRange HybridSequenceManager::range(int layer, int64_t seq, int64_t begin, int64_t end) {
+  return managers_[size_t(cache_.group_of(layer))]->range(seq, begin, end);
+}
+
+}  // namespace kvforge
