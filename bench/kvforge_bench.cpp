@@ -100,7 +100,12 @@ struct Prepared {
   int64_t positions_per_row = 0;
 };
 
-std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s) {
+// Which implementation serves the descriptor: the generated variant, the generic runtime-strided
+// path, or a naive engine's per-token memcpy scatter (appends only).
+enum class Impl { generated, generic, naive };
+const char* impl_suffix(Impl i) { return i == Impl::generic ? "/generic" : i == Impl::naive ? "/naive" : ""; }
+
+std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl impl) {
   const VariantDescriptor& d = *e.descriptor;
   auto p = std::make_unique<Prepared>();
   const bool gather = std::string(s.op) == "gather";
@@ -115,7 +120,7 @@ std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s) {
   cfg.pages = d.paged() ? rows * ((per_row + d.page_size - 1) / d.page_size) : 0;
   cfg.max_staged_tokens = decode ? rows : per_row;
   if (d.addressing == Addressing::ring && per_row > d.window) return nullptr;  // a ring cannot hold it
-  p->cache = e.create(cfg);
+  p->cache = impl == Impl::generic ? make_generic_cache(d, cfg) : e.create(cfg);
   p->tokens = gather ? 0 : (decode ? rows : per_row);
   const int64_t in_bytes = (gather ? per_row : p->tokens) * d.heads * d.head_dim * dtype_size(d.input);
   std::mt19937 rng(1);
@@ -170,14 +175,37 @@ void flush_caches(benchmark::State& state) {
   state.ResumeTiming();
 }
 
-void run_variant(benchmark::State& state, const VariantEntry* e, Shape s) {
+// What a naive engine does: one memcpy per token, K or V and head, on one thread, through the
+// layout's strides. Same dtype in and out only.
+void naive_scatter(Prepared& p, const VariantDescriptor& d) {
+  const Strides& st = p.cache->geometry().strides;
+  auto* pool = static_cast<unsigned char*>(const_cast<void*>(p.cache->storage()));
+  const int64_t es = dtype_size(d.storage), row = int64_t(d.head_dim) * es;
+  const unsigned char* in[2] = {p.k.data(), p.v.data()};
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    int64_t unit, slot;
+    if (d.paged()) {
+      unit = p.slots[size_t(t)] / d.page_size;
+      slot = p.slots[size_t(t)] % d.page_size;
+    } else {
+      unit = p.rows[size_t(t)];
+      slot = d.addressing == Addressing::ring ? p.positions[size_t(t)] % d.window : p.positions[size_t(t)];
+    }
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < d.heads; ++h)
+        std::memcpy(pool + (st.kv * kv + st.row_or_page * unit + st.seq_or_slot * slot + st.head * h) * es,
+                    in[kv] + (t * d.heads + h) * row, size_t(row));
+  }
+}
+
+void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl impl) {
   static std::unique_ptr<Prepared> current;
   static std::string current_key;
   const VariantDescriptor& d = *e->descriptor;
-  const std::string key = std::string(d.name) + s.op + std::to_string(s.n);
+  const std::string key = std::string(d.name) + s.op + std::to_string(s.n) + impl_suffix(impl);
   if (key != current_key) {
     current.reset();  // free the previous benchmark's cache before allocating this one
-    current = prepare(*e, s);
+    current = prepare(*e, s, impl);
     current_key = key;
   }
   if (!current) {
@@ -197,6 +225,8 @@ void run_variant(benchmark::State& state, const VariantEntry* e, Shape s) {
       p.cache->gather(0, g,
                       TensorView::contiguous(p.k_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim),
                       TensorView::contiguous(p.v_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim));
+    } else if (impl == Impl::naive) {
+      naive_scatter(p, d);
     } else {
       const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(p.slots.data(), p.tokens))
                                         : TokenTargets::row_positions(IndexView::of(p.rows.data(), p.tokens),
@@ -366,6 +396,9 @@ void run_trace_utilization(benchmark::State& state) {
           ++i;
         }
       }
+      std::vector<int64_t> ids;
+      for (const Live& l : live) ids.push_back(l.id);
+      benchmark::DoNotOptimize(m.step(ids));  // the step's pages join the prefix cache once written
       sum += m.utilization();
       ++samples;
     }
@@ -418,9 +451,20 @@ int main(int argc, char** argv) {
     for (const Shape& s : preset.shapes) {
       const std::string name = std::string(s.op) + "/" + e.descriptor->name + "/" + s.key + ":" +
                                std::to_string(s.n) + (s.cold ? "/cold" : "");
-      auto* b = benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s)->UseRealTime();
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s, Impl::generated)->UseRealTime();
       if (s.cold) b->Iterations(40);  // each iteration also flushes 64 MiB, untimed
       copies.insert({bytes_moved(*e.descriptor, s), s.cold});
+      // The baselines, for the layouts they can serve.
+      const VariantDescriptor& d = *e.descriptor;
+      const bool append = std::string(s.op) != "gather";
+      std::vector<Impl> baselines;
+      if (generic_unsupported_reason(d, CacheConfig{}).empty()) baselines.push_back(Impl::generic);
+      if (append && d.storage == d.input && !d.quantized() && d.update == UpdateMode::eager && d.stacked() == false)
+        baselines.push_back(Impl::naive);
+      for (Impl i : baselines) {
+        auto* r = benchmark::RegisterBenchmark((name + impl_suffix(i)).c_str(), run_variant, &e, s, i)->UseRealTime();
+        if (s.cold) r->Iterations(40);
+      }
     }
   }
   if (preset_name == "memory" || preset_name == "full" || preset_name == "short") {

@@ -14,6 +14,11 @@ import re
 import sys
 from collections import OrderedDict
 
+BASELINES = (
+    "`÷ generic` divides by the generic runtime-strided path serving the same descriptor (every dimension "
+    "and stride a run-time value); `÷ naive` by a naive engine's scatter: one memcpy per token, K/V and "
+    "head on one thread.")
+
 BYTES_RULE = (
     "Bytes moved = everything read plus everything written, at the types actually stored: for an append, "
     "the K and V input, the 8-byte target of each token, and the codes and scales written (a lazy variant "
@@ -21,7 +26,7 @@ BYTES_RULE = (
     "scales read and the K and V output written. `copy` is a streaming copy of half that many bytes with "
     "every core, so the same bytes cross the memory bus.")
 
-NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)(?P<cold>/cold)?")
+NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)(?P<cold>/cold)?(?P<impl>/generic|/naive)?$")
 
 
 def load(path):
@@ -51,8 +56,13 @@ def build(runs):
                 rows.append(dict(m.groupdict(), cache="cold" if m.group("cold") else "hot", gbps=gbps(b),
                                  bytes=int(float(b["bytes_moved"])),
                                  bytes_per_token=int(float(b.get("bytes_per_token", 0)))))
+    baselines = {(r["op"], r["variant"], r["shape"], r["cache"], r["impl"]): r for r in rows if r["impl"]}
+    rows = [r for r in rows if not r["impl"]]
     by_key = {(r["op"], r["variant"], r["shape"], r["cache"]): r for r in rows}
     for r in rows:
+        for impl in ("generic", "naive"):
+            b = baselines.get((r["op"], r["variant"], r["shape"], r["cache"], "/" + impl))
+            r["to_" + impl] = r["gbps"] / b["gbps"] if b else None
         copy = copies.get((r["bytes"], r["cache"] == "cold"))
         r["to_copy"] = r["gbps"] / copy if copy else None
         layout, model, dtype = r["variant"].split(".")
@@ -70,12 +80,13 @@ def markdown(rows, memory, copies, context):
     out.append(f"Machine: {context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz; "
                f"caches {', '.join(str(c.get('size', '?')) for c in context.get('caches', []))} bytes.\n")
     out.append(BYTES_RULE + "\n")
+    out.append(BASELINES + "\n")
     if rows:
-        out.append("| op | variant | shape | cache | GB/s | ÷ copy | ÷ bf16 twin | bytes/token |")
-        out.append("|---|---|---|---|---:|---:|---:|---:|")
+        out.append("| op | variant | shape | cache | GB/s | ÷ copy | ÷ generic | ÷ naive | ÷ bf16 twin | bytes/token |")
+        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
         for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["cache"], r["variant"])):
             out.append(f"| {r['op']} | `{r['variant']}` | {r['shape']} | {r['cache']} | {r['gbps']:.1f} | {fmt(r['to_copy'])} | "
-                       f"{fmt(r['to_bf16'])} | {r['bytes_per_token']} |")
+                       f"{fmt(r['to_generic'])} | {fmt(r['to_naive'])} | {fmt(r['to_bf16'])} | {r['bytes_per_token']} |")
         out.append("")
     if memory:
         out.append("| memory benchmark | time | figure |")
