@@ -12,6 +12,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -102,8 +104,17 @@ struct Prepared {
 
 // Which implementation serves the descriptor: the generated variant, the generic runtime-strided
 // path, or a naive engine's per-token memcpy scatter (appends only).
-enum class Impl { generated, generic, naive };
-const char* impl_suffix(Impl i) { return i == Impl::generic ? "/generic" : i == Impl::naive ? "/naive" : ""; }
+// `untuned`: the generated variant with the default launch parameters, against its tuned ones.
+enum class Impl { generated, generic, naive, untuned };
+const char* impl_suffix(Impl i) {
+  return i == Impl::generic ? "/generic" : i == Impl::naive ? "/naive" : i == Impl::untuned ? "/untuned" : "";
+}
+
+bool is_tuned(const VariantDescriptor& d) {
+  const Tuning t = d.tuning, def{};
+  return t.cpu_parallel_bytes != def.cpu_parallel_bytes || t.cpu_chunk_items != def.cpu_chunk_items ||
+         t.cuda_block_threads != def.cuda_block_threads;
+}
 
 std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl impl) {
   const VariantDescriptor& d = *e.descriptor;
@@ -121,6 +132,7 @@ std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl im
   cfg.max_staged_tokens = decode ? rows : per_row;
   if (d.addressing == Addressing::ring && per_row > d.window) return nullptr;  // a ring cannot hold it
   p->cache = impl == Impl::generic ? make_generic_cache(d, cfg) : e.create(cfg);
+  if (impl == Impl::untuned) p->cache->set_tuning(Tuning{});
   p->tokens = gather ? 0 : (decode ? rows : per_row);
   const int64_t in_bytes = (gather ? per_row : p->tokens) * d.heads * d.head_dim * dtype_size(d.input);
   std::mt19937 rng(1);
@@ -345,66 +357,125 @@ void run_offload_restore(benchmark::State& state, int64_t pages) {
   state.counters["bytes_moved"] = double(bytes);
 }
 
-// A synthetic serving trace through the manager: requests with lognormal prompt and output lengths,
-// a third of them opening with one of four shared system prompts, admitted while pages last. Reports
-// the mean memory utilization (token slots holding tokens / slots of pages held).
-void run_trace_utilization(benchmark::State& state) {
-  const VariantEntry& e = registry().at("vllm_paged_nhd.tiny.bf16");
+// The serving-trace simulator: one synthetic trace replayed through a paged layout's cache, driven
+// only by the sequence manager, with real appends of every layer.
+//   - arrivals: Poisson, 2 requests per step; prompt and output lengths lognormal (medians about 245
+//     and 90 tokens); a third of the prompts open with one of four shared 200-token system prompts;
+//   - the pool holds 16k tokens whatever the page size, and a host tier a quarter of that;
+//   - a request that does not fit waits; a running one that cannot grow is preempted: offloaded if
+//     the host tier has room (restored when pages free up), else freed and recomputed later.
+// Counters: memory utilization (token slots holding tokens / slots of pages held, averaged over
+// steps), prefix hit rate, evictions, preemptions, offloaded bytes, completed requests, and the cache
+// operations' throughput (appended tokens per second of append time, and their GB/s).
+void run_serving_simulation(benchmark::State& state, const VariantEntry* e) {
+  const VariantDescriptor& d = *e->descriptor;
+  const int P = d.page_size;
   for (auto _ : state) {
     CacheConfig cfg;
-    cfg.pages = 2048;
-    auto cache = e.create(cfg);
-    SequenceManager m(*cache);
-    std::mt19937 rng(3);
-    std::lognormal_distribution<double> prompt_len(5.5, 0.8), output_len(4.5, 0.9);
+    cfg.pages = 16384 / P;
+    auto cache = e->create(cfg);
+    SequenceManagerOptions o;
+    o.host_blocks = int32_t(cfg.pages / 4);
+    SequenceManager m(*cache, o);
+    std::mt19937 rng(11);
+    std::lognormal_distribution<double> prompt_len(5.5, 0.6), output_len(4.5, 0.7);
     std::vector<std::vector<int32_t>> systems(4);
-    for (size_t s = 0; s < systems.size(); ++s) systems[s].assign(200, int32_t(1000 + s));
-    struct Live {
-      int64_t id, remaining;
+    for (size_t i = 0; i < systems.size(); ++i) systems[i].assign(200, int32_t(1000 + i));
+    struct Request {
+      int64_t id;
+      std::vector<int32_t> prompt;
+      int64_t remaining;
     };
-    std::vector<Live> live;
-    double sum = 0;
-    int samples = 0;
-    int64_t next = 0;
-    for (int step = 0; step < 600; ++step) {
-      for (int arrivals = std::poisson_distribution<int>(1.5)(rng); arrivals > 0; --arrivals) {
-        std::vector<int32_t> prompt;
-        if (rng() % 3 == 0) prompt = systems[rng() % systems.size()];
-        const int64_t n = std::min<int64_t>(2000, int64_t(prompt_len(rng)) + 1);
-        for (int64_t i = 0; i < n; ++i) prompt.push_back(int32_t(rng() % 30000));
-        try {
-          m.add(next, prompt);
-          live.push_back({next++, std::min<int64_t>(1000, int64_t(output_len(rng)) + 1)});
-        } catch (const CapacityError&) {
-          break;  // full: the request waits (dropped here)
-        }
+    std::vector<Request> waiting, running, offloaded;
+    int64_t next = 0, completed = 0, preempted = 0, appended = 0;
+    double util = 0, append_seconds = 0;
+    const int steps = 400;
+    const int64_t row = int64_t(d.heads) * d.head_dim * dtype_size(d.input);
+    std::vector<unsigned char> k, v;
+    for (int step = 0; step < steps; ++step) {
+      for (int a = std::poisson_distribution<int>(2.0)(rng); a > 0; --a) {
+        Request r{next++, {}, std::min<int64_t>(400, int64_t(output_len(rng)) + 1)};
+        if (rng() % 3 == 0) r.prompt = systems[rng() % systems.size()];
+        const int64_t n = std::min<int64_t>(1200, int64_t(prompt_len(rng)) + 1);
+        for (int64_t i = 0; i < n; ++i) r.prompt.push_back(int32_t(rng() % 30000));
+        waiting.push_back(std::move(r));
       }
-      for (size_t i = 0; i < live.size();) {
-        bool done = --live[i].remaining <= 0;
-        if (!done) {
+      // Offloaded requests come back first, then waiting ones are admitted in order.
+      for (size_t i = 0; i < offloaded.size();) {
+        if (int64_t(m.pages(offloaded[i].id).size()) + 8 > m.available_blocks()) break;
+        m.restore(offloaded[i].id);
+        running.push_back(std::move(offloaded[i]));
+        offloaded.erase(offloaded.begin() + int64_t(i));
+      }
+      while (!waiting.empty()) {
+        try {
+          m.add(waiting.front().id, waiting.front().prompt);
+        } catch (const CapacityError&) {
+          break;
+        }
+        running.push_back(std::move(waiting.front()));
+        waiting.erase(waiting.begin());
+      }
+      // Decode one token for every running request; a request that cannot grow is preempted.
+      std::vector<int64_t> ids;
+      for (size_t i = 0; i < running.size();) {
+        Request& r = running[i];
+        bool keep = true;
+        if (--r.remaining <= 0) {
+          m.free(r.id);
+          ++completed;
+          keep = false;
+        } else {
           try {
-            m.append(live[i].id, {int32_t(rng() % 30000)});
+            m.append(r.id, {int32_t(rng() % 30000)});
           } catch (const CapacityError&) {
-            done = true;  // preempted
+            ++preempted;
+            m.step({r.id});  // its earlier tokens are written; the new one was refused whole
+            try {
+              m.offload(r.id);
+              offloaded.push_back(std::move(r));
+            } catch (const CapacityError&) {
+              m.free(r.id);  // no room on the host either: recompute it later
+              r.id = next++;
+              waiting.insert(waiting.begin(), std::move(r));
+            }
+            keep = false;
           }
         }
-        if (done) {
-          m.free(live[i].id);
-          live[i] = live.back();
-          live.pop_back();
-        } else {
+        if (keep) {
+          ids.push_back(r.id);
           ++i;
+        } else {
+          running.erase(running.begin() + int64_t(i));
         }
       }
-      std::vector<int64_t> ids;
-      for (const Live& l : live) ids.push_back(l.id);
-      benchmark::DoNotOptimize(m.step(ids));  // the step's pages join the prefix cache once written
-      sum += m.utilization();
-      ++samples;
+      const BatchMetadata b = m.step(ids);
+      const int64_t T = int64_t(b.slots.size());
+      if (T > 0) {
+        k.resize(size_t(T * row));
+        v.resize(size_t(T * row));
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int layer = 0; layer < d.layers; ++layer)
+          cache->append(layer, TensorView::contiguous(k.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
+                        TensorView::contiguous(v.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
+                        TokenTargets::paged(IndexView::of(b.slots.data(), T)));
+        cache->commit();
+        append_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        appended += T;
+      }
+      util += m.utilization();
     }
-    state.counters["utilization"] = sum / samples;
-    state.counters["prefix_hit_blocks"] = double(m.stats().prefix_hits);
-    state.counters["evictions"] = double(m.stats().evictions);
+    const SequenceStats& st = m.stats();
+    state.counters["utilization"] = util / steps;
+    state.counters["prefix_hit_rate"] =
+        st.prefix_hits + st.prefix_misses ? double(st.prefix_hits) / double(st.prefix_hits + st.prefix_misses) : 0;
+    state.counters["evictions"] = double(st.evictions);
+    state.counters["preempted"] = double(preempted);
+    state.counters["offloaded_bytes"] = double(st.offloaded_pages * cache->packed_page_bytes());
+    state.counters["completed"] = double(completed);
+    state.counters["append_tokens_per_s"] = append_seconds > 0 ? double(appended) / append_seconds : 0;
+    state.counters["append_GBps"] =
+        append_seconds > 0 ? double(appended) * double(d.bytes_per_token + 2 * d.layers * row) / append_seconds / 1e9 : 0;
   }
 }
 
@@ -414,7 +485,115 @@ void register_memory_benchmarks() {
     benchmark::RegisterBenchmark(("memory/step_metadata/batch:" + std::to_string(batch) + "/context:2048").c_str(),
                                  run_step_metadata, batch, int64_t(2048));
   benchmark::RegisterBenchmark("memory/offload_restore/pages:64", run_offload_restore, int64_t(64))->UseRealTime();
-  benchmark::RegisterBenchmark("memory/trace_utilization", run_trace_utilization)->Iterations(1);
+}
+
+// One simulation per paged layout of the tiny model (every layout gets the same trace and budget).
+void register_simulations() {
+  for (const auto& e : registry().variants()) {
+    const VariantDescriptor& d = *e.descriptor;
+    if (!d.paged() || d.is_hybrid() || std::string(d.model) != "tiny" || d.storage != DType::bf16) continue;
+    benchmark::RegisterBenchmark(("simulate/" + std::string(d.name)).c_str(), run_serving_simulation, &e)
+        ->Iterations(1)
+        ->UseRealTime();
+  }
+}
+
+// ---- the tuner ----------------------------------------------------------------------------------
+
+// Seconds per operation: the median of 5 timed batches of repeated runs, each batch ~10 ms.
+double time_op(Prepared& p, const VariantDescriptor& d, const Shape& s) {
+  auto once = [&] {
+    if (std::string(s.op) == "gather") {
+      GatherRange g;
+      g.end = p.positions_per_row;
+      g.pages = IndexView::of(p.pages.data(), int64_t(p.pages.size()));
+      p.cache->gather(0, g, TensorView::contiguous(p.k_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim),
+                      TensorView::contiguous(p.v_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim));
+    } else {
+      const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(p.slots.data(), p.tokens))
+                                        : TokenTargets::row_positions(IndexView::of(p.rows.data(), p.tokens),
+                                                                      IndexView::of(p.positions.data(), p.tokens));
+      for (int layer = 0; layer < layers_per_append(d); ++layer)
+        p.cache->append(layer, TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
+                        TensorView::contiguous(p.v.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim), tt);
+      p.cache->commit();
+    }
+  };
+  using clock = std::chrono::steady_clock;
+  once();
+  const auto t0 = clock::now();
+  once();
+  const double single = std::max(1e-7, std::chrono::duration<double>(clock::now() - t0).count());
+  const int reps = std::max(1, int(0.01 / single));
+  std::vector<double> batches;
+  for (int b = 0; b < 5; ++b) {
+    const auto start = clock::now();
+    for (int r = 0; r < reps; ++r) once();
+    batches.push_back(std::chrono::duration<double>(clock::now() - start).count() / reps);
+  }
+  std::sort(batches.begin(), batches.end());
+  return batches[2];
+}
+
+// Measures CPU launch-parameter candidates over a model's variants and shapes on this machine and
+// writes the winner to <out>/<model>.yaml; the next build bakes it in.
+int tune(const std::string& model, const std::string& out_dir) {
+  const std::vector<Shape> shapes = {{"append_decode", "batch", 1}, {"append_decode", "batch", 8},
+                                     {"append_decode", "batch", 64}, {"append_prefill", "chunk", 512},
+                                     {"gather", "ctx", 1024}};
+  std::vector<Tuning> candidates;
+  for (int64_t bytes : {int64_t(4) << 10, int64_t(16) << 10, int64_t(64) << 10, int64_t(256) << 10, int64_t(1) << 20})
+    for (int chunk : {0, 8}) {
+      Tuning t;
+      t.cpu_parallel_bytes = bytes;
+      t.cpu_chunk_items = chunk;
+      candidates.push_back(t);
+    }
+  std::vector<double> log_sum(candidates.size(), 0.0);
+  int pairs = 0;
+  for (const auto& e : registry().variants()) {
+    const VariantDescriptor& d = *e.descriptor;
+    if (model != d.model || d.is_hybrid() || d.update == UpdateMode::lazy) continue;
+    if (d.storage != DType::bf16 && !d.quantized()) continue;
+    for (const Shape& s : shapes) {
+      auto p = prepare(e, s, Impl::generated);
+      if (!p) continue;
+      std::vector<double> times;
+      for (const Tuning& t : candidates) {
+        p->cache->set_tuning(t);
+        times.push_back(time_op(*p, d, s));
+      }
+      for (size_t c = 0; c < candidates.size(); ++c) log_sum[c] += std::log(times[c] / times[4]);  // vs the defaults
+      ++pairs;
+      std::fprintf(stderr, "tune: %s %s:%lld measured\n", d.name, s.key, static_cast<long long>(s.n));
+    }
+  }
+  if (pairs == 0) {
+    std::fprintf(stderr, "kvforge_bench: --kvf_tune=%s: no eager bf16 or quantized variant of that model is registered\n",
+                 model.c_str());
+    return 2;
+  }
+  const size_t best = size_t(std::min_element(log_sum.begin(), log_sum.end()) - log_sum.begin());
+  const double ratio = std::exp(log_sum[best] / pairs);
+  const std::string path = out_dir + "/" + model + ".yaml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "kvforge_bench: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  std::fprintf(f,
+               "# Written by `kvforge_bench --kvf_tune=%s` on the CPU backend (%d threads): %zu candidates over %d\n"
+               "# (variant, shape) pairs. The winner's geometric-mean time is %.3f of the defaults'.\n"
+               "# The next build bakes these into every %s variant; CUDA parameters keep their defaults\n"
+               "# until a tuning run on a GPU measures them.\n"
+               "model: %s\ncpu:\n  parallel_bytes: %lld\n  chunk_items: %d\n",
+               model.c_str(), omp_get_max_threads(), candidates.size(), pairs, ratio, model.c_str(), model.c_str(),
+               static_cast<long long>(candidates[best].cpu_parallel_bytes), candidates[best].cpu_chunk_items);
+  std::fclose(f);
+  std::printf("tune: %s: cpu parallel_bytes=%lld chunk_items=%d, %.3f of the defaults' time; wrote %s\n",
+              model.c_str(), static_cast<long long>(candidates[best].cpu_parallel_bytes),
+              candidates[best].cpu_chunk_items, ratio, path.c_str());
+  return 0;
 }
 
 // Our own flags come first and are removed before Google Benchmark sees the rest.
@@ -436,6 +615,9 @@ std::string take_flag(int& argc, char** argv, const std::string& name, const std
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string tune_model = take_flag(argc, argv, "--kvf_tune", "");
+  const std::string tune_out = take_flag(argc, argv, "--kvf_tune_out", "specs/tuning");
+  if (!tune_model.empty()) return tune(tune_model, tune_out);
   const std::string preset_name = take_flag(argc, argv, "--kvf_preset", "short");
   auto it = presets().find(preset_name);
   if (it == presets().end()) {
@@ -461,6 +643,7 @@ int main(int argc, char** argv) {
       if (generic_unsupported_reason(d, CacheConfig{}).empty()) baselines.push_back(Impl::generic);
       if (append && d.storage == d.input && !d.quantized() && d.update == UpdateMode::eager && d.stacked() == false)
         baselines.push_back(Impl::naive);
+      if (is_tuned(d)) baselines.push_back(Impl::untuned);
       for (Impl i : baselines) {
         auto* r = benchmark::RegisterBenchmark((name + impl_suffix(i)).c_str(), run_variant, &e, s, i)->UseRealTime();
         if (s.cold) r->Iterations(40);
@@ -469,6 +652,7 @@ int main(int argc, char** argv) {
   }
   if (preset_name == "memory" || preset_name == "full" || preset_name == "short") {
     register_memory_benchmarks();
+    register_simulations();
     const VariantEntry& e = registry().at(kMemoryVariant);
     copies.insert({2 * 64 * e.descriptor->bytes_per_token * e.descriptor->page_size, false});
   }

@@ -17,7 +17,8 @@ from collections import OrderedDict
 BASELINES = (
     "`÷ generic` divides by the generic runtime-strided path serving the same descriptor (every dimension "
     "and stride a run-time value); `÷ naive` by a naive engine's scatter: one memcpy per token, K/V and "
-    "head on one thread.")
+    "head on one thread; `tuned ÷ default` is the variant with its specs/tuning launch parameters over the same "
+    "variant with the defaults.")
 
 BYTES_RULE = (
     "Bytes moved = everything read plus everything written, at the types actually stored: for an append, "
@@ -26,7 +27,7 @@ BYTES_RULE = (
     "scales read and the K and V output written. `copy` is a streaming copy of half that many bytes with "
     "every core, so the same bytes cross the memory bus.")
 
-NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)(?P<cold>/cold)?(?P<impl>/generic|/naive)?$")
+NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)(?P<cold>/cold)?(?P<impl>/generic|/naive|/untuned)?$")
 
 
 def load(path):
@@ -44,12 +45,15 @@ def build(runs):
     copies = {}
     rows = []
     memory = []
+    simulations = []
     for b in runs:
         name = re.sub(r"/(real_time|iterations:\d+)", "", b["name"])
         if name.startswith("copy/bytes:"):
             copies[(int(float(b["bytes_moved"])), name.endswith("/cold"))] = gbps(b)
         elif name.startswith("memory/"):
             memory.append((name, b))
+        elif name.startswith("simulate/"):
+            simulations.append((name.split("/")[1], b))
         else:
             m = NAME.match(name)
             if m:
@@ -60,7 +64,7 @@ def build(runs):
     rows = [r for r in rows if not r["impl"]]
     by_key = {(r["op"], r["variant"], r["shape"], r["cache"]): r for r in rows}
     for r in rows:
-        for impl in ("generic", "naive"):
+        for impl in ("generic", "naive", "untuned"):
             b = baselines.get((r["op"], r["variant"], r["shape"], r["cache"], "/" + impl))
             r["to_" + impl] = r["gbps"] / b["gbps"] if b else None
         copy = copies.get((r["bytes"], r["cache"] == "cold"))
@@ -68,25 +72,27 @@ def build(runs):
         layout, model, dtype = r["variant"].split(".")
         twin = by_key.get((r["op"], f"{layout}.{model}.bf16", r["shape"], r["cache"]))
         r["to_bf16"] = r["gbps"] / twin["gbps"] if twin and twin is not r and "_in_" in dtype else None
-    return rows, memory, copies
+    return rows, memory, copies, simulations
 
 
 def fmt(x, digits=2):
     return "" if x is None else f"{x:.{digits}f}"
 
 
-def markdown(rows, memory, copies, context):
+def markdown(rows, memory, copies, context, simulations=()):
     out = []
     out.append(f"Machine: {context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz; "
                f"caches {', '.join(str(c.get('size', '?')) for c in context.get('caches', []))} bytes.\n")
     out.append(BYTES_RULE + "\n")
     out.append(BASELINES + "\n")
     if rows:
-        out.append("| op | variant | shape | cache | GB/s | ÷ copy | ÷ generic | ÷ naive | ÷ bf16 twin | bytes/token |")
-        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+        out.append("| op | variant | shape | cache | GB/s | ÷ copy | ÷ generic | ÷ naive | tuned ÷ default | ÷ bf16 twin "
+                   "| bytes/token |")
+        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["cache"], r["variant"])):
             out.append(f"| {r['op']} | `{r['variant']}` | {r['shape']} | {r['cache']} | {r['gbps']:.1f} | {fmt(r['to_copy'])} | "
-                       f"{fmt(r['to_generic'])} | {fmt(r['to_naive'])} | {fmt(r['to_bf16'])} | {r['bytes_per_token']} |")
+                       f"{fmt(r['to_generic'])} | {fmt(r['to_naive'])} | {fmt(r['to_untuned'])} | {fmt(r['to_bf16'])} | "
+                       f"{r['bytes_per_token']} |")
         out.append("")
     if memory:
         out.append("| memory benchmark | time | figure |")
@@ -102,6 +108,17 @@ def markdown(rows, memory, copies, context):
                 if key in b:
                     figure.append(f"{key} {b[key]:.3g}")
             out.append(f"| {name} | {b['real_time']:.0f} {b['time_unit']} | {'; '.join(figure)} |")
+        out.append("")
+    if simulations:
+        out.append("Serving-trace simulator (the same trace and a 16k-token pool for every paged layout; "
+                   "utilization = token slots holding tokens / slots of pages held, so waste = 1 - utilization):\n")
+        out.append("| layout | utilization | waste | prefix hit rate | evictions | preempted | offloaded MB | "
+                   "completed | append M tokens/s | append GB/s |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name, b in simulations:
+            out.append(f"| `{name}` | {b['utilization']:.1%} | {1 - b['utilization']:.1%} | {b['prefix_hit_rate']:.1%} | "
+                       f"{b['evictions']:.0f} | {b['preempted']:.0f} | {b['offloaded_bytes'] / 1e6:.1f} | "
+                       f"{b['completed']:.0f} | {b['append_tokens_per_s'] / 1e6:.2f} | {b['append_GBps']:.2f} |")
         out.append("")
     return "\n".join(out)
 
@@ -146,8 +163,8 @@ def main():
     except (OSError, ValueError, KeyError) as e:
         print(f"report: cannot read {args.json}: {e}", file=sys.stderr)
         return 1
-    rows, memory, copies = build(runs)
-    text = markdown(rows, memory, copies, context)
+    rows, memory, copies, simulations = build(runs)
+    text = markdown(rows, memory, copies, context, simulations)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")

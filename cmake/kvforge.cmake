@@ -1,7 +1,7 @@
 # kvforge_generate(): expand layout and model specs into C++/CUDA sources and add them to a target.
 #
 #   kvforge_generate(TARGET <target>
-#                    LAYOUTS <files or folders...> MODELS <files or folders...>
+#                    LAYOUTS <files or folders...> MODELS <files or folders...> [TUNING <files or folders...>]
 #                    [OUTPUT_DIR <dir>] [REGISTRY_FUNCTION <ns::name>]
 #                    [LAYOUT_FILTER a,b] [MODEL_FILTER a,b] [DTYPE_FILTER a,b])
 #
@@ -30,7 +30,7 @@ endfunction()
 
 function(kvforge_generate)
   cmake_parse_arguments(KG "" "TARGET;OUTPUT_DIR;REGISTRY_FUNCTION;LAYOUT_FILTER;MODEL_FILTER;DTYPE_FILTER"
-                        "LAYOUTS;MODELS" ${ARGN})
+                        "LAYOUTS;MODELS;TUNING" ${ARGN})
   if(NOT KG_TARGET OR NOT KG_LAYOUTS OR NOT KG_MODELS)
     message(FATAL_ERROR "kvforge_generate: TARGET, LAYOUTS and MODELS are required")
   endif()
@@ -42,7 +42,19 @@ function(kvforge_generate)
   endif()
 
   set(codegen_env "${CMAKE_COMMAND}" -E env "PYTHONPATH=${KVFORGE_ROOT}/codegen")
-  set(spec_args --layouts ${KG_LAYOUTS} --models ${KG_MODELS} --source-root "${CMAKE_CURRENT_SOURCE_DIR}"
+  # Tuning files (specs/tuning/<model>.yaml, written by kvforge_bench --kvf_tune) bake measured launch
+  # parameters into their model's variants; a folder that does not exist yet is simply empty.
+  # Globbed even while a folder does not exist, so that the first tuning file written re-runs configure.
+  set(tuning "")
+  foreach(path IN LISTS KG_TUNING)
+    if(path MATCHES "\\.ya?ml$")
+      list(APPEND tuning "${path}")
+    else()
+      file(GLOB found CONFIGURE_DEPENDS "${path}/*.yaml" "${path}/*.yml")
+      list(APPEND tuning ${found})
+    endif()
+  endforeach()
+  set(spec_args --layouts ${KG_LAYOUTS} --models ${KG_MODELS} --tuning ${tuning} --source-root "${CMAKE_CURRENT_SOURCE_DIR}"
                 "--layout=${KG_LAYOUT_FILTER}" "--model=${KG_MODEL_FILTER}" "--dtype=${KG_DTYPE_FILTER}")
   set(cuda_flag --no-cuda)
   if(KVFORGE_CUDA)
@@ -60,6 +72,7 @@ function(kvforge_generate)
   list(TRANSFORM outputs PREPEND "${KG_OUTPUT_DIR}/")
 
   _kvforge_spec_files(spec_files ${KG_LAYOUTS} ${KG_MODELS})
+  list(APPEND spec_files ${tuning})
   file(GLOB codegen_files CONFIGURE_DEPENDS "${KVFORGE_ROOT}/codegen/kvforge_codegen/*.py"
                                             "${KVFORGE_ROOT}/codegen/templates/*.j2")
   # A removed spec changes no remaining input, so the set of inputs and outputs itself is a dependency,

@@ -28,7 +28,9 @@ struct deepspeed_blocked__llama3_8b__bf16_traits {
       layers, heads, head_dim, page_size, window, 8192,
       6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
       131072,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {4096, 0, 256}};  // tuning: specs/tuning/llama3_8b.yaml
 };
 
 using deepspeed_blocked__llama3_8b__bf16 = kvforge::TypedCache<deepspeed_blocked__llama3_8b__bf16_traits>;

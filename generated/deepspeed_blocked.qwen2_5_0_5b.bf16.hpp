@@ -28,7 +28,9 @@ struct deepspeed_blocked__qwen2_5_0_5b__bf16_traits {
       layers, heads, head_dim, page_size, window, 32768,
       6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
       12288,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using deepspeed_blocked__qwen2_5_0_5b__bf16 = kvforge::TypedCache<deepspeed_blocked__qwen2_5_0_5b__bf16_traits>;

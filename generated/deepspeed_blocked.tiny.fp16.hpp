@@ -28,7 +28,9 @@ struct deepspeed_blocked__tiny__fp16_traits {
       layers, heads, head_dim, page_size, window, 64,
       6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
       256,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using deepspeed_blocked__tiny__fp16 = kvforge::TypedCache<deepspeed_blocked__tiny__fp16_traits>;

@@ -29,7 +29,9 @@ struct deepspeed_blocked__tiny__int8_in_bf16_traits {
       layers, heads, head_dim, page_size, window, 64,
       6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
       144,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::in_page};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::in_page,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using deepspeed_blocked__tiny__int8_in_bf16 = kvforge::TypedCache<deepspeed_blocked__tiny__int8_in_bf16_traits>;

@@ -28,7 +28,9 @@ struct flashinfer_paged_hnd__llama3_8b__bf16_traits {
       layers, heads, head_dim, page_size, window, 8192,
       5, {kvforge::Axis::page, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::slot, kvforge::Axis::dim},
       131072,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {4096, 0, 256}};  // tuning: specs/tuning/llama3_8b.yaml
 };
 
 using flashinfer_paged_hnd__llama3_8b__bf16 = kvforge::TypedCache<flashinfer_paged_hnd__llama3_8b__bf16_traits>;

@@ -29,7 +29,9 @@ struct flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits {
       layers, heads, head_dim, page_size, window, 8192,
       5, {kvforge::Axis::page, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::slot, kvforge::Axis::dim},
       66560,
-      quant, kvforge::DType::bf16, kvforge::ScalePlacement::in_page};
+      quant, kvforge::DType::bf16, kvforge::ScalePlacement::in_page,
+      nullptr, false,
+      {4096, 0, 256}};  // tuning: specs/tuning/llama3_8b.yaml
 };
 
 using flashinfer_paged_hnd__llama3_8b__int8_in_bf16 = kvforge::TypedCache<flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits>;

@@ -29,7 +29,9 @@ struct flashinfer_paged_hnd__tiny__int8_in_bf16_traits {
       layers, heads, head_dim, page_size, window, 64,
       5, {kvforge::Axis::page, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::slot, kvforge::Axis::dim},
       144,
-      quant, kvforge::DType::bf16, kvforge::ScalePlacement::in_page};
+      quant, kvforge::DType::bf16, kvforge::ScalePlacement::in_page,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using flashinfer_paged_hnd__tiny__int8_in_bf16 = kvforge::TypedCache<flashinfer_paged_hnd__tiny__int8_in_bf16_traits>;

@@ -30,7 +30,9 @@ struct hybrid_paged__gemma2_2b__bf16__local_traits {
       layers, heads, head_dim, page_size, window, 8192,
       5, {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim},
       53248,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 struct hybrid_paged__gemma2_2b__bf16__global_traits {
@@ -52,7 +54,9 @@ struct hybrid_paged__gemma2_2b__bf16__global_traits {
       layers, heads, head_dim, page_size, window, 8192,
       6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
       53248,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 struct hybrid_paged__gemma2_2b__bf16_traits {
@@ -72,7 +76,8 @@ struct hybrid_paged__gemma2_2b__bf16_traits {
       26, 4, 256, 0, 0, 8192,
       0, {},
       106496,
-      kvforge::Quant::none, kvforge::DType::f32, kvforge::ScalePlacement::separate, &hybrid};
+      kvforge::Quant::none, kvforge::DType::f32, kvforge::ScalePlacement::separate, &hybrid, false,
+      {65536, 0, 256}};
 };
 
 }  // namespace kvforge::variants

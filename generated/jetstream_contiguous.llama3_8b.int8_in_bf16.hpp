@@ -29,7 +29,9 @@ struct jetstream_contiguous__llama3_8b__int8_in_bf16_traits {
       layers, heads, head_dim, page_size, window, 8192,
       4, {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
       65792,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {4096, 0, 256}};  // tuning: specs/tuning/llama3_8b.yaml
 };
 
 using jetstream_contiguous__llama3_8b__int8_in_bf16 = kvforge::TypedCache<jetstream_contiguous__llama3_8b__int8_in_bf16_traits>;

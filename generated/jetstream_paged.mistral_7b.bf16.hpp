@@ -28,7 +28,9 @@ struct jetstream_paged__mistral_7b__bf16_traits {
       layers, heads, head_dim, page_size, window, 32768,
       4, {kvforge::Axis::head, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::dim},
       131072,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using jetstream_paged__mistral_7b__bf16 = kvforge::TypedCache<jetstream_paged__mistral_7b__bf16_traits>;

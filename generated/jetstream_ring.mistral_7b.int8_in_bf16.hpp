@@ -29,7 +29,9 @@ struct jetstream_ring__mistral_7b__int8_in_bf16_traits {
       layers, heads, head_dim, page_size, window, 32768,
       4, {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
       65792,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using jetstream_ring__mistral_7b__int8_in_bf16 = kvforge::TypedCache<jetstream_ring__mistral_7b__int8_in_bf16_traits>;

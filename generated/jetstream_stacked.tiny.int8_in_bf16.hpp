@@ -29,7 +29,9 @@ struct jetstream_stacked__tiny__int8_in_bf16_traits {
       layers, heads, head_dim, page_size, window, 64,
       5, {kvforge::Axis::layer, kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
       144,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using jetstream_stacked__tiny__int8_in_bf16 = kvforge::TypedCache<jetstream_stacked__tiny__int8_in_bf16_traits>;

@@ -28,7 +28,9 @@ struct jetstream_stacked_lazy__tiny__fp16_traits {
       layers, heads, head_dim, page_size, window, 64,
       5, {kvforge::Axis::layer, kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
       256,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using jetstream_stacked_lazy__tiny__fp16 = kvforge::TypedCache<jetstream_stacked_lazy__tiny__fp16_traits>;

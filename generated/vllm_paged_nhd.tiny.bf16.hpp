@@ -28,7 +28,9 @@ struct vllm_paged_nhd__tiny__bf16_traits {
       layers, heads, head_dim, page_size, window, 64,
       5, {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim},
       256,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using vllm_paged_nhd__tiny__bf16 = kvforge::TypedCache<vllm_paged_nhd__tiny__bf16_traits>;

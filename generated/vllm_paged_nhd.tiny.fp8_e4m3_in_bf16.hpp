@@ -29,7 +29,9 @@ struct vllm_paged_nhd__tiny__fp8_e4m3_in_bf16_traits {
       layers, heads, head_dim, page_size, window, 64,
       5, {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim},
       128,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate};
+      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
+      nullptr, false,
+      {65536, 0, 256}};  // tuning: defaults
 };
 
 using vllm_paged_nhd__tiny__fp8_e4m3_in_bf16 = kvforge::TypedCache<vllm_paged_nhd__tiny__fp8_e4m3_in_bf16_traits>;

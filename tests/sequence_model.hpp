@@ -224,6 +224,8 @@ class SequenceModel {
   // The manager agrees with the model, and its own invariants hold.
   void check() const {
     manager_->check_invariants();
+    const double u = manager_->utilization();
+    if (!(u >= 0.0 && u <= 1.0)) throw ModelMismatch("utilization " + std::to_string(u) + " is outside [0, 1]");
     for (const auto& [id, m] : model_) {
       if (!manager_->contains(id)) throw ModelMismatch("sequence " + std::to_string(id) + " vanished");
       if (manager_->tokens(id) != m.tokens) throw ModelMismatch("sequence " + std::to_string(id) + " tokens differ");

@@ -453,6 +453,36 @@ TEST_P(EveryVariant, BytesPerTokenMatchesAllocation) {
 
 INSTANTIATE_TEST_SUITE_P(Registry, EveryVariant, testing::ValuesIn(all_cases()), case_name);
 
+// Launch parameters change how work is split, never what is written: the same traffic under extreme
+// tunings leaves byte-identical storage.
+TEST_P(EveryVariant, TuningChangesNoResult) {
+  KVTEST_REQUIRE_DEVICE(GetParam().device);
+  const VariantDescriptor& d = *GetParam().entry->descriptor;
+  if (std::string(d.model) != "tiny") GTEST_SKIP() << "checked on the tiny model's variants only, to keep the suite short";
+  Driver plain(*GetParam().entry, GetParam().device, 9), tuned(*GetParam().entry, GetParam().device, 9);
+  Tuning t;
+  t.cpu_parallel_bytes = 0;  // every operation parallel, in chunks of one item
+  t.cpu_chunk_items = 1;
+  t.cuda_block_threads = 64;
+  tuned.cache_->set_tuning(t);
+  EXPECT_EQ(tuned.cache_->tuning().cpu_chunk_items, 1);
+  for (int i = 0; i < 4; ++i) {
+    plain.step(i);
+    tuned.step(i);
+  }
+  const int64_t bytes = plain.cache_->geometry().total_elems * dtype_size(d.storage);
+  EXPECT_TRUE(plain.arena_.fetch(plain.cache_->storage(), bytes) == tuned.arena_.fetch(tuned.cache_->storage(), bytes));
+  Tuning bad;
+  bad.cuda_block_threads = 100;
+  try {
+    tuned.cache_->set_tuning(bad);
+    ADD_FAILURE() << "a block of 100 threads was accepted";
+  } catch (const ArgumentError& e) {
+    EXPECT_EQ(e.argument(), "tuning.cuda_block_threads");
+  }
+  EXPECT_EQ(tuned.cache_->tuning().cuda_block_threads, 64) << "a refused tuning changes nothing";
+}
+
 // The generic runtime-strided path, serving each generated variant's descriptor, meets the same
 // reference: it is a real fallback, not only a benchmark baseline.
 class EveryGenericTwin : public testing::TestWithParam<Case> {};

@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                         metavar="PATH", help="layout spec files or folders (default: specs/layouts)")
         sp.add_argument("--models", nargs="+", default=[os.path.join(REPO, "specs", "models")],
                         metavar="PATH", help="model spec files or folders (default: specs/models)")
+        sp.add_argument("--tuning", nargs="*", default=[p for p in [os.path.join(REPO, "specs", "tuning")]
+                                                          if os.path.isdir(p)],
+                        metavar="PATH", help="tuning files or folders (default: specs/tuning, where it exists)")
         sp.add_argument("--source-root", default=REPO,
                         help="paths in messages and provenance headers are relative to this (default: repo)")
         sp.add_argument("--layout", type=_csv, default=(), help="keep only these layouts (comma-separated)")
@@ -62,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: List[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        specs = load_specs(args.layouts, args.models, args.source_root)
+        specs = load_specs(args.layouts, args.models, args.source_root, args.tuning)
     except SpecFailure as failure:
         for e in failure.errors:
             print(e, file=sys.stderr)

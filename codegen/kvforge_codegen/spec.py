@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import vocab
@@ -23,6 +23,16 @@ class LayerGroup:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """Launch parameters baked into a model's variants: measured winners, or the defaults."""
+
+    cpu_parallel_bytes: int = vocab.TUNABLES["cpu"]["parallel_bytes"][0]
+    cpu_chunk_items: int = vocab.TUNABLES["cpu"]["chunk_items"][0]
+    cuda_block_threads: int = vocab.TUNABLES["cuda"]["block_threads"][0]
+    source: Optional[str] = None  # the tuning file, or None for the defaults
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     layers: int
@@ -32,6 +42,7 @@ class ModelSpec:
     sliding_window: Optional[int]
     loc: Loc
     layer_groups: Tuple[LayerGroup, ...] = ()
+    tuning: Tuning = Tuning()
 
     def group(self, name: str) -> LayerGroup:
         return next(g for g in self.layer_groups if g.name == name)
@@ -186,9 +197,13 @@ def _display(path: str, root: str) -> str:
 
 def _check_file_name(name: Optional[str], path: str, r: _Reader, diags: Diagnostics) -> None:
     """One name per spec everywhere: the `name` field is the file's stem."""
+    _check_file_name_field(name, "name", path, r, diags)
+
+
+def _check_file_name_field(name: Optional[str], field: str, path: str, r: _Reader, diags: Diagnostics) -> None:
     stem = os.path.splitext(os.path.basename(path))[0]
     if name is not None and name != stem:
-        diags.error(r.loc_of("name"), "name", f"{name!r} differs from the file name", stem)
+        diags.error(r.loc_of(field), field, f"{name!r} differs from the file name", stem)
 
 
 def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelSpec]:
@@ -434,10 +449,50 @@ def _parse_all(paths: Sequence[str], parse, kind: str, root: str, diags: Diagnos
     return list(seen.values())
 
 
-def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: str) -> SpecSet:
+def _parse_tuning(path: str, display: str, diags: Diagnostics) -> Optional[Tuple[str, Tuning, Loc]]:
+    doc = load(path, display, diags)
+    if doc is None:
+        return None
+    r = _Reader(diags, doc, "", ("model",) + tuple(vocab.TUNABLES))
+    before = len(diags.errors)
+    model = r.name("model")
+    _check_file_name_field(model, "model", path, r, diags)
+    values = {}
+    for section, fields in vocab.TUNABLES.items():
+        if not r.has(section):
+            continue
+        sr = _Reader(diags, r.fields[section].value, section, tuple(fields))
+        for field, (default, lo, hi) in fields.items():
+            if not sr.has(field):
+                continue
+            v = sr.fields[field].value
+            if isinstance(v.data, bool) or not isinstance(v.data, int) or not lo <= v.data <= hi:
+                diags.error(v.loc, f"{section}.{field}", f"expected an integer in {lo}..{hi}, got {v.data!r}", f"{lo}..{hi}")
+            elif field == "block_threads" and v.data % 32:
+                diags.error(v.loc, f"{section}.{field}", f"{v.data} is not a whole number of warps", "multiples of 32")
+            else:
+                values[f"{section}_{field}"] = v.data
+    if len(diags.errors) != before:
+        return None
+    return model, Tuning(**values, source=display), doc.loc
+
+
+def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: str,
+               tuning_paths: Sequence[str] = ()) -> SpecSet:
     """Read and validate every spec; raise SpecFailure with all errors if any file has one."""
     diags = Diagnostics()
     models = _parse_all(model_paths, _parse_model, "model", root, diags)
+    by_name = {m.name: m for m in models}
+    for path in _yaml_files(tuning_paths):
+        parsed = _parse_tuning(path, _display(path, root), diags)
+        if parsed is None:
+            continue
+        name, tuning, loc = parsed
+        if name not in by_name:
+            diags.error(loc, "model", f"unknown model {name!r}", sorted(by_name))
+        else:
+            by_name[name] = replace(by_name[name], tuning=tuning)
+    models = [by_name[m.name] for m in models]
     layouts = _parse_all(layout_paths, _parse_layout, "layout", root, diags)
     if not layouts and not diags:
         diags.error(Loc(", ".join(layout_paths) or "(none)", 1), "layouts", "no layout spec files found",

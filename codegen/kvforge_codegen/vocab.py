@@ -37,3 +37,11 @@ FORBIDDEN_AXES = {
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 MAX_PAGE_SIZE = 4096
 MAX_LAYERS = 1024
+
+# Launch parameters a model's specs/tuning/<model>.yaml may set (written by kvforge_bench --kvf_tune),
+# with the defaults every variant gets otherwise and the range each may take.
+TUNABLES = {
+    "cpu": {"parallel_bytes": (65536, 0, 1 << 30),  # below this much data an operation runs on one thread
+            "chunk_items": (0, 0, 1 << 20)},        # OpenMP chunk in items; 0: one even chunk per thread
+    "cuda": {"block_threads": (256, 32, 1024)},     # threads per CUDA block
+}

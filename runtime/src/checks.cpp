@@ -7,6 +7,14 @@
 
 namespace kvforge::detail {
 
+void check_tuning(const Tuning& t) {
+  if (t.cpu_parallel_bytes < 0) throw OutOfRangeError("tuning.cpu_parallel_bytes", t.cpu_parallel_bytes, 0, INT64_MAX);
+  if (t.cpu_chunk_items < 0) throw OutOfRangeError("tuning.cpu_chunk_items", t.cpu_chunk_items, 0, INT32_MAX);
+  if (t.cuda_block_threads < 32 || t.cuda_block_threads > 1024 || t.cuda_block_threads % 32)
+    throw ArgumentError("tuning.cuda_block_threads",
+                        "must be a multiple of 32 in 32..1024, got " + std::to_string(t.cuda_block_threads));
+}
+
 void check_layer(int layer, int layers) {
   if (layer < 0 || layer >= layers) throw OutOfRangeError("layer", layer, 0, layers);
 }

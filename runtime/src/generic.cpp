@@ -41,7 +41,7 @@ struct OwnedDescriptor {
 // Every loop reads its dimensions and strides at run time: nothing is a compile-time constant.
 template <class Store, class In> class GenericCache final : public Cache {
  public:
-  GenericCache(const VariantDescriptor& d, const CacheConfig& config) : owned_(d), config_(config) {
+  GenericCache(const VariantDescriptor& d, const CacheConfig& config) : owned_(d), config_(config), tuning_(d.tuning) {
     detail::check_config(owned_.d, config_);
     const VariantDescriptor& v = owned_.d;
     if (v.addressing == Addressing::contiguous && config_.max_seq_len == 0) config_.max_seq_len = v.max_seq_len;
@@ -81,7 +81,7 @@ template <class Store, class In> class GenericCache final : public Cache {
     Store* pool = static_cast<Store*>(pool_.data());
     const int H = d.heads, D = d.head_dim, P = d.page_size, W = d.window;
     const bool paged = d.paged(), ring = d.addressing == Addressing::ring;
-#pragma omp parallel for schedule(static) if (tokens * H * D * int64_t(sizeof(Store)) >= detail::CpuExec::kParallelBytes)
+#pragma omp parallel for schedule(static) if (tokens * H * D * int64_t(sizeof(Store)) >= tuning_.cpu_parallel_bytes)
     for (int64_t i = 0; i < tokens; ++i) {
       int64_t unit, slot;
       if (paged) {
@@ -143,7 +143,7 @@ template <class Store, class In> class GenericCache final : public Cache {
     const int H = d.heads, D = d.head_dim, P = d.page_size, W = d.window;
     In* out[2] = {static_cast<In*>(k_out.data), static_cast<In*>(v_out.data)};
     const int64_t token_stride[2] = {k_out.stride[1], v_out.stride[1]}, head_stride[2] = {k_out.stride[0], v_out.stride[0]};
-#pragma omp parallel for schedule(static) if (count * H * D * int64_t(sizeof(Store)) >= detail::CpuExec::kParallelBytes)
+#pragma omp parallel for schedule(static) if (count * H * D * int64_t(sizeof(Store)) >= tuning_.cpu_parallel_bytes)
     for (int64_t j = 0; j < count; ++j) {
       const int64_t pos = range.begin + j;
       int64_t unit = range.row, slot = pos;
@@ -247,6 +247,8 @@ template <class Store, class In> class GenericCache final : public Cache {
   }
   const void* storage() const override { return pool_.data(); }
   const void* scale_storage() const override { return nullptr; }
+  Tuning tuning() const override { return tuning_; }
+  void set_tuning(const Tuning& t) override { tuning_ = t; }  // only the threshold is used here
 
  private:
   [[noreturn]] void unsupported(const char* what) const {
@@ -273,6 +275,7 @@ template <class Store, class In> class GenericCache final : public Cache {
 
   OwnedDescriptor owned_;
   CacheConfig config_;
+  Tuning tuning_;
   Capacity capacity_;
   Geometry geometry_;
   Buffer pool_;

@@ -499,7 +499,8 @@ double SequenceManager::utilization() const {
   for (const auto& [id, s] : sequences_) {
     const int64_t n = int64_t(s.tokens.size());
     for (size_t j = size_t(s.dropped); j < s.pages.size(); ++j)
-      fill[size_t(s.pages[j])] = std::max<int32_t>(fill[size_t(s.pages[j])], int32_t(std::min<int64_t>(P, n - int64_t(j) * P)));
+      if (s.pages[j] >= 0)  // an offloaded sequence holds no device pages
+        fill[size_t(s.pages[j])] = std::max<int32_t>(fill[size_t(s.pages[j])], int32_t(std::min<int64_t>(P, n - int64_t(j) * P)));
   }
   int64_t tokens = 0;
   for (int32_t f : fill) tokens += f;

@@ -314,7 +314,7 @@ class HybridLayouts(unittest.TestCase):
         self.assertEqual(v.bytes_per_token, sum(m.bytes_per_token for _, m in v.members))
         header = render([v])["hyb.tiny_hybrid.bf16.hpp"]
         self.assertIn("hyb__tiny_hybrid__bf16__local_traits", header)
-        self.assertIn("&hybrid};", header)
+        self.assertIn("&hybrid, false,", header)
 
     def test_hybrid_groups_need_paged_layouts_and_matching_groups(self):
         d = with_repo_layouts(SpecDir({"hyb.yaml": HYBRID_LAYOUT.format(local="jetstream_ring")}),
@@ -331,6 +331,40 @@ class HybridLayouts(unittest.TestCase):
         self.assertEqual(d.errors(), [
             "layouts/hyb.yaml:6: expand[0]: hyb.tiny.bf16: groups local, global do not match tiny's "
             "layer_groups (none)"])
+
+
+class TuningFiles(unittest.TestCase):
+    def tuned(self, text, name="tiny.yaml"):
+        d = SpecDir({"ok.yaml": GOOD_LAYOUT.format(name="ok")})
+        tuning = os.path.join(d.tmp.name, "tuning")
+        os.makedirs(tuning)
+        with open(os.path.join(tuning, name), "w") as f:
+            f.write(textwrap.dedent(text))
+        return d, tuning
+
+    def test_a_tuning_file_is_baked_into_its_models_variants(self):
+        d, tuning = self.tuned("model: tiny\ncpu:\n  parallel_bytes: 16384\n  chunk_items: 8\n")
+        specs = load_specs([d.layouts], [MODELS], d.tmp.name, [tuning])
+        [v] = plan_variants(specs)
+        self.assertEqual((v.model.tuning.cpu_parallel_bytes, v.model.tuning.cpu_chunk_items,
+                          v.model.tuning.cuda_block_threads), (16384, 8, 256))
+        self.assertIn("{16384, 8, 256}};  // tuning: tuning/tiny.yaml", render([v])["ok.tiny.bf16.hpp"])
+
+    def test_bad_tuning_files(self):
+        d, tuning = self.tuned("model: tiny\ncpu:\n  parallel_bytes: -1\ncuda:\n  block_threads: 100\n"
+                               "gpu: {}\n")
+        with self.assertRaises(SpecFailure) as caught:
+            load_specs([d.layouts], [MODELS], d.tmp.name, [tuning])
+        self.assertEqual([str(e) for e in caught.exception.errors], [
+            "tuning/tiny.yaml:3: cpu.parallel_bytes: expected an integer in 0..1073741824, got -1 "
+            "(allowed: 0..1073741824)",
+            "tuning/tiny.yaml:5: cuda.block_threads: 100 is not a whole number of warps (allowed: multiples of 32)",
+            "tuning/tiny.yaml:6: gpu: unknown field (allowed: model, cpu, cuda)"])
+        d, tuning = self.tuned("model: tiny\n", name="other.yaml")
+        with self.assertRaises(SpecFailure) as caught:
+            load_specs([d.layouts], [MODELS], d.tmp.name, [tuning])
+        self.assertEqual([str(e) for e in caught.exception.errors], [
+            "tuning/other.yaml:1: model: 'tiny' differs from the file name (allowed: other)"])
 
 
 class Naming(unittest.TestCase):

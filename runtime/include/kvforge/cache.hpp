@@ -110,6 +110,10 @@ class Cache {
   // The scale buffer beside the pool (separate or per_tensor scales), else null.
   virtual const void* scale_storage() const = 0;
 
+  // Launch parameters now in force; set_tuning checks them (ArgumentError naming the field) first.
+  virtual Tuning tuning() const = 0;
+  virtual void set_tuning(const Tuning& t) = 0;
+
   // Hybrid variants keep one member cache per layer group; every other cache is its own only group.
   virtual int num_groups() const { return 1; }
   virtual Cache& group(int g);

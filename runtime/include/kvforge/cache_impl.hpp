@@ -29,6 +29,7 @@ Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c);
 int64_t staged_capacity(const CacheConfig& c);
 void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
 [[noreturn]] void raise_status(const DeviceStatus& s);
+void check_tuning(const Tuning& t);
 
 template <class T> Rows3<T> rows3(const TensorView& t) {
   return Rows3<T>{static_cast<T*>(t.data), t.stride[0], t.stride[1]};
@@ -75,6 +76,11 @@ template <class Traits> class TypedCache final : public Cache {
   void pack_pages(const IndexView& pages, void* packed) override;
   void unpack_pages(const void* packed, const IndexView& pages) override;
   void set_tensor_scale(int layer, float k_scale, float v_scale) override;
+  Tuning tuning() const override { return tuning_; }
+  void set_tuning(const Tuning& t) override {
+    detail::check_tuning(t);
+    tuning_ = t;
+  }
   int64_t row_length(int64_t row) const override;
   void synchronize() override;
   MemoryReport memory() const override;
@@ -84,6 +90,7 @@ template <class Traits> class TypedCache final : public Cache {
  private:
   using CpuOps = detail::Ops<Traits, detail::CpuExec>;
   bool on_cpu() const { return config_.device == Device::cpu; }
+  detail::CpuExec cpu_exec() const { return detail::CpuExec{tuning_.cpu_parallel_bytes, tuning_.cpu_chunk_items}; }
   void check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
                      int32_t code);
   void check_row(int64_t row) const;
@@ -92,6 +99,7 @@ template <class Traits> class TypedCache final : public Cache {
   detail::ScaleRef scale_ref() const;
 
   CacheConfig config_;
+  Tuning tuning_ = Traits::descriptor.tuning;
   Capacity capacity_;
   Geometry geometry_;
   Backend* backend_;
@@ -113,12 +121,12 @@ template <class Traits> class TypedCache final : public Cache {
 #define KVFORGE_RUN_OP(op, args)                                              \
   do {                                                                        \
     if (on_cpu())                                                             \
-      CpuOps::op(detail::CpuExec{}, args);                                    \
+      CpuOps::op(cpu_exec(), args);                                           \
     else                                                                      \
-      detail::CudaOps<Traits>::op(config_.stream, args);                      \
+      detail::CudaOps<Traits>::op(config_.stream, tuning_.cuda_block_threads, args); \
   } while (0)
 #else
-#define KVFORGE_RUN_OP(op, args) CpuOps::op(detail::CpuExec{}, args)
+#define KVFORGE_RUN_OP(op, args) CpuOps::op(cpu_exec(), args)
 #endif
 
 template <class Traits>

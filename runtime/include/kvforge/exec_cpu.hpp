@@ -9,12 +9,20 @@
 namespace kvforge::detail {
 
 struct CpuExec {
-  // Below this much data a parallel region costs more than it saves.
+  // The default below which a parallel region costs more than it saves (Tuning::cpu_parallel_bytes).
   static constexpr int64_t kParallelBytes = 1 << 16;
+  int64_t parallel_bytes = kParallelBytes;
+  int chunk_items = 0;  // 0: one even chunk per thread
 
   template <class Body> void for_each_item(int64_t items, int /*lanes*/, int64_t item_bytes, Body body) const {
-#pragma omp parallel for schedule(static) if (items * item_bytes >= kParallelBytes)
-    for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+    const bool parallel = items * item_bytes >= parallel_bytes;
+    if (chunk_items > 0) {
+#pragma omp parallel for schedule(dynamic, chunk_items) if (parallel)
+      for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+    } else {
+#pragma omp parallel for schedule(static) if (parallel)
+      for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+    }
   }
 
   // An item is one thread here, so its lanes' maximum is its own value.

@@ -23,10 +23,11 @@ template <class Body> __global__ void item_kernel(int64_t items, int lanes, Body
 
 struct CudaExec {
   cudaStream_t stream = nullptr;
+  int block_threads = 256;  // Tuning::cuda_block_threads
 
   template <class Body> void for_each_item(int64_t items, int lanes, int64_t /*item_bytes*/, Body body) const {
     if (items <= 0) return;
-    const int per_block = lanes >= 256 ? 1 : 256 / lanes;
+    const int per_block = lanes >= block_threads ? 1 : block_threads / lanes;
     const int threads = per_block * lanes;
     const int64_t blocks = (items + per_block - 1) / per_block;
     item_kernel<<<unsigned(blocks), threads, 0, stream>>>(items, lanes, body);

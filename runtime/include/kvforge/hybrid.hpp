@@ -53,6 +53,10 @@ class HybridCache final : public Cache {
   MemoryReport memory() const override;
   const void* storage() const override { return members_[0]->storage(); }
   const void* scale_storage() const override { return members_[0]->scale_storage(); }
+  Tuning tuning() const override { return members_[0]->tuning(); }
+  void set_tuning(const Tuning& t) override {
+    for (auto& m : members_) m->set_tuning(t);
+  }
 
   int num_groups() const override { return int(members_.size()); }
   Cache& group(int g) override;

@@ -26,6 +26,15 @@ constexpr const char* addressing_name(Addressing a) {
 
 struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
 
+// Launch parameters. A variant bakes in its model's specs/tuning/<model>.yaml (written by
+// kvforge_bench --kvf_tune) or these defaults; Cache::set_tuning changes them at run time, which is
+// how the tuner measures candidates.
+struct Tuning {
+  int64_t cpu_parallel_bytes = 1 << 16;  // below this much data an operation runs on one thread
+  int cpu_chunk_items = 0;               // OpenMP chunk in items; 0: one even chunk per thread
+  int cuda_block_threads = 256;          // threads per CUDA block; items per block = this / lanes
+};
+
 // Everything the spec fixed about a variant. Generated as a constexpr per variant.
 struct VariantDescriptor {
   const char* name;
@@ -49,6 +58,7 @@ struct VariantDescriptor {
   ScalePlacement scale_placement = ScalePlacement::separate;
   const HybridDescriptor* hybrid = nullptr;  // hybrid variants: one member per layer group
   bool generic = false;                      // served by the generic runtime-strided path
+  Tuning tuning = {};
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
