@@ -131,6 +131,10 @@ std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl im
   cfg.pages = d.paged() ? rows * ((per_row + d.page_size - 1) / d.page_size) : 0;
   cfg.max_staged_tokens = decode ? rows : per_row;
   if (d.addressing == Addressing::ring && per_row > d.window) return nullptr;  // a ring cannot hold it
+  // A ring holds a whole window per row whatever the shape; keep every cache within 4 GiB of this
+  // 24 GiB machine (mistral's 4096-token ring at batch 256 would need 128 GiB).
+  const int64_t capacity_tokens = rows * (d.addressing == Addressing::ring ? d.window : per_row);
+  if (capacity_tokens * d.bytes_per_token > (int64_t(4) << 30)) return nullptr;
   p->cache = impl == Impl::generic ? make_generic_cache(d, cfg) : e.create(cfg);
   if (impl == Impl::untuned) p->cache->set_tuning(Tuning{});
   p->tokens = gather ? 0 : (decode ? rows : per_row);
@@ -221,7 +225,7 @@ void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl i
     current_key = key;
   }
   if (!current) {
-    state.SkipWithError("this layout cannot hold the shape");
+    state.SkipWithError("this layout cannot hold the shape within the bench's 4 GiB budget");
     return;
   }
   Prepared& p = *current;

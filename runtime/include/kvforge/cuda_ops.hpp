@@ -20,6 +20,6 @@ template <class Traits> struct CudaOps {
 };
 
 // Device-side index validation (no host read, so graph capture stays legal).
-void check_indices_on_device(void* stream, int block_threads, const IndexCheckArgs& a);
+void check_indices_on_device(void* stream, const IndexCheckArgs& a);
 
 }  // namespace kvforge::detail
