@@ -38,6 +38,7 @@ struct Shape {
 struct Preset {
   std::vector<Shape> shapes;
   bool (*keeps)(const VariantDescriptor&);
+  bool cold = false;  // also run every shape with a flushed cache
 };
 
 bool llama_bf16_or_quantized(const VariantDescriptor& d) {
@@ -45,16 +46,6 @@ bool llama_bf16_or_quantized(const VariantDescriptor& d) {
 }
 // Hybrid variants are measured through their members, which are ordinary paged variants.
 bool any_variant(const VariantDescriptor& d) { return !d.is_hybrid(); }
-
-std::vector<Shape> hot_and_cold(std::vector<Shape> shapes) {
-  const size_t n = shapes.size();
-  for (size_t i = 0; i < n; ++i) {
-    Shape c = shapes[i];
-    c.cold = true;
-    shapes.push_back(c);
-  }
-  return shapes;
-}
 
 const std::map<std::string, Preset>& presets() {
   static const std::map<std::string, Preset> p = {
@@ -67,15 +58,16 @@ const std::map<std::string, Preset>& presets() {
       // The memory-management layer only (allocator, step metadata, offload, a synthetic trace).
       {"memory", {{}, any_variant}},
       {"full",
-       {hot_and_cold({{"append_decode", "batch", 1},
-                      {"append_decode", "batch", 8},
-                      {"append_decode", "batch", 64},
-                      {"append_decode", "batch", 256},
-                      {"append_prefill", "chunk", 512},
-                      {"append_prefill", "chunk", 2048},
-                      {"gather", "ctx", 1024},
-                      {"gather", "ctx", 8192}}),
-        any_variant}},
+       {{{"append_decode", "batch", 1},
+         {"append_decode", "batch", 8},
+         {"append_decode", "batch", 64},
+         {"append_decode", "batch", 256},
+         {"append_prefill", "chunk", 512},
+         {"append_prefill", "chunk", 2048},
+         {"gather", "ctx", 1024},
+         {"gather", "ctx", 8192}},
+        any_variant,
+        true}},
   };
   return p;
 }
@@ -135,8 +127,11 @@ std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl im
   // 24 GiB machine (mistral's 4096-token ring at batch 256 would need 128 GiB).
   const int64_t capacity_tokens = rows * (d.addressing == Addressing::ring ? d.window : per_row);
   if (capacity_tokens * d.bytes_per_token > (int64_t(4) << 30)) return nullptr;
-  p->cache = impl == Impl::generic ? make_generic_cache(d, cfg) : e.create(cfg);
-  if (impl == Impl::untuned) p->cache->set_tuning(Tuning{});
+  try {
+    p->cache = impl == Impl::generic ? make_generic_cache(d, cfg) : e.create(cfg);
+  } catch (const Error&) {
+    return nullptr;  // the shape does not fit the model (a 512-token chunk of a 64-token model)
+  }
   p->tokens = gather ? 0 : (decode ? rows : per_row);
   const int64_t in_bytes = (gather ? per_row : p->tokens) * d.heads * d.head_dim * dtype_size(d.input);
   std::mt19937 rng(1);
@@ -214,44 +209,47 @@ void naive_scatter(Prepared& p, const VariantDescriptor& d) {
   }
 }
 
+// One step of the shape's operation: a gather of the prepared row, or an append (every layer, then
+// commit, for a lazy variant).
+void run_once(Prepared& p, const VariantDescriptor& d, const Shape& s, Impl impl) {
+  if (std::string(s.op) == "gather") {
+    GatherRange g;
+    g.end = p.positions_per_row;
+    g.pages = IndexView::of(p.pages.data(), int64_t(p.pages.size()));
+    p.cache->gather(0, g, TensorView::contiguous(p.k_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim),
+                    TensorView::contiguous(p.v_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim));
+  } else if (impl == Impl::naive) {
+    naive_scatter(p, d);
+  } else {
+    const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(p.slots.data(), p.tokens))
+                                      : TokenTargets::row_positions(IndexView::of(p.rows.data(), p.tokens),
+                                                                    IndexView::of(p.positions.data(), p.tokens));
+    for (int layer = 0; layer < layers_per_append(d); ++layer)
+      p.cache->append(layer, TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
+                      TensorView::contiguous(p.v.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim), tt);
+    p.cache->commit();
+  }
+}
+
 void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl impl) {
   static std::unique_ptr<Prepared> current;
   static std::string current_key;
   const VariantDescriptor& d = *e->descriptor;
-  const std::string key = std::string(d.name) + s.op + std::to_string(s.n) + impl_suffix(impl);
+  const std::string key = std::string(d.name) + s.op + std::to_string(s.n) + (impl == Impl::generic ? "/generic" : "");
   if (key != current_key) {
     current.reset();  // free the previous benchmark's cache before allocating this one
     current = prepare(*e, s, impl);
     current_key = key;
   }
   if (!current) {
-    state.SkipWithError("this layout cannot hold the shape within the bench's 4 GiB budget");
+    state.SkipWithError("this variant cannot hold the shape (the model's max_seq_len, or the bench's 4 GiB budget)");
     return;
   }
   Prepared& p = *current;
-  const bool gather = std::string(s.op) == "gather";
+  if (impl != Impl::generic) p.cache->set_tuning(impl == Impl::untuned ? Tuning{} : d.tuning);
   for (auto _ : state) {
     if (s.cold) flush_caches(state);
-    if (gather) {
-      GatherRange g;
-      g.row = 0;
-      g.begin = 0;
-      g.end = p.positions_per_row;
-      g.pages = IndexView::of(p.pages.data(), int64_t(p.pages.size()));
-      p.cache->gather(0, g,
-                      TensorView::contiguous(p.k_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim),
-                      TensorView::contiguous(p.v_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim));
-    } else if (impl == Impl::naive) {
-      naive_scatter(p, d);
-    } else {
-      const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(p.slots.data(), p.tokens))
-                                        : TokenTargets::row_positions(IndexView::of(p.rows.data(), p.tokens),
-                                                                      IndexView::of(p.positions.data(), p.tokens));
-      for (int layer = 0; layer < layers_per_append(d); ++layer)
-        p.cache->append(layer, TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
-                        TensorView::contiguous(p.v.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim), tt);
-      p.cache->commit();
-    }
+    run_once(p, d, s, impl);
     benchmark::ClobberMemory();
   }
   const int64_t bytes = bytes_moved(d, s);
@@ -506,23 +504,7 @@ void register_simulations() {
 
 // Seconds per operation: the median of 5 timed batches of repeated runs, each batch ~10 ms.
 double time_op(Prepared& p, const VariantDescriptor& d, const Shape& s) {
-  auto once = [&] {
-    if (std::string(s.op) == "gather") {
-      GatherRange g;
-      g.end = p.positions_per_row;
-      g.pages = IndexView::of(p.pages.data(), int64_t(p.pages.size()));
-      p.cache->gather(0, g, TensorView::contiguous(p.k_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim),
-                      TensorView::contiguous(p.v_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim));
-    } else {
-      const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(p.slots.data(), p.tokens))
-                                        : TokenTargets::row_positions(IndexView::of(p.rows.data(), p.tokens),
-                                                                      IndexView::of(p.positions.data(), p.tokens));
-      for (int layer = 0; layer < layers_per_append(d); ++layer)
-        p.cache->append(layer, TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
-                        TensorView::contiguous(p.v.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim), tt);
-      p.cache->commit();
-    }
-  };
+  auto once = [&] { run_once(p, d, s, Impl::generated); };
   using clock = std::chrono::steady_clock;
   once();
   const auto t0 = clock::now();
@@ -634,24 +616,27 @@ int main(int argc, char** argv) {
   std::set<std::pair<int64_t, bool>> copies;  // (bytes, cold)
   for (const auto& e : registry().variants()) {
     if (!preset.keeps(*e.descriptor)) continue;
-    for (const Shape& s : preset.shapes) {
-      const std::string name = std::string(s.op) + "/" + e.descriptor->name + "/" + s.key + ":" +
-                               std::to_string(s.n) + (s.cold ? "/cold" : "");
-      auto* b = benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s, Impl::generated)->UseRealTime();
-      if (s.cold) b->Iterations(40);  // each iteration also flushes 64 MiB, untimed
-      copies.insert({bytes_moved(*e.descriptor, s), s.cold});
-      // The baselines, for the layouts they can serve.
+    for (const Shape& shape : preset.shapes) {
+      // The baselines, for the layouts they can serve; the generic path last, because it is the one
+      // that needs a cache of its own (the others share the generated variant's prepared cache).
       const VariantDescriptor& d = *e.descriptor;
-      const bool append = std::string(s.op) != "gather";
-      std::vector<Impl> baselines;
-      if (generic_unsupported_reason(d, CacheConfig{}).empty()) baselines.push_back(Impl::generic);
+      const bool append = std::string(shape.op) != "gather";
+      std::vector<Impl> impls{Impl::generated};
       if (append && d.storage == d.input && !d.quantized() && d.update == UpdateMode::eager && d.stacked() == false)
-        baselines.push_back(Impl::naive);
-      if (is_tuned(d)) baselines.push_back(Impl::untuned);
-      for (Impl i : baselines) {
-        auto* r = benchmark::RegisterBenchmark((name + impl_suffix(i)).c_str(), run_variant, &e, s, i)->UseRealTime();
-        if (s.cold) r->Iterations(40);
-      }
+        impls.push_back(Impl::naive);
+      if (is_tuned(d)) impls.push_back(Impl::untuned);
+      if (generic_unsupported_reason(d, CacheConfig{}).empty()) impls.push_back(Impl::generic);
+      for (Impl impl : impls)
+        for (bool cold : {false, true}) {
+          if (cold && !preset.cold) continue;
+          Shape s = shape;
+          s.cold = cold;
+          const std::string name = std::string(s.op) + "/" + d.name + "/" + s.key + ":" + std::to_string(s.n) +
+                                   (cold ? "/cold" : "") + impl_suffix(impl);
+          auto* b = benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s, impl)->UseRealTime();
+          if (cold) b->Iterations(40);  // each iteration also flushes 64 MiB, untimed
+          copies.insert({bytes_moved(d, s), cold});
+        }
     }
   }
   if (preset_name == "memory" || preset_name == "full" || preset_name == "short") {

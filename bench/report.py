@@ -123,7 +123,7 @@ def markdown(rows, memory, copies, context, simulations=()):
     return "\n".join(out)
 
 
-def chart(rows, path):
+def chart(rows, path, only=None):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -132,7 +132,7 @@ def chart(rows, path):
         return "no chart: matplotlib is not importable here (tools/setup installs python3-matplotlib for /usr/bin/python3)"
     groups = OrderedDict()
     for r in sorted(rows, key=lambda r: (r["variant"].split(".")[0], r["variant"])):
-        if r["to_copy"] is not None:
+        if r["to_copy"] is not None and (not only or re.search(only, r["variant"])):
             groups.setdefault((r["op"], r["shape"], r["cache"]), []).append(r)
     if not groups:
         return "no chart: no variant benchmark had a copy baseline"
@@ -157,6 +157,7 @@ def main():
     p.add_argument("json", help="kvforge_bench --benchmark_out file")
     p.add_argument("--markdown", help="write the table here (default: print it)")
     p.add_argument("--chart", help="write the PNG chart here")
+    p.add_argument("--chart-only", metavar="REGEX", help="chart only the variants this matches (the full grid is wide)")
     args = p.parse_args()
     try:
         context, runs = load(args.json)
@@ -172,7 +173,7 @@ def main():
     else:
         print(text)
     if args.chart:
-        print("report: " + chart(rows, args.chart))
+        print("report: " + chart(rows, args.chart, args.chart_only))
     return 0
 
 

@@ -126,13 +126,11 @@ TEST(MemoryPlan, AllocateAndReserveBeforeAnythingIsAllocated) {
 
 class EveryPagedTinyVariant : public testing::TestWithParam<const VariantEntry*> {};
 
-// Thousands of random operations under memory pressure, checked after every one.
-TEST_P(EveryPagedTinyVariant, RandomOperationsMatchTheModel) {
-  const VariantDescriptor& d = *GetParam()->descriptor;
-  SequenceModel model(*GetParam(), 64 / d.page_size * 3 + 8, 24, true);
-  RandomChoices choices(42);
+// `ops` random operations, each checked; every live sequence gathered every 250 and at the end.
+void run_model(SequenceModel& model, uint64_t seed, int ops) {
+  RandomChoices choices(seed);
   try {
-    for (int i = 0; i < 3000; ++i) {
+    for (int i = 0; i < ops; ++i) {
       model.random_op(choices);
       if (i % 250 == 249) model.verify();
     }
@@ -140,6 +138,13 @@ TEST_P(EveryPagedTinyVariant, RandomOperationsMatchTheModel) {
   } catch (const ModelMismatch& e) {
     FAIL() << e.what();
   }
+}
+
+// Thousands of random operations under memory pressure, checked after every one.
+TEST_P(EveryPagedTinyVariant, RandomOperationsMatchTheModel) {
+  const VariantDescriptor& d = *GetParam()->descriptor;
+  SequenceModel model(*GetParam(), 64 / d.page_size * 3 + 8, 24, true);
+  ASSERT_NO_FATAL_FAILURE(run_model(model, 42, 3000));
   const SequenceStats& s = model.manager().stats();
   RecordProperty("prefix_hits", std::to_string(s.prefix_hits));
   RecordProperty("evictions", std::to_string(s.evictions));
@@ -155,16 +160,7 @@ TEST_P(EveryPagedTinyVariant, RandomOperationsMatchTheModel) {
 TEST_P(EveryPagedTinyVariant, RandomOperationsWithASlidingWindowMatchTheModel) {
   const VariantDescriptor& d = *GetParam()->descriptor;
   SequenceModel model(*GetParam(), 64 / d.page_size * 3 + 8, 24, true, d.page_size + 5);
-  RandomChoices choices(43);
-  try {
-    for (int i = 0; i < 1500; ++i) {
-      model.random_op(choices);
-      if (i % 250 == 249) model.verify();
-    }
-    model.verify();
-  } catch (const ModelMismatch& e) {
-    FAIL() << e.what();
-  }
+  ASSERT_NO_FATAL_FAILURE(run_model(model, 43, 1500));
   EXPECT_GT(model.verified_sequences, 0);
 }
 

@@ -6,21 +6,10 @@
 #include <vector>
 
 #include "kvforge/backend.hpp"
+#include "kvforge/checks.hpp"
 #include "kvforge/exec_cpu.hpp"
 
 namespace kvforge {
-
-namespace detail {
-// The shared argument checks (checks.cpp).
-void check_layer(int layer, int layers);
-void check_tensor(const char* name, const TensorView& t, const std::array<int64_t, 3>& shape, DType dtype,
-                  Device device);
-void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t min_size, Device device,
-                      int64_t exact_size);
-void check_config(const VariantDescriptor& d, const CacheConfig& c);
-Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c);
-void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
-}  // namespace detail
 
 namespace {
 

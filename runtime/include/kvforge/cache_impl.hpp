@@ -11,6 +11,7 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/cache.hpp"
+#include "kvforge/checks.hpp"
 #include "kvforge/cuda_ops.hpp"
 #include "kvforge/exec_cpu.hpp"
 #include "kvforge/ops.hpp"
@@ -18,19 +19,6 @@
 namespace kvforge {
 
 namespace detail {
-// Shared argument checks, compiled once in the runtime library.
-void check_layer(int layer, int layers);
-void check_tensor(const char* name, const TensorView& t, const std::array<int64_t, 3>& shape, DType dtype,
-                  Device device);
-void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t min_size, Device device,
-                      int64_t exact_size = -1);
-void check_config(const VariantDescriptor& d, const CacheConfig& c);
-Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c);
-int64_t staged_capacity(const CacheConfig& c);
-void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
-[[noreturn]] void raise_status(const DeviceStatus& s);
-void check_tuning(const Tuning& t);
-
 template <class T> Rows3<T> rows3(const TensorView& t) {
   return Rows3<T>{static_cast<T*>(t.data), t.stride[0], t.stride[1]};
 }
