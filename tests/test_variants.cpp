@@ -109,6 +109,9 @@ class Driver {
       verify("before commit");
     }
     cache_->commit();
+    // Within one append, a ring cell shared by several positions of a row holds the highest one
+    // (the contract): apply the batch to the reference in position order, not in token order.
+    std::stable_sort(pending_.begin(), pending_.end(), [](const Pending& a, const Pending& b) { return a.pos < b.pos; });
     for (const auto& p : pending_) ref_.write(p.layer, p.seq, p.pos, p.id);
     pending_.clear();
     cache_->synchronize();

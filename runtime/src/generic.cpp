@@ -66,6 +66,10 @@ template <class Store, class In> class GenericCache final : public Cache {
       check_targets("targets.positions", positions, tokens,
                     d.addressing == Addressing::ring ? int64_t(INT32_MAX) : capacity_.positions);
     }
+    if (!d.paged())  // lengths first: a ring skips positions this same append pushes out of its window
+      for (int64_t i = 0; i < tokens; ++i)
+        if (rows[i] >= 0 && positions[i] >= 0)
+          row_length_[size_t(rows[i])] = std::max(row_length_[size_t(rows[i])], positions[i] + 1);
     const Strides& s = geometry_.strides;
     Store* pool = static_cast<Store*>(pool_.data());
     const int H = d.heads, D = d.head_dim, P = d.page_size, W = d.window;
@@ -79,6 +83,7 @@ template <class Store, class In> class GenericCache final : public Cache {
         slot = slots[i] % P;
       } else {
         if (rows[i] < 0 || positions[i] < 0) continue;
+        if (ring && positions[i] < row_length_[size_t(rows[i])] - W) continue;
         unit = rows[i];
         slot = ring ? positions[i] % W : positions[i];
       }
@@ -91,10 +96,6 @@ template <class Store, class In> class GenericCache final : public Cache {
           for (int x = 0; x < D; ++x) dst[x] = convert<Store>(from[x]);
         }
     }
-    if (!paged)
-      for (int64_t i = 0; i < tokens; ++i)
-        if (rows[i] >= 0 && positions[i] >= 0)
-          row_length_[size_t(rows[i])] = std::max(row_length_[size_t(rows[i])], positions[i] + 1);
   }
 
   void commit() override {}

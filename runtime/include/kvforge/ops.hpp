@@ -190,6 +190,18 @@ template <class Traits, class Exec> struct Ops {
 
   static void write(const Exec& ex, const WriteArgs<Store, In>& a) {
     const int64_t items = int64_t(a.num_layers) * a.tokens;
+    if constexpr (kAddressing == Addressing::ring) {
+      // A ring keeps only a row's last W positions. Record each row's new length first, so that a
+      // position this same append pushes out of the window is never written: two positions of one
+      // row that share a cell (a prefill longer than the window) would otherwise race on a GPU.
+      ex.for_each_item(items, 1, 8, [a] KVF_HD(int64_t i, int, int) {
+        if (a.status->code) return;
+        const int l = int(i / a.tokens);
+        const int64_t target = l * a.target_layer_stride + (i - l * a.tokens);
+        const int32_t r = a.rows[target], p = a.positions[target];
+        if (r >= 0 && p >= 0) Exec::atomic_max(&a.row_length[r], p + 1);
+      });
+    }
     ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       const int l = int(i / a.tokens);
@@ -205,8 +217,12 @@ template <class Traits, class Exec> struct Ops {
         const int32_t r = a.rows[target];
         const int32_t p = a.positions[target];
         if (r < 0 || p < 0) return;
+        if constexpr (kAddressing == Addressing::ring) {
+          if (p < a.row_length[r] - W) return;  // already out of the window: never readable
+        } else if (lane == 0 && a.row_length) {
+          Exec::atomic_max(&a.row_length[r], p + 1);
+        }
         locate_position(r, nullptr, p, unit, slot);
-        if (lane == 0 && a.row_length) Exec::atomic_max(&a.row_length[r], p + 1);
       }
       const int layer = a.first_layer + l;
       const int64_t in_k = l * a.input_layer_stride + t * a.k.token_stride;
