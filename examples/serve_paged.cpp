@@ -25,20 +25,6 @@ float kv_value(const std::vector<int32_t>& tokens, size_t pos, int kv, int i) {
   return float(int((h >> (i % 13)) % 17) - 8) + (kv ? 0.5f : 0.0f);
 }
 
-void write_input(DType t, float x, unsigned char* dst) {
-  if (t == DType::f32) std::memcpy(dst, &x, 4);
-  if (t == DType::bf16) { const bf16 b = bf16_from_float(x); std::memcpy(dst, &b, 2); }
-  if (t == DType::f16) { const fp16 h = fp16_from_float(x); std::memcpy(dst, &h, 2); }
-}
-
-float read_input(DType t, const unsigned char* src) {
-  float f = 0;
-  if (t == DType::f32) std::memcpy(&f, src, 4);
-  if (t == DType::bf16) { bf16 b; std::memcpy(&b, src, 2); f = to_float(b); }
-  if (t == DType::f16) { fp16 h; std::memcpy(&h, src, 2); f = to_float(h); }
-  return f;
-}
-
 class Engine {
  public:
   explicit Engine(const VariantEntry& e) : d_(*e.descriptor) {
@@ -72,8 +58,8 @@ class Engine {
       for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) {
         const size_t pos = size_t(b.lengths[s] - (b.query_start[s + 1] - t));
         for (int64_t i = 0; i < row; ++i) {
-          write_input(d_.input, kv_value(tokens, pos, 0, int(i)), k.data() + (t * row + i) * es);
-          write_input(d_.input, kv_value(tokens, pos, 1, int(i)), v.data() + (t * row + i) * es);
+          store_float(d_.input, kv_value(tokens, pos, 0, int(i)), k.data() + (t * row + i) * es);
+          store_float(d_.input, kv_value(tokens, pos, 1, int(i)), v.data() + (t * row + i) * es);
         }
       }
     }
@@ -100,8 +86,8 @@ class Engine {
           for (int x = 0; x < d_.head_dim; ++x) {
             const int64_t at = (h * n + p) * d_.head_dim + x;
             const int i = h * d_.head_dim + x;
-            worst = std::max(worst, double(std::fabs(read_input(d_.input, k.data() + at * es) - kv_value(tokens, size_t(p), 0, i))));
-            worst = std::max(worst, double(std::fabs(read_input(d_.input, v.data() + at * es) - kv_value(tokens, size_t(p), 1, i))));
+            worst = std::max(worst, double(std::fabs(load_float(d_.input, k.data() + at * es) - kv_value(tokens, size_t(p), 0, i))));
+            worst = std::max(worst, double(std::fabs(load_float(d_.input, v.data() + at * es) - kv_value(tokens, size_t(p), 1, i))));
           }
     }
     return worst;

@@ -64,18 +64,6 @@ int list(int argc, char** argv) {
   return 0;
 }
 
-float load_input(kvforge::DType t, const unsigned char* p) {
-  using namespace kvforge;
-  if (t == DType::f32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return t == DType::bf16 ? to_float(bf16{bits}) : to_float(fp16{bits});
-}
-
 // Float storage must give back exactly what went in. Quantized storage is held to its documented
 // bound for inputs in [-32, 32): half a scale step for int8 (plus bf16 rounding of the result), half
 // the fp8 spacing (relative 2^-4 for e4m3, 2^-3 for e5m2) at a per-tensor scale of 1.
@@ -108,10 +96,7 @@ bool demo_one(const kvforge::VariantEntry& e) {
     for (size_t i = 0; i < k[r].size() / esize; ++i) {
       const float kv[2] = {float(int(rng() % 64) - 32), float(int(rng() % 64) - 32)};
       for (int which = 0; which < 2; ++which) {
-        unsigned char* dst = (which ? v[r] : k[r]).data() + i * esize;
-        if (d.input == DType::f32) std::memcpy(dst, &kv[which], 4);
-        if (d.input == DType::bf16) { const bf16 h = bf16_from_float(kv[which]); std::memcpy(dst, &h, 2); }
-        if (d.input == DType::f16) { const fp16 h = fp16_from_float(kv[which]); std::memcpy(dst, &h, 2); }
+        store_float(d.input, kv[which], (which ? v[r] : k[r]).data() + i * esize);
       }
     }
   }
@@ -158,8 +143,8 @@ bool demo_one(const kvforge::VariantEntry& e) {
         for (int x = 0; x < D; ++x) {
           const size_t src = ((size_t(g.begin + j) * H + h) * D + x) * esize, dst = ((size_t(h) * readable + j) * D + x) * esize;
           for (int which = 0; which < 2; ++which) {
-            const float want = load_input(d.input, (which ? v[r] : k[r]).data() + src);
-            const float got = load_input(d.input, (which ? vo : ko).data() + dst);
+            const float want = kvforge::load_float(d.input, (which ? v[r] : k[r]).data() + src);
+            const float got = kvforge::load_float(d.input, (which ? vo : ko).data() + dst);
             ok = ok && std::fabs(got - want) <= tolerance(d, want);
           }
         }

@@ -7,7 +7,6 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/checks.hpp"
-#include "kvforge/exec_cpu.hpp"
 
 namespace kvforge {
 

@@ -145,4 +145,28 @@ template <class To, class From> KVF_HD KVF_INLINE To convert(From x) {
   }
 }
 
+// One element of a float dtype (fp32, fp16, bf16) in untyped memory, for code that handles tensors by
+// DType: stored with round to nearest even, loaded exactly.
+inline void store_float(DType t, float x, void* dst) {
+  if (t == DType::f16) {
+    const fp16 h = fp16_from_float(x);
+    memcpy(dst, &h, 2);
+  } else if (t == DType::bf16) {
+    const bf16 b = bf16_from_float(x);
+    memcpy(dst, &b, 2);
+  } else {
+    memcpy(dst, &x, 4);
+  }
+}
+inline float load_float(DType t, const void* src) {
+  if (t == DType::f16 || t == DType::bf16) {
+    uint16_t bits;
+    memcpy(&bits, src, 2);
+    return t == DType::f16 ? to_float(fp16{bits}) : to_float(bf16{bits});
+  }
+  float x;
+  memcpy(&x, src, 4);
+  return x;
+}
+
 }  // namespace kvforge
