@@ -64,7 +64,10 @@ function(kvforge_generate)
   execute_process(
     COMMAND ${codegen_env} "${Python3_EXECUTABLE}" -m kvforge_codegen outputs ${spec_args} ${cuda_flag}
     OUTPUT_VARIABLE outputs ERROR_VARIABLE errors RESULT_VARIABLE status
-    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    OUTPUT_STRIP_TRAILING_WHITESPACE
+    # The loader bounds every spec's size, depth and values, so this takes well under a second; the
+    # timeout only makes sure a configure step can never hang.
+    TIMEOUT 120)
   if(NOT status EQUAL 0)
     message(FATAL_ERROR "kvforge specs for ${KG_TARGET} are invalid:\n${errors}")
   endif()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 from . import vocab
 from .diagnostics import Diagnostics
@@ -162,12 +162,16 @@ def hybrid_reasons(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage
     return reasons
 
 
-def check_expansions(specs: SpecSet, diags: Diagnostics) -> None:
+def check_expansions(specs: SpecSet, diags: Diagnostics, refused_models: AbstractSet[str] = frozenset()) -> None:
+    """Every expanded combination must be supported. A model whose own file was refused is skipped:
+    one root cause, one error."""
     known = [m.name for m in specs.models]
     for layout in specs.layouts:
         seen: Dict[str, int] = {}
         for i, exp in enumerate(layout.expand):
             for model_name in exp.models:
+                if model_name in refused_models:
+                    continue
                 if model_name not in known:
                     diags.error(exp.loc, f"expand[{i}].models", f"unknown model {model_name!r}", known)
                     continue

@@ -102,6 +102,16 @@ QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")
 
 
+def _shown(data: object) -> str:
+    """A refused value as the message quotes it: short, whatever was written."""
+    if isinstance(data, list):
+        return "a list"
+    if isinstance(data, dict):
+        return "a mapping"
+    text = repr(data)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class _Reader:
     """Typed field access over one mapping, recording every problem instead of stopping."""
 
@@ -119,6 +129,8 @@ class _Reader:
                 diags.error(entry.key_loc, self._field(key), "unknown field", allowed)
 
     def _field(self, key: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", key):  # an odd key is quoted, so the message still parses
+            key = repr(key)
         return f"{self.prefix}.{key}" if self.prefix else key
 
     def has(self, key: str) -> bool:
@@ -136,7 +148,7 @@ class _Reader:
             return None
         v = self.fields[key].value
         if not isinstance(v.data, str) or not re.fullmatch(vocab.NAME_PATTERN, v.data):
-            self.diags.error(v.loc, self._field(key), f"expected a lower-case identifier, got {v.data!r}",
+            self.diags.error(v.loc, self._field(key), f"expected a lower-case identifier, got {_shown(v.data)}",
                              "letters a-z, digits and _, starting with a letter")
             return None
         return v.data
@@ -147,11 +159,12 @@ class _Reader:
                 self._missing(key)
             return None
         v = self.fields[key].value
+        allowed = f"1..{maximum}" if maximum is not None else "an integer >= 1"
         if isinstance(v.data, bool) or not isinstance(v.data, int) or v.data <= 0:
-            self.diags.error(v.loc, self._field(key), f"expected a positive integer, got {v.data!r}")
+            self.diags.error(v.loc, self._field(key), f"expected a positive integer, got {_shown(v.data)}", allowed)
             return None
         if maximum is not None and v.data > maximum:
-            self.diags.error(v.loc, self._field(key), f"{v.data} is too large", f"1..{maximum}")
+            self.diags.error(v.loc, self._field(key), f"{v.data} is too large", allowed)
             return None
         return v.data
 
@@ -163,7 +176,7 @@ class _Reader:
             return None
         v = self.fields[key].value
         if not isinstance(v.data, str) or v.data not in allowed:
-            self.diags.error(v.loc, self._field(key), f"unknown value {v.data!r}", allowed)
+            self.diags.error(v.loc, self._field(key), f"unknown value {_shown(v.data)}", allowed)
             return None
         return v.data
 
@@ -180,7 +193,7 @@ class _Reader:
         ok = True
         for item in v.data:
             if not isinstance(item.data, str) or item.data not in allowed:
-                self.diags.error(item.loc, self._field(key), f"unknown value {item.data!r}", allowed)
+                self.diags.error(item.loc, self._field(key), f"unknown value {_shown(item.data)}", allowed)
                 ok = False
             elif item.data in out:
                 self.diags.error(item.loc, self._field(key), f"{item.data!r} is listed twice")
@@ -214,10 +227,10 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     before = len(diags.errors)
     name = r.name("name")
     layers = r.positive_int("layers", maximum=vocab.MAX_LAYERS)
-    kv_heads = r.positive_int("kv_heads", maximum=1024)
-    head_dim = r.positive_int("head_dim", maximum=4096)
-    max_seq_len = r.positive_int("max_seq_len", maximum=1 << 24)
-    window = r.positive_int("sliding_window", required=False)
+    kv_heads = r.positive_int("kv_heads", maximum=vocab.MAX_KV_HEADS)
+    head_dim = r.positive_int("head_dim", maximum=vocab.MAX_HEAD_DIM)
+    max_seq_len = r.positive_int("max_seq_len", maximum=vocab.MAX_SEQ_LEN)
+    window = r.positive_int("sliding_window", required=False, maximum=vocab.MAX_SEQ_LEN)
     _check_file_name(name, path, r, diags)
     if window is not None and max_seq_len is not None and window > max_seq_len:
         diags.error(r.loc_of("sliding_window"), "sliding_window",
@@ -254,7 +267,7 @@ def _parse_layer_groups(value: Value, layers: int, max_seq_len: int, diags: Diag
         else:
             for entry in lv.value.data:
                 if isinstance(entry.data, bool) or not isinstance(entry.data, int) or not 0 <= entry.data < layers:
-                    diags.error(entry.loc, f"layer_groups[{i}].layers", f"{entry.data!r} is not a layer of this model",
+                    diags.error(entry.loc, f"layer_groups[{i}].layers", f"{_shown(entry.data)} is not a layer of this model",
                                 f"0..{layers - 1}")
                 elif entry.data in owner:
                     diags.error(entry.loc, f"layer_groups[{i}].layers",
@@ -344,7 +357,7 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
         if wv.data == "model" or (isinstance(wv.data, int) and not isinstance(wv.data, bool) and wv.data > 0):
             window = wv.data
         else:
-            diags.error(wv.loc, "window", f"expected a positive integer or 'model', got {wv.data!r}",
+            diags.error(wv.loc, "window", f"expected a positive integer or 'model', got {_shown(wv.data)}",
                         "a positive integer, model")
 
     if addressing is not None:
@@ -416,7 +429,7 @@ def _parse_hybrid_layout(r: _Reader, name: Optional[str], doc: Value, before: in
     else:
         for group, entry in gv.data.items():
             if not isinstance(entry.value.data, str) or not re.fullmatch(vocab.NAME_PATTERN, entry.value.data):
-                diags.error(entry.value.loc, f"groups.{group}", f"expected a layout name, got {entry.value.data!r}")
+                diags.error(entry.value.loc, f"groups.{group}", f"expected a layout name, got {_shown(entry.value.data)}")
             else:
                 groups.append((group, entry.value.data))
     expansions = _parse_expand_list(r, diags)
@@ -435,12 +448,17 @@ def _yaml_files(paths: Sequence[str]) -> List[str]:
     return files
 
 
-def _parse_all(paths: Sequence[str], parse, kind: str, root: str, diags: Diagnostics) -> list:
-    """Parse every file of one kind; a name defined twice is an error at the second definition."""
+def _parse_all(paths: Sequence[str], parse, kind: str, root: str, diags: Diagnostics,
+               refused: Optional[set] = None) -> list:
+    """Parse every file of one kind; a name defined twice is an error at the second definition.
+    The names (file stems) of files that were refused go into `refused`, so that what refers to them
+    is not reported a second time as unknown."""
     seen: Dict[str, object] = {}
     for path in _yaml_files(paths):
         spec = parse(path, _display(path, root), diags)
         if spec is None:
+            if refused is not None:
+                refused.add(os.path.splitext(os.path.basename(path))[0])
             continue
         if spec.name in seen:
             diags.error(spec.loc, "name", f"{kind} {spec.name!r} is also defined at {seen[spec.name].loc}")
@@ -467,7 +485,7 @@ def _parse_tuning(path: str, display: str, diags: Diagnostics) -> Optional[Tuple
                 continue
             v = sr.fields[field].value
             if isinstance(v.data, bool) or not isinstance(v.data, int) or not lo <= v.data <= hi:
-                diags.error(v.loc, f"{section}.{field}", f"expected an integer in {lo}..{hi}, got {v.data!r}", f"{lo}..{hi}")
+                diags.error(v.loc, f"{section}.{field}", f"expected an integer in {lo}..{hi}, got {_shown(v.data)}", f"{lo}..{hi}")
             elif field == "block_threads" and v.data % 32:
                 diags.error(v.loc, f"{section}.{field}", f"{v.data} is not a whole number of warps", "multiples of 32")
             else:
@@ -481,13 +499,16 @@ def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: st
                tuning_paths: Sequence[str] = ()) -> SpecSet:
     """Read and validate every spec; raise SpecFailure with all errors if any file has one."""
     diags = Diagnostics()
-    models = _parse_all(model_paths, _parse_model, "model", root, diags)
+    refused_models: set = set()
+    models = _parse_all(model_paths, _parse_model, "model", root, diags, refused_models)
     by_name = {m.name: m for m in models}
     for path in _yaml_files(tuning_paths):
         parsed = _parse_tuning(path, _display(path, root), diags)
         if parsed is None:
             continue
         name, tuning, loc = parsed
+        if name in refused_models:
+            continue  # the model file's own errors say why
         if name not in by_name:
             diags.error(loc, "model", f"unknown model {name!r}", sorted(by_name))
         else:
@@ -501,7 +522,7 @@ def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: st
     specs = SpecSet(tuple(layouts), tuple(models))
     # Cross-file checks need every model, so they run after all files were read.
     from .plan import check_expansions  # local: plan depends on spec
-    check_expansions(specs, diags)
+    check_expansions(specs, diags, refused_models)
     if diags:
         raise SpecFailure(diags.sorted())
     return specs

@@ -37,6 +37,9 @@ FORBIDDEN_AXES = {
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 MAX_PAGE_SIZE = 4096
 MAX_LAYERS = 1024
+MAX_KV_HEADS = 1024
+MAX_HEAD_DIM = 4096
+MAX_SEQ_LEN = 1 << 24
 
 # Launch parameters a model's specs/tuning/<model>.yaml may set (written by kvforge_bench --kvf_tune),
 # with the defaults every variant gets otherwise and the range each may take.
@@ -45,3 +48,9 @@ TUNABLES = {
             "chunk_items": (0, 0, 1 << 20)},        # OpenMP chunk in items; 0: one even chunk per thread
     "cuda": {"block_threads": (256, 32, 1024)},     # threads per CUDA block
 }
+
+# What the spec loader accepts before it refuses a file outright; the default specs are a few hundred
+# bytes, 4 levels and 40 values deep.
+MAX_SPEC_BYTES = 64 * 1024
+MAX_SPEC_DEPTH = 32
+MAX_SPEC_NODES = 20000
