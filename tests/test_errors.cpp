@@ -7,12 +7,21 @@
 namespace kvtest {
 namespace {
 
-const VariantEntry& first_of(Addressing a, UpdateMode u = UpdateMode::eager, Quant q = Quant::none) {
-  for (const auto& e : registry().variants())
-    if (e.descriptor->addressing == a && e.descriptor->update == u && e.descriptor->quant == q &&
-        std::string(e.descriptor->model) == "tiny")
-      return e;
-  throw std::runtime_error("no tiny variant with that addressing and quantization is registered");
+// Every registered variant with the property a test needs and a footprint small enough to build a few
+// times; tests run over all of them, so that no assumption rests on which one happens to come first.
+// The fixture below holds for any page size >= 1, head count, head dim and window >= 1.
+std::vector<const VariantEntry*> variants_with(Addressing a, UpdateMode u = UpdateMode::eager,
+                                               std::optional<Quant> q = Quant::none, bool must_exist = true) {
+  std::vector<const VariantEntry*> out;
+  for (const auto& e : registry().variants()) {
+    const VariantDescriptor& d = *e.descriptor;
+    if (d.is_hybrid() || d.addressing != a || d.update != u || (q && d.quant != *q)) continue;
+    if (d.bytes_per_token > (64 << 10) || d.window > 256) continue;  // small enough to create freely
+    if (a == Addressing::contiguous && d.max_seq_len < 40) continue;   // the tests address up to 33
+    out.push_back(&e);
+  }
+  if (out.empty() && must_exist) ADD_FAILURE() << "no small variant with addressing " << addressing_name(a) << " is registered";
+  return out;
 }
 
 struct Fixture {
@@ -28,7 +37,7 @@ struct Fixture {
     v = k;
     // Put something in the cache so that "unchanged" is not trivially all zeros.
     std::vector<int32_t> rows{0, 1}, pos{0, 1};
-    std::vector<int64_t> slots{0, 5};
+    std::vector<int64_t> slots{0, std::min<int64_t>(5, 4 * int64_t(d.page_size) - 1)};
     append(0, 2, rows, pos, slots);
     cache->commit();
     snapshot = bytes();
@@ -83,7 +92,9 @@ TEST(Errors, UnknownVariantNamesTheNearest) {
 }
 
 TEST(Errors, ContiguousAppendRefusesBadArgumentsBeforeWriting) {
-  Fixture f(first_of(Addressing::contiguous));
+  for (const VariantEntry* e : variants_with(Addressing::contiguous)) {
+  SCOPED_TRACE(e->descriptor->name);
+  Fixture f(*e);
   std::vector<int32_t> rows{0, 1, 1}, pos{2, 3, 32};  // the last position is past max_seq_len=32
   std::vector<int64_t> none;
   expect_error<OutOfRangeError>([&] { f.append(0, 3, rows, pos, none); }, "targets.positions");
@@ -111,10 +122,13 @@ TEST(Errors, ContiguousAppendRefusesBadArgumentsBeforeWriting) {
       TokenTargets::row_positions(IndexView{as64.data(), DType::i64, Device::cpu, 3}, IndexView::of(pos.data(), 3));
   expect_error<DtypeError>([&] { f.cache->append(0, f.tokens(3, f.k), f.tokens(3, f.v), wrong_type); }, "targets.rows");
   f.expect_unchanged();
+  }
 }
 
 TEST(Errors, ContiguousGatherReorderAndResetRefuseBadArguments) {
-  Fixture f(first_of(Addressing::contiguous));
+  for (const VariantEntry* e : variants_with(Addressing::contiguous)) {
+  SCOPED_TRACE(e->descriptor->name);
+  Fixture f(*e);
   std::vector<unsigned char> out(size_t(f.d.heads * 40 * f.d.head_dim * f.es));
   GatherRange g;
   g.row = 0;
@@ -136,10 +150,13 @@ TEST(Errors, ContiguousGatherReorderAndResetRefuseBadArguments) {
   std::vector<int32_t> pairs{0, 1};
   EXPECT_THROW(f.cache->copy_blocks(IndexView::of(pairs.data(), 2)), UnsupportedError);
   f.expect_unchanged();
+  }
 }
 
 TEST(Errors, RingGatherRefusesPositionsThatLeftTheWindow) {
-  Fixture f(first_of(Addressing::ring));
+  for (const VariantEntry* e : variants_with(Addressing::ring, UpdateMode::eager, std::nullopt)) {
+  SCOPED_TRACE(e->descriptor->name);
+  Fixture f(*e);
   const int W = f.d.window;
   std::vector<int32_t> rows{0}, pos{3 * W};
   std::vector<int64_t> none;
@@ -156,10 +173,13 @@ TEST(Errors, RingGatherRefusesPositionsThatLeftTheWindow) {
   g.end = 3 * W + 2;  // one past what was written
   expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(2), out_view(2)); }, "range.end");
   f.expect_unchanged();
+  }
 }
 
 TEST(Errors, PagedRefusesBadSlotsPagesAndPairs) {
-  Fixture f(first_of(Addressing::paged));
+  for (const VariantEntry* e : variants_with(Addressing::paged, UpdateMode::eager, std::nullopt)) {
+  SCOPED_TRACE(e->descriptor->name);
+  Fixture f(*e);
   const int64_t slots_total = 4 * f.d.page_size;
   std::vector<int32_t> none;
   std::vector<int64_t> slots{1, 2, slots_total};
@@ -186,10 +206,13 @@ TEST(Errors, PagedRefusesBadSlotsPagesAndPairs) {
   EXPECT_THROW(f.cache->reorder(IndexView::of(beam.data(), 2)), UnsupportedError);
   EXPECT_THROW(f.cache->reset_row(0), UnsupportedError);
   f.expect_unchanged();
+  }
 }
 
 TEST(Errors, LazyStagingOverflowIsRefusedBeforeStaging) {
-  Fixture f(first_of(Addressing::contiguous, UpdateMode::lazy));
+  for (const VariantEntry* e : variants_with(Addressing::contiguous, UpdateMode::lazy, std::nullopt)) {
+  SCOPED_TRACE(e->descriptor->name);
+  Fixture f(*e);
   std::vector<int32_t> rows{0, 0, 0}, pos{4, 5, 6};
   std::vector<int64_t> none;
   f.append(0, 3, rows, pos, none);  // 3 of 4 staged
@@ -203,10 +226,11 @@ TEST(Errors, LazyStagingOverflowIsRefusedBeforeStaging) {
   f.cache->gather(0, g, TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, 4, f.d.head_dim),
                   TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, 4, f.d.head_dim));
   EXPECT_EQ(f.cache->row_length(0), 7);
+  }
 }
 
 TEST(Errors, BadConfigurationsAreRefused) {
-  const VariantEntry& contiguous = first_of(Addressing::contiguous);
+  const VariantEntry& contiguous = *variants_with(Addressing::contiguous).at(0);
   CacheConfig c;
   c.rows = 0;
   expect_error<OutOfRangeError>([&] { contiguous.create(c); }, "config.rows");
@@ -214,10 +238,11 @@ TEST(Errors, BadConfigurationsAreRefused) {
   c.max_seq_len = contiguous.descriptor->max_seq_len + 1;
   expect_error<OutOfRangeError>([&] { contiguous.create(c); }, "config.max_seq_len");
   CacheConfig p;
-  expect_error<OutOfRangeError>([&] { first_of(Addressing::paged).create(p); }, "config.pages");
+  expect_error<OutOfRangeError>([&] { variants_with(Addressing::paged).at(0)->create(p); }, "config.pages");
+  const VariantEntry& ring = *variants_with(Addressing::ring, UpdateMode::eager, std::nullopt).at(0);
   CacheConfig r;
-  r.max_seq_len = 5;
-  expect_error<OutOfRangeError>([&] { first_of(Addressing::ring).create(r); }, "config.max_seq_len");
+  r.max_seq_len = ring.descriptor->window + 1;
+  expect_error<OutOfRangeError>([&] { ring.create(r); }, "config.max_seq_len");
   CacheConfig g;
   g.device = Device::cuda;
   std::string why;
@@ -229,15 +254,13 @@ TEST(Errors, BadConfigurationsAreRefused) {
 // Quantized variants refuse bad appends before touching codes or scales, and per-tensor scales are
 // checked before they reach the device.
 TEST(Errors, QuantizedAppendAndScalesRefuseBadArguments) {
-  for (Quant q : {Quant::per_token, Quant::per_token_head, Quant::per_tensor}) {
-    const VariantEntry* entry = nullptr;
-    for (const auto& e : registry().variants())
-      if (e.descriptor->quant == q && std::string(e.descriptor->model) == "tiny") entry = &e;
-    if (!entry) continue;
+  for (Quant q : {Quant::per_token, Quant::per_token_head, Quant::per_tensor})
+    for (Addressing a : {Addressing::contiguous, Addressing::ring, Addressing::paged})
+      for (const VariantEntry* entry : variants_with(a, UpdateMode::eager, q, false)) {
     SCOPED_TRACE(entry->descriptor->name);
     Fixture f(*entry);
-    std::vector<int32_t> rows{0, 0}, pos{0, 99999};
-    std::vector<int64_t> slots{0, 1 << 20};
+    std::vector<int32_t> rows{0, 0}, pos{0, -5};  // only -1 is padding, whatever the addressing
+    std::vector<int64_t> slots{0, -5};
     expect_error<OutOfRangeError>([&] { f.append(0, 2, rows, pos, slots); },
                                   f.d.paged() ? "targets.slots" : "targets.positions");
     f.expect_unchanged();
@@ -249,6 +272,61 @@ TEST(Errors, QuantizedAppendAndScalesRefuseBadArguments) {
       EXPECT_THROW(f.cache->set_tensor_scale(0, 1.0f, 1.0f), UnsupportedError);
     }
     f.expect_unchanged();
+  }
+}
+
+// The message names the argument, the element and the range in words a user reads at once.
+TEST(Errors, RangeMessagesReadNaturally) {
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const OutOfRangeError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (const VariantEntry* e : variants_with(Addressing::paged, UpdateMode::eager, std::nullopt)) {
+    Fixture f(*e);
+    const int64_t total = 4 * int64_t(f.d.page_size);
+    std::vector<int32_t> none;
+    std::vector<int64_t> slots{0, -1, total};
+    EXPECT_EQ(message([&] { f.append(0, 3, none, none, slots); }),
+              "targets.slots[2] = " + std::to_string(total) + " is outside [0, " + std::to_string(total) +
+                  "); -1 marks padding");
+  }
+  for (const VariantEntry* e : variants_with(Addressing::ring, UpdateMode::eager, std::nullopt)) {
+    Fixture f(*e);
+    std::vector<int32_t> rows{0}, pos{-7};
+    std::vector<int64_t> none;
+    EXPECT_EQ(message([&] { f.append(0, 1, rows, pos, none); }),
+              "targets.positions[0] = -7 is below 0 (allowed: >= 0); -1 marks padding");
+  }
+  EXPECT_EQ(message([] { throw OutOfRangeError("layer", 5, 0, 2); }), "layer = 5 is outside [0, 2)");
+  EXPECT_EQ(message([] { throw OutOfRangeError("config.max_seq_len", 5, 0, 1, -1, "pass 0"); }),
+            "config.max_seq_len = 5 is not 0 (allowed: 0); pass 0");
+}
+
+// A ring holds each row's last `window` positions. An append of a position that has already left the
+// window is dropped, as the JetStream seed's ring overwrites without a check would otherwise corrupt a
+// newer cell: nothing is written, the row keeps its length, and no error is raised. (The length is
+// shared by every layer, so layer 1 appending the same prefill as layer 0 must not be refused.)
+TEST(Errors, RingDropsPositionsThatLeftTheWindow) {
+  for (const VariantEntry* e : variants_with(Addressing::ring, UpdateMode::eager, std::nullopt)) {
+    SCOPED_TRACE(e->descriptor->name);
+    Fixture f(*e);
+    const int W = f.d.window;
+    std::vector<int32_t> rows{0}, pos{2 * W + 3};
+    std::vector<int64_t> none;
+    f.append(0, 1, rows, pos, none);
+    f.snapshot = f.bytes();
+    const int64_t length = f.cache->row_length(0);
+    ASSERT_EQ(length, 2 * W + 4);
+    for (int32_t expired : {W + 3, 0}) {  // both at or below length - W - 1
+      pos = {expired};
+      f.append(0, 1, rows, pos, none);
+      f.expect_unchanged();
+      EXPECT_EQ(f.cache->row_length(0), length);
+    }
   }
 }
 

@@ -11,7 +11,7 @@ from typing import List
 from . import VERSION
 from .diagnostics import SpecFailure
 from .plan import Filters, filter_problems, plan_variants
-from .render import differs, output_names, render, write_changed
+from .render import SOURCES, differs, output_names, read_sources, render, write_changed
 from .spec import load_specs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,11 +59,24 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--against", required=True, help="folder holding a committed expansion")
     sp.add_argument("--refresh-hint", default="cmake --build build --target kvforge_refresh_generated",
                     help="the command printed to refresh a stale folder")
+    sp.add_argument("--listed-specs", action="store_true",
+                    help="expand only the spec files the folder's SOURCES.txt lists (relative to --source-root), "
+                         "so that specs added beside them do not count; the test of the committed generated/ "
+                         "uses this")
     return p
 
 
 def main(argv: List[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "listed_specs", False):
+        listed = read_sources(os.path.join(args.against, SOURCES))
+        if not listed["layout"]:
+            print(f"kvforge-codegen: {os.path.join(args.against, SOURCES)} is missing or lists no layout; "
+                  f"refresh it with: {args.refresh_hint}", file=sys.stderr)
+            return 1
+        root = args.source_root
+        args.layouts, args.models, args.tuning = ([os.path.join(root, f) for f in listed[k]]
+                                                  for k in ("layout", "model", "tuning"))
     try:
         specs = load_specs(args.layouts, args.models, args.source_root, args.tuning)
     except SpecFailure as failure:

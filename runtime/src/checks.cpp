@@ -108,7 +108,7 @@ void check_indices_on_host(const IndexCheckArgs& a) {
     const int64_t v = a.is64 ? static_cast<const int64_t*>(a.data)[i] : static_cast<const int32_t*>(a.data)[i];
     if (a.allow_padding && v == -1) continue;
     if (v < a.lo || v >= a.hi)
-      throw OutOfRangeError(index_check_argument(a.code), v, a.lo, a.hi, i, a.allow_padding ? "(-1 marks padding)" : "");
+      throw OutOfRangeError(index_check_argument(a.code), v, a.lo, a.hi, i, a.allow_padding ? "-1 marks padding" : "");
   }
 }
 

@@ -1,5 +1,7 @@
 #include "kvforge/errors.hpp"
 
+#include <limits>
+
 #include "kvforge/op_args.hpp"
 
 namespace kvforge {
@@ -14,10 +16,19 @@ std::string unknown_message(const std::string& name, const std::vector<std::stri
   return m;
 }
 
-std::string range_message(long long value, long long lo, long long hi, long long index, const std::string& why) {
-  std::string m = std::to_string(value) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + ")";
-  if (index >= 0) m = "element " + std::to_string(index) + " is " + m;
-  if (!why.empty()) m += ": " + why;
+// "targets.slots[2] = 3 is outside [0, 3) (-1 marks padding)"; an open-ended range reads ">= lo".
+std::string range_message(const std::string& argument, long long value, long long lo, long long hi, long long index,
+                          const std::string& why) {
+  std::string m = argument;
+  if (index >= 0) m += "[" + std::to_string(index) + "]";
+  m += " = " + std::to_string(value);
+  if (hi == std::numeric_limits<long long>::max())
+    m += " is below " + std::to_string(lo) + " (allowed: >= " + std::to_string(lo) + ")";
+  else if (hi - 1 == lo)
+    m += " is not " + std::to_string(lo) + " (allowed: " + std::to_string(lo) + ")";
+  else
+    m += " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + ")";
+  if (!why.empty()) m += "; " + why;
   return m;
 }
 }  // namespace
@@ -27,7 +38,7 @@ UnknownVariantError::UnknownVariantError(std::string name, std::vector<std::stri
 
 OutOfRangeError::OutOfRangeError(const std::string& argument, long long value, long long lo, long long hi,
                                  long long index, const std::string& why)
-    : ArgumentError(argument, range_message(value, lo, hi, index, why)),
+    : ArgumentError(argument, range_message(argument, value, lo, hi, index, why), ArgumentError::whole_message),
       value_(value),
       lo_(lo),
       hi_(hi),

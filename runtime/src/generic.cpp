@@ -55,15 +55,15 @@ template <class Store, class In> class GenericCache final : public Cache {
     if (d.paged()) {
       detail::check_index_view("targets.slots", t.slots, DType::i64, tokens, Device::cpu, tokens);
       slots = static_cast<const int64_t*>(t.slots.data);
-      check_targets("targets.slots", slots, tokens, capacity_.pages * d.page_size);
+      check_targets(detail::kCheckSlots, slots, tokens, capacity_.pages * d.page_size);
     } else {
       detail::check_index_view("targets.rows", t.rows, DType::i32, tokens, Device::cpu, tokens);
       detail::check_index_view("targets.positions", t.positions, DType::i32, tokens, Device::cpu, tokens);
       rows = static_cast<const int32_t*>(t.rows.data);
       positions = static_cast<const int32_t*>(t.positions.data);
-      check_targets("targets.rows", rows, tokens, capacity_.rows);
-      check_targets("targets.positions", positions, tokens,
-                    d.addressing == Addressing::ring ? int64_t(INT32_MAX) : capacity_.positions);
+      check_targets(detail::kCheckRows, rows, tokens, capacity_.rows);
+      check_targets(detail::kCheckPositions, positions, tokens,
+                    d.addressing == Addressing::ring ? INT64_MAX : capacity_.positions);
     }
     if (!d.paged())  // lengths first: a ring skips positions this same append pushes out of its window
       for (int64_t i = 0; i < tokens; ++i)
@@ -114,7 +114,7 @@ template <class Store, class In> class GenericCache final : public Cache {
       pages = static_cast<const int32_t*>(range.pages.data);
       if (count > 0) {
         const int64_t first = range.begin / d.page_size;
-        check_targets("range.pages", pages + first, needed - first, capacity_.pages, false);
+        check_targets(detail::kCheckPages, pages + first, needed - first, capacity_.pages, false);
       }
     } else {
       check_row(range.row);
@@ -167,7 +167,7 @@ template <class Store, class In> class GenericCache final : public Cache {
     if (d.paged()) throw UnsupportedError(std::string(d.name) + ": reorder is for contiguous and ring layouts");
     detail::check_index_view("beam", beam, DType::i32, capacity_.rows, Device::cpu, capacity_.rows);
     const int32_t* b = static_cast<const int32_t*>(beam.data);
-    check_targets("beam", b, capacity_.rows, capacity_.rows, false);
+    check_targets(detail::kCheckBeam, b, capacity_.rows, capacity_.rows, false);
     // Through a copy of the whole pool: simple, and this path is the baseline, not the fast one.
     std::vector<Store> old(static_cast<const Store*>(pool_.data()),
                            static_cast<const Store*>(pool_.data()) + geometry_.total_elems);
@@ -191,7 +191,7 @@ template <class Store, class In> class GenericCache final : public Cache {
     if (pairs.size % 2 != 0) throw ShapeError("pairs", "holds (src, dst) pairs, so its size must be even");
     detail::check_index_view("pairs", pairs, DType::i32, pairs.size, Device::cpu, -1);
     const int32_t* p = static_cast<const int32_t*>(pairs.data);
-    check_targets("pairs", p, pairs.size, capacity_.pages, false);
+    check_targets(detail::kCheckBlockPairs, p, pairs.size, capacity_.pages, false);
     detail::check_pairs_disjoint_on_host(p, pairs.size / 2);
     const Strides& s = geometry_.strides;
     Store* pool = static_cast<Store*>(pool_.data());
@@ -247,9 +247,9 @@ template <class Store, class In> class GenericCache final : public Cache {
     if (owned_.d.paged()) throw UnsupportedError(std::string(owned_.d.name) + ": paged layouts have no rows");
     if (row < 0 || row >= capacity_.rows) throw OutOfRangeError("row", row, 0, capacity_.rows);
   }
-  template <class T> static void check_targets(const char* name, const T* v, int64_t n, int64_t hi, bool padding = true) {
-    for (int64_t i = 0; i < n; ++i)
-      if (!(padding && v[i] == -1) && (v[i] < 0 || v[i] >= hi)) throw OutOfRangeError(name, v[i], 0, hi, i);
+  // The same host check, and so the same messages, as TypedCache's.
+  template <class T> static void check_targets(int32_t code, const T* v, int64_t n, int64_t hi, bool padding = true) {
+    detail::check_indices_on_host({v, sizeof(T) == 8, n, 0, hi, padding, code, nullptr});
   }
   template <class Fn> void for_each_row_cell(int64_t row, Fn fn) {
     const Strides& s = geometry_.strides;

@@ -204,7 +204,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
     check_indices(targets.slots, tokens, 0, capacity_.pages * page_size, true, detail::kCheckSlots);
   } else {
     check_indices(targets.rows, tokens, 0, capacity_.rows, true, detail::kCheckRows);
-    const int64_t max_position = addressing == Addressing::ring ? int64_t(INT32_MAX) : capacity_.positions;
+    const int64_t max_position = addressing == Addressing::ring ? INT64_MAX : capacity_.positions;
     check_indices(targets.positions, tokens, 0, max_position, true, detail::kCheckPositions);
   }
 

@@ -32,11 +32,18 @@ class ArgumentError : public Error {
       : Error(argument + ": " + message), argument_(std::move(argument)) {}
   const std::string& argument() const { return argument_; }
 
+ protected:
+  // For subclasses whose message already names the argument in its own words.
+  enum WholeMessage { whole_message };
+  ArgumentError(std::string argument, const std::string& message, WholeMessage)
+      : Error(message), argument_(std::move(argument)) {}
+
  private:
   std::string argument_;
 };
 
-// A value lies outside [lo, hi); for index arrays, `index()` is the first offending element.
+// A value lies outside [lo, hi); for index arrays, `index()` is the first offending element. The message
+// reads "targets.slots[2] = 3 is outside [0, 3)"; hi = LLONG_MAX means no upper bound (">= lo").
 class OutOfRangeError : public ArgumentError {
  public:
   OutOfRangeError(const std::string& argument, long long value, long long lo, long long hi,

@@ -36,7 +36,5 @@ struct CpuExec {
   }
 };
 
-// Host-side index validation for the CPU backend: throws OutOfRangeError naming the first bad entry.
-void check_indices_on_host(const IndexCheckArgs& a);
 
 }  // namespace kvforge::detail
