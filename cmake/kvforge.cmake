@@ -13,6 +13,9 @@ include_guard(GLOBAL)
 
 set(KVFORGE_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." CACHE INTERNAL "kvforge source root")
 find_package(Python3 3.9 REQUIRED COMPONENTS Interpreter)
+# Cached, because a downstream project that adds kvforge with add_subdirectory() calls kvforge_generate()
+# from its own scope, where the variables find_package set here are not visible.
+set(KVFORGE_PYTHON "${Python3_EXECUTABLE}" CACHE INTERNAL "the Python that runs kvforge's codegen")
 
 function(_kvforge_spec_files out)
   set(files "")
@@ -62,7 +65,7 @@ function(kvforge_generate)
   endif()
 
   execute_process(
-    COMMAND ${codegen_env} "${Python3_EXECUTABLE}" -m kvforge_codegen outputs ${spec_args} ${cuda_flag}
+    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen outputs ${spec_args} ${cuda_flag}
     OUTPUT_VARIABLE outputs ERROR_VARIABLE errors RESULT_VARIABLE status
     OUTPUT_STRIP_TRAILING_WHITESPACE
     # The loader bounds every spec's size, depth and values, so this takes well under a second; the
@@ -93,7 +96,7 @@ function(kvforge_generate)
   add_custom_command(
     OUTPUT "${stamp}"
     BYPRODUCTS ${outputs}
-    COMMAND ${codegen_env} "${Python3_EXECUTABLE}" -m kvforge_codegen generate ${spec_args}
+    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen generate ${spec_args}
             --out "${KG_OUTPUT_DIR}" --registry-function "${KG_REGISTRY_FUNCTION}"
     COMMAND "${CMAKE_COMMAND}" -E touch "${stamp}"
     DEPENDS ${spec_files} ${codegen_files} "${inputs_file}"

@@ -56,6 +56,7 @@ class Driver {
       // Rings start each sequence somewhere in its first three windows, so slots wrap.
       for (auto& n : next_) n = std::uniform_int_distribution<int64_t>(0, 3 * int64_t(d_.window))(rng_);
     }
+    visible_ = next_;
   }
 
   // One step: every sequence gets a prefill chunk or one decode token; padding is mixed in; the token
@@ -115,6 +116,7 @@ class Driver {
     for (const auto& p : pending_) ref_.write(p.layer, p.seq, p.pos, p.id);
     pending_.clear();
     cache_->synchronize();
+    visible_ = next_;
   }
 
   static float tensor_scale(int layer, int kv) { return kv == 0 ? 0.0625f * float(1 + layer % 3) : 0.046875f * float(1 + layer % 2); }
@@ -135,7 +137,7 @@ class Driver {
   }
 
   std::pair<int64_t, int64_t> readable(int64_t seq) const {
-    const int64_t end = next_[seq];
+    const int64_t end = visible_[seq];
     return {ref_.window ? std::max<int64_t>(0, end - ref_.window) : 0, end};
   }
 
@@ -306,6 +308,7 @@ class Driver {
     std::vector<int64_t> old_next = next_;
     for (int64_t i = 0; i < sequences_; ++i) next_[i] = old_next[beam[i]];
     for (int64_t i = 0; i < sequences_; ++i) EXPECT_EQ(cache_->row_length(i), next_[i]) << "row " << i;
+    visible_ = next_;
   }
 
   // Fork sequence 0 into the spare pages, then check the fork reads as sequence 0 did.
@@ -321,6 +324,7 @@ class Driver {
     for (const auto& [key, id] : Reference(ref_).cells)
       if (std::get<1>(key) == 0) ref_.cells[{std::get<0>(key), fork, std::get<2>(key)}] = id;
     next_.push_back(next_[0]);
+    visible_ = next_;
     ++sequences_;
   }
 
@@ -331,6 +335,7 @@ class Driver {
       it = std::get<1>(it->first) == row ? ref_.cells.erase(it) : std::next(it);
     EXPECT_EQ(cache_->row_length(row), 0);
     next_[row] = 0;
+    visible_ = next_;
   }
 
   void reset() {
@@ -338,6 +343,7 @@ class Driver {
     cache_->synchronize();
     ref_.cells.clear();
     for (auto& n : next_) n = 0;
+    visible_ = next_;
   }
 
   const VariantDescriptor& d_;
@@ -348,6 +354,8 @@ class Driver {
   std::unique_ptr<Cache> cache_;
   std::vector<int> layers_;
   std::vector<int64_t> next_;
+  // What the cache shows now: next_ as of the last commit (a lazy step's staged tokens are not yet in).
+  std::vector<int64_t> visible_;
   std::vector<std::vector<int32_t>> page_table_;
   Reference ref_;
   std::map<std::pair<uint64_t, int>, RefToken> quantized_;

@@ -87,7 +87,12 @@ Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c) {
   return cap;
 }
 
-int64_t staged_capacity(const CacheConfig& c) { return c.max_staged_tokens ? c.max_staged_tokens : c.rows; }
+int64_t staged_capacity(const VariantDescriptor& d, const CacheConfig& c) {
+  if (c.max_staged_tokens) return c.max_staged_tokens;
+  // A decode step of every row, or for pages one token per slot: a sequence manager's step may carry
+  // prefill chunks up to the whole pool, and a default of one token per row would refuse them.
+  return d.paged() ? c.pages * d.page_size : c.rows;
+}
 
 void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count) {
   std::unordered_set<int32_t> sources, targets;

@@ -17,6 +17,7 @@ struct CacheConfig {
   int64_t max_seq_len = 0;        // contiguous: positions per row; 0 means the model's max_seq_len
   int64_t pages = 0;              // paged: pages in the pool
   int64_t max_staged_tokens = 0;  // lazy: tokens one layer may stage between commits; 0 means `rows`
+                                  // (contiguous, ring) or `pages * page_size` (paged)
   void* stream = nullptr;         // CUDA: the cudaStream_t every operation is queued on (capturable)
 };
 

@@ -137,7 +137,7 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
   if (!d.paged()) row_length_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
   status_ = Buffer(*backend_, sizeof(detail::DeviceStatus));
   if constexpr (lazy) {
-    staged_capacity_ = detail::staged_capacity(config_);
+    staged_capacity_ = detail::staged_capacity(Traits::descriptor, config_);
     const int64_t tokens = int64_t(layers) * staged_capacity_;
     stage_k_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));
     stage_v_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));

@@ -17,7 +17,7 @@ void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t
                       int64_t exact_size = -1);
 void check_config(const VariantDescriptor& d, const CacheConfig& c);
 Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c);
-int64_t staged_capacity(const CacheConfig& c);
+int64_t staged_capacity(const VariantDescriptor& d, const CacheConfig& c);
 void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
 // The CPU backend's index check: throws OutOfRangeError for the first bad element.
 void check_indices_on_host(const IndexCheckArgs& a);

@@ -1,0 +1,121 @@
+"""Writes a batch of random, valid kvforge specs: models of uncommon shapes and layouts with random axis
+orders, page sizes, windows, update modes, dtypes and quantization options. Every spec is validated
+by the codegen before it is kept, so the batch is what a careful user could write.
+
+    python3 make_specs.py --seed S --out DIR [--layouts N]
+
+The same seed gives the same batch: a failure in CI names its seed, and this command replays it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "codegen"))
+
+from kvforge_codegen import vocab  # noqa: E402
+from kvforge_codegen.diagnostics import SpecFailure  # noqa: E402
+from kvforge_codegen.spec import load_specs  # noqa: E402
+
+HEAD_DIMS = (1, 3, 8, 16, 24, 64, 80, 96, 128)  # the validator takes 1..4096; these cover odd and wide
+KV_HEADS = (1, 2, 3, 5, 8)
+SEQ_LENS = (33, 64, 100, 256)
+PAGE_SIZES = (1, 2, 3, 5, 8, 16, 32, 64, 100, 256)
+
+
+def model_yaml(rng: random.Random, name: str) -> str:
+    max_seq_len = rng.choice(SEQ_LENS)
+    lines = [f"name: {name}", f"layers: {rng.randint(1, 3)}", f"kv_heads: {rng.choice(KV_HEADS)}",
+             f"head_dim: {rng.choice(HEAD_DIMS)}", f"max_seq_len: {max_seq_len}"]
+    if rng.random() < 0.5:
+        lines.append(f"sliding_window: {rng.randint(1, max_seq_len)}")
+    return "\n".join(lines) + "\n"
+
+
+def axes_for(rng: random.Random, addressing: str, in_page: bool) -> list:
+    required = list(vocab.REQUIRED_AXES[addressing])
+    optional = [a for a in ("layer", "kv") if rng.random() < 0.5]
+    body = [a for a in required if a != "dim"] + optional
+    rng.shuffle(body)
+    if in_page:  # scales in the page need slot, head (and dim) after page
+        body.remove("page")
+        first_inner = min(body.index("slot"), body.index("head"))
+        body.insert(rng.randint(0, first_inner), "page")
+    return body + ["dim"]
+
+
+def layout_yaml(rng: random.Random, name: str, models: list) -> str:
+    addressing = rng.choice(vocab.ADDRESSING)
+    storage = rng.choice(tuple(vocab.DTYPES))
+    quantized = vocab.DTYPES[storage]["quantized"]
+    granularity = rng.choice(vocab.GRANULARITIES)
+    scales = "in_page" if quantized and addressing == "paged" and granularity != "per_tensor" and rng.random() < 0.5 \
+        else "separate"
+    lines = [f"name: {name}", f"addressing: {addressing}",
+             f"axes: [{', '.join(axes_for(rng, addressing, scales == 'in_page'))}]",
+             f"update: {rng.choice(vocab.UPDATE_MODES)}"]
+    if addressing == "paged":
+        lines.append(f"page_size: {rng.choice(PAGE_SIZES)}")
+    if addressing == "ring":
+        lines.append(f"window: {rng.choice(['model', rng.randint(1, 40)])}")
+    if quantized:
+        lines += ["quantization:", f"  granularity: {granularity}",
+                  f"  scale_dtype: {rng.choice(vocab.SCALE_DTYPES)}", f"  scales: {scales}"]
+    chosen = rng.sample(models, rng.randint(1, min(2, len(models))))
+    lines += ["expand:", f"  - models: [{', '.join(chosen)}]", f"    dtypes: [{storage}]"]
+    if quantized or rng.random() < 0.3:
+        lines.append(f"    input_dtypes: [{rng.choice(vocab.INPUT_DTYPES)}]")
+    return "\n".join(lines) + "\n"
+
+
+def valid(layouts_dir: str, models_dir: str) -> bool:
+    try:
+        load_specs([layouts_dir], [models_dir], os.path.dirname(layouts_dir))
+    except SpecFailure:
+        return False
+    return True
+
+
+def make(seed: int, out: str, layouts: int, models: int) -> None:
+    rng = random.Random(seed)
+    layouts_dir, models_dir = os.path.join(out, "layouts"), os.path.join(out, "models")
+    os.makedirs(layouts_dir, exist_ok=True)
+    os.makedirs(models_dir, exist_ok=True)
+    names = [f"rnd_model_{i}" for i in range(models)]
+    for name in names:
+        with open(os.path.join(models_dir, f"{name}.yaml"), "w") as f:
+            f.write(model_yaml(rng, name))
+    made = 0
+    while made < layouts:
+        name = f"rnd_layout_{made}"
+        text = layout_yaml(rng, name, names)
+        # A combination the validator refuses (a window past a model's length, misaligned in-page
+        # scales) is drawn again: the batch holds valid specs only.
+        with tempfile.TemporaryDirectory() as tmp:
+            os.makedirs(os.path.join(tmp, "layouts"))
+            with open(os.path.join(tmp, "layouts", f"{name}.yaml"), "w") as f:
+                f.write(text)
+            if not valid(os.path.join(tmp, "layouts"), models_dir):
+                continue
+        with open(os.path.join(layouts_dir, f"{name}.yaml"), "w") as f:
+            f.write(text)
+        made += 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--layouts", type=int, default=8)
+    p.add_argument("--models", type=int, default=4)
+    a = p.parse_args()
+    make(a.seed, a.out, a.layouts, a.models)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
