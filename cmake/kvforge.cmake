@@ -96,7 +96,7 @@ function(kvforge_generate)
   add_custom_command(
     OUTPUT "${stamp}"
     BYPRODUCTS ${outputs}
-    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen generate ${spec_args}
+    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen generate ${spec_args} ${cuda_flag}
             --out "${KG_OUTPUT_DIR}" --registry-function "${KG_REGISTRY_FUNCTION}"
     COMMAND "${CMAKE_COMMAND}" -E touch "${stamp}"
     DEPENDS ${spec_files} ${codegen_files} "${inputs_file}"

@@ -11,27 +11,33 @@
 namespace kvforge::variants {
 
 struct deepspeed_blocked__llama3_8b__int8_in_bf16_traits {
+  static constexpr const char* name = "deepspeed_blocked.llama3_8b.int8_in_bf16";
+  static constexpr const char* layout = "deepspeed_blocked";
+  static constexpr const char* model = "llama3_8b";
   using storage_t = int8_t;
   using input_t = kvforge::bf16;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
   static constexpr int layers = 32;
   static constexpr int heads = 8;
   static constexpr int head_dim = 128;
+  static constexpr int max_seq_len = 8192;
+  // Launch parameters: specs/tuning/llama3_8b.yaml.
+  static constexpr int64_t cpu_parallel_bytes = 4096;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim};
   static constexpr int page_size = 64;
   static constexpr int window = 0;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
-  static constexpr bool lazy = false;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "deepspeed_blocked.llama3_8b.int8_in_bf16", "deepspeed_blocked", "llama3_8b",
-      kvforge::DType::i8, kvforge::DType::bf16,
-      kvforge::Addressing::paged, kvforge::UpdateMode::eager,
-      layers, heads, head_dim, page_size, window, 8192,
-      6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
-      65792,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::in_page,
-      nullptr, false,
-      {4096, 0, 256}};  // tuning: specs/tuning/llama3_8b.yaml
+  static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::in_page;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<deepspeed_blocked__llama3_8b__int8_in_bf16_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<deepspeed_blocked__llama3_8b__int8_in_bf16_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<deepspeed_blocked__llama3_8b__int8_in_bf16_traits>(), &kvforge::detail::cuda_op_table<deepspeed_blocked__llama3_8b__int8_in_bf16_traits>()};
+  }
 };
 
 using deepspeed_blocked__llama3_8b__int8_in_bf16 = kvforge::TypedCache<deepspeed_blocked__llama3_8b__int8_in_bf16_traits>;

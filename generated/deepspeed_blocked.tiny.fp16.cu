@@ -4,4 +4,5 @@
 #include "deepspeed_blocked.tiny.fp16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::deepspeed_blocked__tiny__fp16_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::deepspeed_blocked__tiny__fp16_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::deepspeed_blocked__tiny__fp16_traits>();

@@ -11,27 +11,33 @@
 namespace kvforge::variants {
 
 struct deepspeed_blocked__tiny__int8_in_bf16_traits {
+  static constexpr const char* name = "deepspeed_blocked.tiny.int8_in_bf16";
+  static constexpr const char* layout = "deepspeed_blocked";
+  static constexpr const char* model = "tiny";
   using storage_t = int8_t;
   using input_t = kvforge::bf16;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
   static constexpr int layers = 2;
   static constexpr int heads = 2;
   static constexpr int head_dim = 16;
+  static constexpr int max_seq_len = 64;
+  // Launch parameters: the defaults.
+  static constexpr int64_t cpu_parallel_bytes = 65536;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim};
   static constexpr int page_size = 64;
   static constexpr int window = 0;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
-  static constexpr bool lazy = false;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "deepspeed_blocked.tiny.int8_in_bf16", "deepspeed_blocked", "tiny",
-      kvforge::DType::i8, kvforge::DType::bf16,
-      kvforge::Addressing::paged, kvforge::UpdateMode::eager,
-      layers, heads, head_dim, page_size, window, 64,
-      6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
-      144,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::in_page,
-      nullptr, false,
-      {65536, 0, 256}};  // tuning: defaults
+  static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::in_page;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<deepspeed_blocked__tiny__int8_in_bf16_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<deepspeed_blocked__tiny__int8_in_bf16_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<deepspeed_blocked__tiny__int8_in_bf16_traits>(), &kvforge::detail::cuda_op_table<deepspeed_blocked__tiny__int8_in_bf16_traits>()};
+  }
 };
 
 using deepspeed_blocked__tiny__int8_in_bf16 = kvforge::TypedCache<deepspeed_blocked__tiny__int8_in_bf16_traits>;

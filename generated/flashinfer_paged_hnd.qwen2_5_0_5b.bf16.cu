@@ -4,4 +4,5 @@
 #include "flashinfer_paged_hnd.qwen2_5_0_5b.bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::flashinfer_paged_hnd__qwen2_5_0_5b__bf16_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__qwen2_5_0_5b__bf16_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::flashinfer_paged_hnd__qwen2_5_0_5b__bf16_traits>();

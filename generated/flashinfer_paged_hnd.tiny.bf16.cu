@@ -4,4 +4,5 @@
 #include "flashinfer_paged_hnd.tiny.bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits>();

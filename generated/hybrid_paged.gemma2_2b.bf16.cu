@@ -4,5 +4,7 @@
 #include "hybrid_paged.gemma2_2b.bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>;
-template struct kvforge::detail::CudaOps<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>();
+template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>();

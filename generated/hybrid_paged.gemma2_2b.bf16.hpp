@@ -12,72 +12,89 @@
 namespace kvforge::variants {
 
 struct hybrid_paged__gemma2_2b__bf16__local_traits {
+  static constexpr const char* name = "hybrid_paged.gemma2_2b.bf16/local";
+  static constexpr const char* layout = "vllm_paged_nhd";
+  static constexpr const char* model = "gemma2_2b";
   using storage_t = kvforge::bf16;
   using input_t = kvforge::bf16;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 13;
   static constexpr int heads = 4;
   static constexpr int head_dim = 256;
+  static constexpr int max_seq_len = 8192;
+  // Launch parameters: the defaults.
+  static constexpr int64_t cpu_parallel_bytes = 65536;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim};
   static constexpr int page_size = 16;
   static constexpr int window = 0;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
-  static constexpr bool lazy = false;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "hybrid_paged.gemma2_2b.bf16/local", "vllm_paged_nhd", "gemma2_2b",
-      kvforge::DType::bf16, kvforge::DType::bf16,
-      kvforge::Addressing::paged, kvforge::UpdateMode::eager,
-      layers, heads, head_dim, page_size, window, 8192,
-      5, {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim},
-      53248,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
-      nullptr, false,
-      {65536, 0, 256}};  // tuning: defaults
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__gemma2_2b__bf16__local_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<hybrid_paged__gemma2_2b__bf16__local_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<hybrid_paged__gemma2_2b__bf16__local_traits>(), &kvforge::detail::cuda_op_table<hybrid_paged__gemma2_2b__bf16__local_traits>()};
+  }
 };
 
 struct hybrid_paged__gemma2_2b__bf16__global_traits {
+  static constexpr const char* name = "hybrid_paged.gemma2_2b.bf16/global";
+  static constexpr const char* layout = "deepspeed_blocked";
+  static constexpr const char* model = "gemma2_2b";
   using storage_t = kvforge::bf16;
   using input_t = kvforge::bf16;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 13;
   static constexpr int heads = 4;
   static constexpr int head_dim = 256;
+  static constexpr int max_seq_len = 8192;
+  // Launch parameters: the defaults.
+  static constexpr int64_t cpu_parallel_bytes = 65536;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim};
   static constexpr int page_size = 64;
   static constexpr int window = 0;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
-  static constexpr bool lazy = false;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "hybrid_paged.gemma2_2b.bf16/global", "deepspeed_blocked", "gemma2_2b",
-      kvforge::DType::bf16, kvforge::DType::bf16,
-      kvforge::Addressing::paged, kvforge::UpdateMode::eager,
-      layers, heads, head_dim, page_size, window, 8192,
-      6, {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim},
-      53248,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
-      nullptr, false,
-      {65536, 0, 256}};  // tuning: defaults
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__gemma2_2b__bf16__global_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<hybrid_paged__gemma2_2b__bf16__global_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<hybrid_paged__gemma2_2b__bf16__global_traits>(), &kvforge::detail::cuda_op_table<hybrid_paged__gemma2_2b__bf16__global_traits>()};
+  }
 };
 
 struct hybrid_paged__gemma2_2b__bf16_traits {
+  static constexpr const char* name = "hybrid_paged.gemma2_2b.bf16";
+  static constexpr const char* layout = "hybrid_paged";
+  static constexpr const char* model = "gemma2_2b";
+  using storage_t = kvforge::bf16;
+  using input_t = kvforge::bf16;
+  static constexpr int layers = 26;
+  static constexpr int heads = 4;
+  static constexpr int head_dim = 256;
+  static constexpr int max_seq_len = 8192;
+  // Launch parameters: the defaults.
+  static constexpr int64_t cpu_parallel_bytes = 65536;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
   static constexpr int local_layers[] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24};
   static constexpr int global_layers[] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25};
   static constexpr kvforge::LayerGroupInfo groups[] = {
-      {"local", 13, local_layers, 4096, &hybrid_paged__gemma2_2b__bf16__local_traits::descriptor,
-       &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__local_traits>},
-      {"global", 13, global_layers, 0, &hybrid_paged__gemma2_2b__bf16__global_traits::descriptor,
-       &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__global_traits>},
+      {"local", 13, local_layers, 4096,
+       &kvforge::descriptor_of<hybrid_paged__gemma2_2b__bf16__local_traits>, &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__local_traits>},
+      {"global", 13, global_layers, 0,
+       &kvforge::descriptor_of<hybrid_paged__gemma2_2b__bf16__global_traits>, &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__global_traits>},
   };
   static constexpr kvforge::HybridDescriptor hybrid{2, groups};
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "hybrid_paged.gemma2_2b.bf16", "hybrid_paged", "gemma2_2b",
-      kvforge::DType::bf16, kvforge::DType::bf16,
-      kvforge::Addressing::paged, kvforge::UpdateMode::eager,
-      26, 4, 256, 0, 0, 8192,
-      0, {},
-      106496,
-      kvforge::Quant::none, kvforge::DType::f32, kvforge::ScalePlacement::separate, &hybrid, false,
-      {65536, 0, 256}};
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe_hybrid<hybrid_paged__gemma2_2b__bf16_traits>(); }
 };
 
 }  // namespace kvforge::variants

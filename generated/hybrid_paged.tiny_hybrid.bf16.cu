@@ -4,5 +4,7 @@
 #include "hybrid_paged.tiny_hybrid.bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>;
-template struct kvforge::detail::CudaOps<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>();
+template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>();

@@ -10,27 +10,33 @@
 namespace kvforge::variants {
 
 struct jetstream_paged__mistral_7b__bf16_traits {
+  static constexpr const char* name = "jetstream_paged.mistral_7b.bf16";
+  static constexpr const char* layout = "jetstream_paged";
+  static constexpr const char* model = "mistral_7b";
   using storage_t = kvforge::bf16;
   using input_t = kvforge::bf16;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 32;
   static constexpr int heads = 8;
   static constexpr int head_dim = 128;
+  static constexpr int max_seq_len = 32768;
+  // Launch parameters: the defaults.
+  static constexpr int64_t cpu_parallel_bytes = 65536;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::head, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::dim};
   static constexpr int page_size = 64;
   static constexpr int window = 0;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
-  static constexpr bool lazy = false;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "jetstream_paged.mistral_7b.bf16", "jetstream_paged", "mistral_7b",
-      kvforge::DType::bf16, kvforge::DType::bf16,
-      kvforge::Addressing::paged, kvforge::UpdateMode::eager,
-      layers, heads, head_dim, page_size, window, 32768,
-      4, {kvforge::Axis::head, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::dim},
-      131072,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
-      nullptr, false,
-      {65536, 0, 256}};  // tuning: defaults
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_paged__mistral_7b__bf16_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<jetstream_paged__mistral_7b__bf16_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<jetstream_paged__mistral_7b__bf16_traits>(), &kvforge::detail::cuda_op_table<jetstream_paged__mistral_7b__bf16_traits>()};
+  }
 };
 
 using jetstream_paged__mistral_7b__bf16 = kvforge::TypedCache<jetstream_paged__mistral_7b__bf16_traits>;

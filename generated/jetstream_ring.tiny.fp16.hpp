@@ -10,27 +10,33 @@
 namespace kvforge::variants {
 
 struct jetstream_ring__tiny__fp16_traits {
+  static constexpr const char* name = "jetstream_ring.tiny.fp16";
+  static constexpr const char* layout = "jetstream_ring";
+  static constexpr const char* model = "tiny";
   using storage_t = kvforge::fp16;
   using input_t = kvforge::fp16;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 2;
   static constexpr int heads = 2;
   static constexpr int head_dim = 16;
+  static constexpr int max_seq_len = 64;
+  // Launch parameters: the defaults.
+  static constexpr int64_t cpu_parallel_bytes = 65536;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::ring;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim};
   static constexpr int page_size = 0;
   static constexpr int window = 16;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::ring;
-  static constexpr bool lazy = false;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "jetstream_ring.tiny.fp16", "jetstream_ring", "tiny",
-      kvforge::DType::f16, kvforge::DType::f16,
-      kvforge::Addressing::ring, kvforge::UpdateMode::eager,
-      layers, heads, head_dim, page_size, window, 64,
-      4, {kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      256,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
-      nullptr, false,
-      {65536, 0, 256}};  // tuning: defaults
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_ring__tiny__fp16_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<jetstream_ring__tiny__fp16_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<jetstream_ring__tiny__fp16_traits>(), &kvforge::detail::cuda_op_table<jetstream_ring__tiny__fp16_traits>()};
+  }
 };
 
 using jetstream_ring__tiny__fp16 = kvforge::TypedCache<jetstream_ring__tiny__fp16_traits>;

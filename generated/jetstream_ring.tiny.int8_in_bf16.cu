@@ -5,4 +5,5 @@
 #include "kvforge/cuda_ops.cuh"
 #include "kvforge/exec_cuda_reduce.cuh"  // the amax warp reduction quantizing needs
 
-template struct kvforge::detail::CudaOps<kvforge::variants::jetstream_ring__tiny__int8_in_bf16_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::jetstream_ring__tiny__int8_in_bf16_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::jetstream_ring__tiny__int8_in_bf16_traits>();

@@ -11,27 +11,33 @@
 namespace kvforge::variants {
 
 struct jetstream_stacked__llama3_8b__int8_in_bf16_traits {
+  static constexpr const char* name = "jetstream_stacked.llama3_8b.int8_in_bf16";
+  static constexpr const char* layout = "jetstream_stacked";
+  static constexpr const char* model = "llama3_8b";
   using storage_t = int8_t;
   using input_t = kvforge::bf16;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
   static constexpr int layers = 32;
   static constexpr int heads = 8;
   static constexpr int head_dim = 128;
+  static constexpr int max_seq_len = 8192;
+  // Launch parameters: specs/tuning/llama3_8b.yaml.
+  static constexpr int64_t cpu_parallel_bytes = 4096;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::contiguous;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::layer, kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim};
   static constexpr int page_size = 0;
   static constexpr int window = 0;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::contiguous;
-  static constexpr bool lazy = false;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "jetstream_stacked.llama3_8b.int8_in_bf16", "jetstream_stacked", "llama3_8b",
-      kvforge::DType::i8, kvforge::DType::bf16,
-      kvforge::Addressing::contiguous, kvforge::UpdateMode::eager,
-      layers, heads, head_dim, page_size, window, 8192,
-      5, {kvforge::Axis::layer, kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      65792,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
-      nullptr, false,
-      {4096, 0, 256}};  // tuning: specs/tuning/llama3_8b.yaml
+  static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_stacked__llama3_8b__int8_in_bf16_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<jetstream_stacked__llama3_8b__int8_in_bf16_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<jetstream_stacked__llama3_8b__int8_in_bf16_traits>(), &kvforge::detail::cuda_op_table<jetstream_stacked__llama3_8b__int8_in_bf16_traits>()};
+  }
 };
 
 using jetstream_stacked__llama3_8b__int8_in_bf16 = kvforge::TypedCache<jetstream_stacked__llama3_8b__int8_in_bf16_traits>;

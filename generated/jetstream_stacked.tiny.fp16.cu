@@ -4,4 +4,5 @@
 #include "jetstream_stacked.tiny.fp16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::jetstream_stacked__tiny__fp16_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked__tiny__fp16_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::jetstream_stacked__tiny__fp16_traits>();

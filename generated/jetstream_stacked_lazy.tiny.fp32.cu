@@ -4,4 +4,5 @@
 #include "jetstream_stacked_lazy.tiny.fp32.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::jetstream_stacked_lazy__tiny__fp32_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked_lazy__tiny__fp32_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::jetstream_stacked_lazy__tiny__fp32_traits>();

@@ -10,27 +10,33 @@
 namespace kvforge::variants {
 
 struct jetstream_stacked_lazy__tiny__fp32_traits {
+  static constexpr const char* name = "jetstream_stacked_lazy.tiny.fp32";
+  static constexpr const char* layout = "jetstream_stacked_lazy";
+  static constexpr const char* model = "tiny";
   using storage_t = float;
   using input_t = float;
-  using scale_t = float;
-  static constexpr kvforge::Quant quant = kvforge::Quant::none;
   static constexpr int layers = 2;
   static constexpr int heads = 2;
   static constexpr int head_dim = 16;
+  static constexpr int max_seq_len = 64;
+  // Launch parameters: the defaults.
+  static constexpr int64_t cpu_parallel_bytes = 65536;
+  static constexpr int cpu_chunk_items = 0;
+  static constexpr int cuda_block_threads = 256;
+  static constexpr kvforge::Addressing addressing = kvforge::Addressing::contiguous;
+  static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::lazy;
+  static constexpr kvforge::Axis axes[] = {kvforge::Axis::layer, kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim};
   static constexpr int page_size = 0;
   static constexpr int window = 0;
-  static constexpr kvforge::Addressing addressing = kvforge::Addressing::contiguous;
-  static constexpr bool lazy = true;
-  static constexpr kvforge::VariantDescriptor descriptor{
-      "jetstream_stacked_lazy.tiny.fp32", "jetstream_stacked_lazy", "tiny",
-      kvforge::DType::f32, kvforge::DType::f32,
-      kvforge::Addressing::contiguous, kvforge::UpdateMode::lazy,
-      layers, heads, head_dim, page_size, window, 64,
-      5, {kvforge::Axis::layer, kvforge::Axis::row, kvforge::Axis::head, kvforge::Axis::seq, kvforge::Axis::dim},
-      512,
-      quant, kvforge::DType::f32, kvforge::ScalePlacement::separate,
-      nullptr, false,
-      {65536, 0, 256}};  // tuning: defaults
+  static constexpr kvforge::Quant quant = kvforge::Quant::none;
+  using scale_t = float;
+  static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+
+  static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_stacked_lazy__tiny__fp32_traits>(); }
+  // The kernels this build has for the variant, per device (op_table.hpp).
+  static kvforge::detail::OpTables<jetstream_stacked_lazy__tiny__fp32_traits> op_tables() {
+    return {&kvforge::detail::cpu_op_table<jetstream_stacked_lazy__tiny__fp32_traits>(), &kvforge::detail::cuda_op_table<jetstream_stacked_lazy__tiny__fp32_traits>()};
+  }
 };
 
 using jetstream_stacked_lazy__tiny__fp32 = kvforge::TypedCache<jetstream_stacked_lazy__tiny__fp32_traits>;

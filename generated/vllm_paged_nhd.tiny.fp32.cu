@@ -4,4 +4,5 @@
 #include "vllm_paged_nhd.tiny.fp32.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template struct kvforge::detail::CudaOps<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>;
+template const kvforge::detail::OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>&
+kvforge::detail::cuda_op_table<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>();

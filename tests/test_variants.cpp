@@ -532,12 +532,20 @@ std::vector<Case> generic_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Registry, EveryGenericTwin, testing::ValuesIn(generic_cases()), case_name);
 
-// A name that was not generated, but whose layout and model are, is served by the generic path.
+// A combination that was not generated, but whose layout and model are, is served by the generic path
+// and says so through its descriptor.
 TEST(GenericFallback, ServesAShapeThatWasNotGeneratedAndRefusesWhatItCannot) {
   ASSERT_EQ(registry().find("vllm_paged_nhd.qwen2_5_0_5b.fp32"), nullptr) << "the test needs a name that is not generated";
+  auto query = [](const char* layout, const char* model, DType storage) {
+    VariantQuery q;
+    q.layout = layout;
+    q.model = model;
+    q.storage = storage;
+    return q;
+  };
   CacheConfig cfg;
   cfg.pages = 4;
-  auto cache = registry().create("vllm_paged_nhd.qwen2_5_0_5b.fp32", cfg);
+  auto cache = registry().create(query("vllm_paged_nhd", "qwen2_5_0_5b", DType::f32), cfg);
   const VariantDescriptor& d = cache->descriptor();
   EXPECT_TRUE(d.generic);
   EXPECT_EQ(std::string(d.name), "vllm_paged_nhd.qwen2_5_0_5b.fp32");
@@ -546,11 +554,22 @@ TEST(GenericFallback, ServesAShapeThatWasNotGeneratedAndRefusesWhatItCannot) {
   EXPECT_EQ(d.layers, qwen.layers);
   EXPECT_EQ(d.heads * d.head_dim, qwen.heads * qwen.head_dim);
   EXPECT_EQ(d.bytes_per_token, 2 * qwen.bytes_per_token) << "fp32 stores twice bf16's bytes";
-  EXPECT_THROW(registry().create("jetstream_ring.qwen2_5_0_5b.bf16", CacheConfig{}), UnknownVariantError)
+  EXPECT_THROW(registry().create(query("jetstream_ring", "qwen2_5_0_5b", DType::bf16), CacheConfig{}), UnknownVariantError)
       << "a ring's window may follow the model, which other variants cannot tell";
-  EXPECT_THROW(registry().create("jetstream_stacked_lazy.qwen2_5_0_5b.fp32", CacheConfig{}), UnknownVariantError)
+  EXPECT_THROW(registry().create(query("jetstream_stacked_lazy", "qwen2_5_0_5b", DType::f32), CacheConfig{}),
+               UnknownVariantError)
       << "lazy staging needs a generated variant";
-  EXPECT_THROW(registry().create("vllm_paged_nhd.nosuchmodel.bf16", CacheConfig{}), UnknownVariantError);
+  EXPECT_THROW(registry().create(query("vllm_paged_nhd", "nosuchmodel", DType::bf16), CacheConfig{}), UnknownVariantError);
+  EXPECT_THROW(registry().create("vllm_paged_nhd.qwen2_5_0_5b.fp32", cfg), UnknownVariantError)
+      << "a name is looked up, never parsed: only registered names resolve";
+}
+
+// One spelling of names: the runtime forms every registered name exactly as codegen did.
+TEST(Registry, NamesFollowOneGrammar) {
+  for (const auto& e : registry().variants()) {
+    const VariantDescriptor& d = *e.descriptor;
+    EXPECT_EQ(variant_name(d.layout, d.model, d.storage, d.input), d.name);
+  }
 }
 
 std::vector<Case> lazy_cases() {

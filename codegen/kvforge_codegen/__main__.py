@@ -8,13 +8,17 @@ import os
 import sys
 from typing import List
 
-from . import VERSION
+from . import VERSION, vocab
 from .diagnostics import SpecFailure
 from .plan import Filters, filter_problems, plan_variants
 from .render import SOURCES, differs, output_names, read_sources, render, write_changed
 from .spec import load_specs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _built(args: argparse.Namespace) -> tuple:
+    return tuple(b for b in vocab.BACKENDS if not (b == "cuda" and args.no_cuda))
 
 
 def _csv(text: str) -> tuple:
@@ -48,9 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     common(sp)
     sp = sub.add_parser("outputs", help="print the files `generate` would write, one per line (for CMake)")
     common(sp)
-    sp.add_argument("--no-cuda", action="store_true", help="leave out the .cu files")
+    sp.add_argument("--no-cuda", action="store_true", help="a build without the CUDA backend: no .cu files")
     sp = sub.add_parser("generate", help="write generated sources into a folder, touching only changed files")
     common(sp)
+    sp.add_argument("--no-cuda", action="store_true", help="a build without the CUDA backend: no .cu files, "
+                                                           "and the variants' traits name no CUDA kernels")
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--registry-function", default="kvforge::registry",
                     help="qualified name of the generated registry accessor (default: kvforge::registry)")
@@ -109,11 +115,11 @@ def main(argv: List[str] | None = None) -> int:
         print(f"{len(variants)} variants")
         return 0
     if args.command == "outputs":
-        for name in output_names(variants, cuda=not args.no_cuda):
+        for name in output_names(variants, _built(args)):
             print(name)
         return 0
     if args.command == "generate":
-        written = write_changed(render(variants, args.registry_function), args.out)
+        written = write_changed(render(variants, args.registry_function, _built(args)), args.out)
         print(f"kvforge-codegen: {len(variants)} variants, {len(written)} file(s) changed in {args.out}")
         return 0
     if args.command == "check":

@@ -29,6 +29,11 @@ class Variant:
         return variant_symbol(self.name)
 
     @property
+    def kernel_symbols(self) -> Tuple[str, ...]:
+        """The traits structs whose kernels this variant's files instantiate: one per hybrid member, or its own."""
+        return tuple(f"{self.symbol}__{g.name}" for g, _ in self.members) or (self.symbol,)
+
+    @property
     def window(self) -> int:
         """Ring window in positions; 0 for layouts without one."""
         if self.layout.addressing != "ring":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import jinja2
 
@@ -12,17 +12,18 @@ from .plan import Variant
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
 
-# (file-name pattern, template) per variant; {name} is the variant name.
-PER_VARIANT = (("{name}.hpp", "variant.hpp.j2"), ("{name}.cpp", "variant.cpp.j2"), ("{name}.cu", "variant.cu.j2"))
+# (file-name pattern, template, the backend it instantiates or None) per variant; {name} is the variant name.
+PER_VARIANT = (("{name}.hpp", "variant.hpp.j2", None), ("{name}.cpp", "variant.cpp.j2", "cpu"),
+               ("{name}.cu", "variant.cu.j2", "cuda"))
 PER_SET = (("registry.cpp", "registry.cpp.j2"), ("MANIFEST.md", "MANIFEST.md.j2"))
 # The spec files an expansion was made from, one "<kind> <path>" a line: `check --listed-specs` expands
 # exactly these, so files a user adds beside them do not make a committed expansion look stale.
 SOURCES = "SOURCES.txt"
 
 
-def output_names(variants: List[Variant], cuda: bool = True) -> List[str]:
-    names = [pattern.format(name=v.name) for v in variants for pattern, _ in PER_VARIANT
-             if cuda or not pattern.endswith(".cu")]
+def output_names(variants: List[Variant], built: Sequence[str] = vocab.BACKENDS) -> List[str]:
+    names = [pattern.format(name=v.name) for v in variants for pattern, _, backend in PER_VARIANT
+             if backend is None or backend in built]
     return names + [pattern for pattern, _ in PER_SET] + [SOURCES]
 
 
@@ -31,13 +32,17 @@ def _environment() -> jinja2.Environment:
                               keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False)
 
 
-def render(variants: List[Variant], registry_function: str = "kvforge::registry") -> Dict[str, str]:
+def render(variants: List[Variant], registry_function: str = "kvforge::registry",
+           built: Sequence[str] = vocab.BACKENDS) -> Dict[str, str]:
+    """Every file of the expansion, for the backends `built` (the committed generated/ has them all)."""
     env = _environment()
-    common = {"version": VERSION, "dtypes": vocab.DTYPES, "registry_function": registry_function}
+    common = {"version": VERSION, "dtypes": vocab.DTYPES, "registry_function": registry_function,
+              "backends": vocab.BACKENDS, "built": tuple(built)}
     files: Dict[str, str] = {}
     for v in variants:
-        for pattern, template in PER_VARIANT:
-            files[pattern.format(name=v.name)] = env.get_template(template).render(v=v, **common)
+        for pattern, template, backend in PER_VARIANT:
+            if backend is None or backend in built:
+                files[pattern.format(name=v.name)] = env.get_template(template).render(v=v, **common)
     for name, template in PER_SET:
         files[name] = env.get_template(template).render(variants=variants, **common)
     files[SOURCES] = sources_text(variants)

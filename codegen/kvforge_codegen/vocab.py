@@ -1,6 +1,8 @@
 """The fixed vocabularies of the spec language, and their C++ spellings. One place for both."""
 
 AXES = ("layer", "row", "seq", "page", "slot", "kv", "head", "dim")
+# Backends in the order of kvforge::Device; each instantiates a variant's kernels in a file of its own.
+BACKENDS = ("cpu", "cuda")
 ADDRESSING = ("contiguous", "ring", "paged")
 UPDATE_MODES = ("eager", "lazy")
 

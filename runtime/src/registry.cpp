@@ -1,7 +1,6 @@
 #include "kvforge/registry.hpp"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "kvforge/generic.hpp"
 
@@ -59,34 +58,33 @@ std::vector<const VariantEntry*> Registry::select(const VariantQuery& q) const {
   return out;
 }
 
-std::optional<VariantDescriptor> Registry::synthesize(std::string_view name) const {
-  // layout.model.storage[_in_input]: the layout's facts from any variant of that layout, the model's
-  // from any variant of that model.
-  const size_t a = name.find('.'), b = name.find('.', a == std::string_view::npos ? a : a + 1);
-  if (a == std::string_view::npos || b == std::string_view::npos) return std::nullopt;
-  const std::string_view layout = name.substr(0, a), model = name.substr(a + 1, b - a - 1), dtypes = name.substr(b + 1);
-  const size_t in = dtypes.find("_in_");
-  const std::string_view storage = dtypes.substr(0, in), input = in == std::string_view::npos ? storage : dtypes.substr(in + 4);
-  auto dtype_of_name = [](std::string_view n) -> std::optional<DType> {
-    for (DType t : {DType::f32, DType::f16, DType::bf16})
-      if (dtype_name(t) == n) return t;
-    return std::nullopt;
-  };
+std::string variant_name(std::string_view layout, std::string_view model, DType storage, DType input) {
+  std::string name = std::string(layout) + "." + std::string(model) + "." + std::string(dtype_name(storage));
+  if (input != storage) name += "_in_" + std::string(dtype_name(input));
+  return name;
+}
+
+std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q) const {
+  // The layout's facts from any variant of that layout, the model's from any variant of that model.
+  if (q.layout.empty() || q.model.empty() || !q.storage) return std::nullopt;
+  const DType storage = *q.storage, input = q.input.value_or(storage);
   const VariantDescriptor* by_layout = nullptr;
   const VariantDescriptor* by_model = nullptr;
   for (const auto& e : entries_) {
     if (e.descriptor->is_hybrid()) continue;
-    if (layout == e.descriptor->layout) by_layout = e.descriptor;
-    if (model == e.descriptor->model) by_model = e.descriptor;
+    if (q.layout == e.descriptor->layout) by_layout = e.descriptor;
+    if (q.model == e.descriptor->model) by_model = e.descriptor;
   }
-  const auto s = dtype_of_name(storage), i = dtype_of_name(input);
-  // A ring's window may follow the model, which a descriptor of another model cannot tell.
-  if (!by_layout || !by_model || !s || !i || by_layout->addressing == Addressing::ring) return std::nullopt;
+  // A ring's window may follow the model, which a descriptor of another model cannot tell; and the
+  // generic path stores floats only.
+  if (!by_layout || !by_model || by_layout->addressing == Addressing::ring || is_quantized(storage) ||
+      is_quantized(input))
+    return std::nullopt;
   VariantDescriptor d = *by_layout;
   d.name = nullptr;  // the caller names it
   d.model = by_model->model;
-  d.storage = *s;
-  d.input = *i;
+  d.storage = storage;
+  d.input = input;
   d.layers = by_model->layers;
   d.heads = by_model->heads;
   d.head_dim = by_model->head_dim;
@@ -94,21 +92,12 @@ std::optional<VariantDescriptor> Registry::synthesize(std::string_view name) con
   d.quant = Quant::none;  // the layout's other variants may be quantized; this one stores floats
   d.scale = DType::f32;
   d.scale_placement = ScalePlacement::separate;
-  d.bytes_per_token = int64_t(2) * d.layers * d.heads * d.head_dim * dtype_size(d.storage);
+  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale);
   return d;
 }
 
 std::unique_ptr<Cache> Registry::create(std::string_view name, const CacheConfig& config) const {
-  if (const VariantEntry* e = find(name)) return e->create(config);
-  std::optional<VariantDescriptor> d = synthesize(name);
-  if (!d || !generic_unsupported_reason(*d, config).empty()) throw UnknownVariantError(std::string(name), nearest(name));
-  const std::string owned(name);
-  d->name = owned.c_str();  // make_generic_cache copies the strings
-  std::fprintf(stderr,
-               "kvforge: %s was not generated; serving it with the generic runtime-strided path (CPU, slower). "
-               "Add it to an expand entry of specs/layouts/%s.yaml to specialize it.\n",
-               owned.c_str(), d->layout);
-  return make_generic_cache(*d, config);
+  return at(name).create(config);
 }
 
 std::unique_ptr<Cache> Registry::create(const VariantQuery& q, const CacheConfig& config) const {
@@ -117,6 +106,16 @@ std::unique_ptr<Cache> Registry::create(const VariantQuery& q, const CacheConfig
   std::string described = q.layout.empty() ? "*" : q.layout;
   described += "." + (q.model.empty() ? std::string("*") : q.model) + "." +
                (q.storage ? std::string(dtype_name(*q.storage)) : std::string("*"));
+  if (matches.empty()) {
+    // Not generated: the generic runtime-strided path serves it where it can, and says so through
+    // descriptor().generic.
+    std::optional<VariantDescriptor> d = synthesize(q);
+    if (d && generic_unsupported_reason(*d, config).empty()) {
+      const std::string name = variant_name(d->layout, d->model, d->storage, d->input);
+      d->name = name.c_str();  // make_generic_cache copies the strings
+      return make_generic_cache(*d, config);
+    }
+  }
   std::vector<std::string> names;
   for (const auto* m : matches) names.emplace_back(m->descriptor->name);
   if (names.empty()) names = nearest(described);

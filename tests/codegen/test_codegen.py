@@ -315,7 +315,8 @@ class HybridLayouts(unittest.TestCase):
         self.assertEqual(v.bytes_per_token, sum(m.bytes_per_token for _, m in v.members))
         header = render([v])["hyb.tiny_hybrid.bf16.hpp"]
         self.assertIn("hyb__tiny_hybrid__bf16__local_traits", header)
-        self.assertIn("&hybrid, false,", header)
+        self.assertIn("static constexpr kvforge::HybridDescriptor hybrid{2, groups};", header)
+        self.assertIn("return kvforge::describe_hybrid<hyb__tiny_hybrid__bf16_traits>();", header)
 
     def test_hybrid_groups_need_paged_layouts_and_matching_groups(self):
         d = with_repo_layouts(SpecDir({"hyb.yaml": HYBRID_LAYOUT.format(local="jetstream_ring")}),
@@ -349,7 +350,10 @@ class TuningFiles(unittest.TestCase):
         [v] = plan_variants(specs)
         self.assertEqual((v.model.tuning.cpu_parallel_bytes, v.model.tuning.cpu_chunk_items,
                           v.model.tuning.cuda_block_threads), (16384, 8, 256))
-        self.assertIn("{16384, 8, 256}};  // tuning: tuning/tiny.yaml", render([v])["ok.tiny.bf16.hpp"])
+        header = render([v])["ok.tiny.bf16.hpp"]
+        for line in ("// Launch parameters: tuning/tiny.yaml.", "static constexpr int64_t cpu_parallel_bytes = 16384;",
+                     "static constexpr int cpu_chunk_items = 8;", "static constexpr int cuda_block_threads = 256;"):
+            self.assertIn(line, header)
 
     def test_bad_tuning_files(self):
         d, tuning = self.tuned("model: tiny\ncpu:\n  parallel_bytes: -1\ncuda:\n  block_threads: 100\n"

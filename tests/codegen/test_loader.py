@@ -14,20 +14,11 @@ from kvforge_codegen.spec import load_specs
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(REPO, "specs", "models")
 
-GOOD = b"""\
-name: {name}
-addressing: paged
-page_size: 16
-axes: [page, slot, head, dim]
-update: eager
-expand:
-  - models: [tiny]
-    dtypes: [bf16]
-"""
+from test_codegen import GOOD_LAYOUT  # tests/codegen is on the path under unittest discover
 
 
 def good(name: str) -> bytes:
-    return GOOD.replace(b"{name}", name.encode())
+    return GOOD_LAYOUT.format(name=name).encode()
 
 
 def alias_bomb(levels: int = 9) -> bytes:

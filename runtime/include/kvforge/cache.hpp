@@ -6,7 +6,7 @@
 #include <string>
 
 #include "kvforge/errors.hpp"
-#include "kvforge/layout.hpp"
+#include "kvforge/geometry.hpp"
 #include "kvforge/tensor.hpp"
 
 namespace kvforge {

@@ -1,6 +1,6 @@
 // TypedCache<Traits>: the one implementation of the cache contract, specialized by a generated traits
 // struct. It checks every argument on the host before anything is written, then runs the operation
-// from ops.hpp on the CPU executor, or calls the CUDA instantiation in the variant's .cu file.
+// through the OpTable of its device (op_table.hpp), which that backend's instantiation file filled.
 #pragma once
 
 #include <algorithm>
@@ -12,8 +12,7 @@
 #include "kvforge/backend.hpp"
 #include "kvforge/cache.hpp"
 #include "kvforge/checks.hpp"
-#include "kvforge/cuda_ops.hpp"
-#include "kvforge/exec_cpu.hpp"
+#include "kvforge/op_table.hpp"
 #include "kvforge/ops.hpp"
 
 namespace kvforge {
@@ -36,11 +35,11 @@ template <class Traits> class TypedCache final : public Cache {
   static constexpr int page_size = Traits::page_size;
   static constexpr int window = Traits::window;
   static constexpr Addressing addressing = Traits::addressing;
-  static constexpr bool lazy = Traits::lazy;
+  static constexpr bool lazy = Traits::update == UpdateMode::lazy;
 
   explicit TypedCache(const CacheConfig& config);
 
-  const VariantDescriptor& descriptor() const override { return Traits::descriptor; }
+  const VariantDescriptor& descriptor() const override { return descriptor_of<Traits>; }
   const CacheConfig& config() const override { return config_; }
   const Geometry& geometry() const override { return geometry_; }
 
@@ -76,9 +75,8 @@ template <class Traits> class TypedCache final : public Cache {
   const void* scale_storage() const override { return scales_.data(); }
 
  private:
-  using CpuOps = detail::Ops<Traits, detail::CpuExec>;
   bool on_cpu() const { return config_.device == Device::cpu; }
-  detail::CpuExec cpu_exec() const { return detail::CpuExec{tuning_.cpu_parallel_bytes, tuning_.cpu_chunk_items}; }
+  detail::Launch launch() const { return detail::Launch{config_.stream, tuning_}; }
   void check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
                      int32_t code);
   void check_row(int64_t row) const;
@@ -87,7 +85,8 @@ template <class Traits> class TypedCache final : public Cache {
   detail::ScaleRef scale_ref() const;
 
   CacheConfig config_;
-  Tuning tuning_ = Traits::descriptor.tuning;
+  const detail::OpTable<Traits>* ops_;  // the operations of the config's device
+  Tuning tuning_ = descriptor_of<Traits>.tuning;
   Capacity capacity_;
   Geometry geometry_;
   Backend* backend_;
@@ -103,24 +102,15 @@ template <class Traits> class TypedCache final : public Cache {
   Buffer reorder_scratch_, scale_scratch_, length_scratch_;
 };
 
-// Every operation picks its executor here; without CUDA in the build the constructor has already
-// refused a CUDA device.
-#if KVFORGE_WITH_CUDA
-#define KVFORGE_RUN_OP(op, args)                                              \
-  do {                                                                        \
-    if (on_cpu())                                                             \
-      CpuOps::op(cpu_exec(), args);                                           \
-    else                                                                      \
-      detail::CudaOps<Traits>::op(config_.stream, tuning_.cuda_block_threads, args); \
-  } while (0)
-#else
-#define KVFORGE_RUN_OP(op, args) CpuOps::op(cpu_exec(), args)
-#endif
 
 template <class Traits>
 TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
-  const VariantDescriptor& d = Traits::descriptor;
+  const VariantDescriptor& d = descriptor_of<Traits>;
   detail::check_config(d, config_);
+  ops_ = Traits::op_tables()[size_t(config_.device)];
+  if (!ops_)
+    throw BackendError(std::string(d.name) + ": this build has no " + device_name(config_.device) +
+                       " kernels for this variant");
   backend_ = &backend(config_.device);
   if (d.addressing == Addressing::contiguous && config_.max_seq_len == 0) config_.max_seq_len = d.max_seq_len;
   capacity_ = detail::capacity_of(d, config_);
@@ -137,7 +127,7 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
   if (!d.paged()) row_length_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
   status_ = Buffer(*backend_, sizeof(detail::DeviceStatus));
   if constexpr (lazy) {
-    staged_capacity_ = detail::staged_capacity(Traits::descriptor, config_);
+    staged_capacity_ = detail::staged_capacity(descriptor_of<Traits>, config_);
     const int64_t tokens = int64_t(layers) * staged_capacity_;
     stage_k_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));
     stage_v_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));
@@ -157,26 +147,20 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
 template <class Traits>
 void TypedCache<Traits>::check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi,
                                        bool allow_padding, int32_t code) {
-  detail::IndexCheckArgs a{v.data, v.dtype == DType::i64, count, lo, hi, allow_padding, code, status()};
-  if (on_cpu()) {
-    detail::check_indices_on_host(a);
-  } else {
-#if KVFORGE_WITH_CUDA
-    detail::check_indices_on_device(config_.stream, a);
-#endif
-  }
+  ops_->check_indices(launch(), detail::IndexCheckArgs{v.data, v.dtype == DType::i64, count, lo, hi, allow_padding,
+                                                      code, status()});
 }
 
 template <class Traits> detail::ScaleRef TypedCache<Traits>::scale_ref() const {
-  void* base = Traits::descriptor.scales_in_page()
+  void* base = descriptor_of<Traits>.scales_in_page()
                    ? static_cast<void*>(static_cast<char*>(const_cast<void*>(pool_.data())) + geometry_.scale_offset_bytes)
                    : const_cast<void*>(scales_.data());
   return {base, geometry_.scale_strides};
 }
 
 template <class Traits> void TypedCache<Traits>::check_row(int64_t row) const {
-  if (Traits::descriptor.paged())
-    throw UnsupportedError(std::string(Traits::descriptor.name) + ": paged layouts have no rows");
+  if (descriptor_of<Traits>.paged())
+    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": paged layouts have no rows");
   if (row < 0 || row >= capacity_.rows) throw OutOfRangeError("row", row, 0, capacity_.rows);
 }
 
@@ -214,7 +198,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
     detail::StageArgs<input_t> s{detail::rows3<const input_t>(k), detail::rows3<const input_t>(v),
                                  stage_k_.as<input_t>() + first * row_elems,
                                  stage_v_.as<input_t>() + first * row_elems, tokens, status()};
-    KVFORGE_RUN_OP(stage, s);
+    ops_->stage(launch(), s);
     if constexpr (addressing == Addressing::paged) {
       backend_->copy(stage_slots_.as<int64_t>() + first, targets.slots.data, tokens * 8, config_.stream);
     } else {
@@ -238,7 +222,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
                                            1,
                                            row_length_.as<int32_t>(),
                                            status()};
-    KVFORGE_RUN_OP(write, a);
+    ops_->write(launch(), a);
   }
 }
 
@@ -262,7 +246,7 @@ template <class Traits> void TypedCache<Traits>::commit() {
                                            layers,
                                            row_length_.as<int32_t>(),
                                            status()};
-    KVFORGE_RUN_OP(write, a);
+    ops_->write(launch(), a);
     for (Buffer* b : {&stage_rows_, &stage_positions_, &stage_slots_})
       if (b->data()) backend_->fill(b->data(), 0xff, b->bytes(), config_.stream);
     std::fill(staged_.begin(), staged_.end(), 0);
@@ -320,7 +304,7 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
                                           range.begin,
                                           count,
                                           status()};
-  KVFORGE_RUN_OP(gather, a);
+  ops_->gather(launch(), a);
 }
 
 template <class Traits> void TypedCache<Traits>::reset() {
@@ -333,22 +317,22 @@ template <class Traits> void TypedCache<Traits>::reset_row(int64_t row) {
   check_row(row);
   detail::ZeroRowArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(), row, capacity_.positions,
                                   layers};
-  KVFORGE_RUN_OP(zero_row, a);
+  ops_->zero_row(launch(), a);
   backend_->fill(row_length_.as<int32_t>() + row, 0, sizeof(int32_t), config_.stream);
 }
 
 template <class Traits> void TypedCache<Traits>::reorder(const IndexView& beam) {
-  if (Traits::descriptor.paged())
-    throw UnsupportedError(std::string(Traits::descriptor.name) +
+  if (descriptor_of<Traits>.paged())
+    throw UnsupportedError(std::string(descriptor_of<Traits>.name) +
                            ": reorder is for contiguous and ring layouts; paged layouts fork by copy_blocks");
   detail::check_index_view("beam", beam, DType::i32, capacity_.rows, config_.device, capacity_.rows);
   check_indices(beam, capacity_.rows, 0, capacity_.rows, false, detail::kCheckBeam);
   const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads * head_dim;
   if (!reorder_scratch_.data()) {
     reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
-    constexpr int scales_per_token = quant == Quant::per_token_head ? heads : quant == Quant::per_token ? 1 : 0;
-    if (scales_per_token > 0)
-      scale_scratch_ = Buffer(*backend_, capacity_.rows * 2 * capacity_.positions * scales_per_token *
+    constexpr int per_token = scales_per_token(quant, heads);
+    if (per_token > 0)
+      scale_scratch_ = Buffer(*backend_, capacity_.rows * 2 * capacity_.positions * per_token *
                                              int64_t(sizeof(scale_t)));
     length_scratch_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
   }
@@ -366,14 +350,14 @@ template <class Traits> void TypedCache<Traits>::reorder(const IndexView& beam) 
                                   status()};
   for (int layer = 0; layer < layers; ++layer) {
     a.layer = layer;
-    KVFORGE_RUN_OP(reorder_layer, a);
+    ops_->reorder_layer(launch(), a);
   }
-  KVFORGE_RUN_OP(reorder_lengths, a);
+  ops_->reorder_lengths(launch(), a);
 }
 
 template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pairs) {
-  if (!Traits::descriptor.paged())
-    throw UnsupportedError(std::string(Traits::descriptor.name) + ": copy_blocks is for paged layouts");
+  if (!descriptor_of<Traits>.paged())
+    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": copy_blocks is for paged layouts");
   if (pairs.size % 2 != 0)
     throw ShapeError("pairs", "holds (src, dst) pairs, so its size must be even, got " + std::to_string(pairs.size));
   detail::check_index_view("pairs", pairs, DType::i32, pairs.size, config_.device);
@@ -382,16 +366,16 @@ template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pa
   if (on_cpu()) detail::check_pairs_disjoint_on_host(static_cast<const int32_t*>(pairs.data), pairs.size / 2);
   detail::CopyPagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
                                     static_cast<const int32_t*>(pairs.data), pairs.size / 2, layers, status()};
-  KVFORGE_RUN_OP(copy_pages, a);
+  ops_->copy_pages(launch(), a);
 }
 
 template <class Traits> int64_t TypedCache<Traits>::packed_page_bytes() const {
-  return Traits::descriptor.paged() ? CpuOps::packed_page_bytes(layers) : 0;
+  return descriptor_of<Traits>.paged() ? detail::packed_page_bytes<Traits>(layers) : 0;
 }
 
 template <class Traits> void TypedCache<Traits>::move_pages(const IndexView& pages, void* packed, bool to_packed) {
-  if (!Traits::descriptor.paged())
-    throw UnsupportedError(std::string(Traits::descriptor.name) + ": pack_pages and unpack_pages are for paged layouts");
+  if (!descriptor_of<Traits>.paged())
+    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": pack_pages and unpack_pages are for paged layouts");
   detail::check_index_view("pages", pages, DType::i32, pages.size, config_.device);
   if (pages.size == 0) return;
   if (!packed) throw ArgumentError("packed", "data is null");
@@ -399,7 +383,7 @@ template <class Traits> void TypedCache<Traits>::move_pages(const IndexView& pag
   detail::MovePagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
                                     static_cast<const int32_t*>(pages.data), pages.size, layers,
                                     static_cast<unsigned char*>(packed), packed_page_bytes(), to_packed, status()};
-  KVFORGE_RUN_OP(move_pages, a);
+  ops_->move_pages(launch(), a);
 }
 
 template <class Traits> void TypedCache<Traits>::pack_pages(const IndexView& pages, void* packed) {
@@ -428,8 +412,8 @@ template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
     v.scale_strides = r.s;
   }
   v.strides = geometry_.strides;
-  v.rows_or_pages = Traits::descriptor.paged() ? capacity_.pages : capacity_.rows;
-  v.seq_or_slots = Traits::descriptor.paged() ? page_size : capacity_.positions;
+  v.rows_or_pages = descriptor_of<Traits>.paged() ? capacity_.pages : capacity_.rows;
+  v.seq_or_slots = descriptor_of<Traits>.paged() ? page_size : capacity_.positions;
   v.heads = heads;
   v.head_dim = head_dim;
   return v;
@@ -440,7 +424,7 @@ template <class Traits> void TypedCache<Traits>::set_tensor_scale(int layer, flo
     (void)layer;
     (void)k_scale;
     (void)v_scale;
-    throw UnsupportedError(std::string(Traits::descriptor.name) + ": set_tensor_scale is for per_tensor quantized "
+    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": set_tensor_scale is for per_tensor quantized "
                            "layouts; this one is " + quant_name(quant));
   } else {
     detail::check_layer(layer, layers);
@@ -478,7 +462,7 @@ template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
   MemoryReport m;
   m.storage_bytes = pool_.bytes() + scales_.bytes();
   m.scale_bytes = scales_.bytes();
-  if (Traits::descriptor.scales_in_page())
+  if (descriptor_of<Traits>.scales_in_page())
     m.scale_bytes += pool_.bytes() / geometry_.page_block_bytes * (geometry_.page_block_bytes - geometry_.scale_offset_bytes);
   m.staging_bytes = stage_k_.bytes() + stage_v_.bytes() + stage_rows_.bytes() + stage_positions_.bytes() +
                     stage_slots_.bytes();
@@ -486,8 +470,6 @@ template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
                         length_scratch_.bytes();
   return m;
 }
-
-#undef KVFORGE_RUN_OP
 
 template <class Traits> std::unique_ptr<Cache> make_cache(const CacheConfig& config) {
   return std::make_unique<TypedCache<Traits>>(config);

@@ -3,16 +3,19 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kvforge/op_args.hpp"
+#include "kvforge/op_table.hpp"
 
 namespace kvforge::detail {
 
 struct CpuExec {
-  // The default below which a parallel region costs more than it saves (Tuning::cpu_parallel_bytes).
-  static constexpr int64_t kParallelBytes = 1 << 16;
-  int64_t parallel_bytes = kParallelBytes;
-  int chunk_items = 0;  // 0: one even chunk per thread
+  int64_t parallel_bytes;  // Tuning::cpu_parallel_bytes: below this much data an operation runs on one thread
+  int chunk_items;         // Tuning::cpu_chunk_items; 0: one even chunk per thread
+
+  static CpuExec from(const Launch& l) { return CpuExec{l.tuning.cpu_parallel_bytes, l.tuning.cpu_chunk_items}; }
 
   template <class Body> void for_each_item(int64_t items, int /*lanes*/, int64_t item_bytes, Body body) const {
     const bool parallel = items * item_bytes >= parallel_bytes;
@@ -27,6 +30,31 @@ struct CpuExec {
 
   // An item is one thread here, so its lanes' maximum is its own value.
   template <int Lanes> static uint32_t lane_max(uint32_t value) { return value; }
+
+  // Row primitives. An item is one thread, which takes each row whole: the loop bounds are constants,
+  // so the compiler vectorizes them.
+  static constexpr int row_begin(int /*lane*/) { return 0; }
+  static constexpr int row_step(int /*lanes*/) { return 1; }
+
+  template <int D, class Dst, class Src> static KVF_INLINE void copy_row(Dst* dst, const Src* src) {
+    if constexpr (std::is_same_v<Dst, Src>) {
+      std::memcpy(dst, src, D * sizeof(Dst));
+    } else {
+      for (int i = 0; i < D; ++i) dst[i] = convert<Dst>(src[i]);
+    }
+  }
+
+  // All H heads of one item, each a row of D elements, converting types where they differ.
+  template <int H, int D, class Dst, class Src>
+  static KVF_INLINE void copy_heads(Dst* dst, int64_t dst_head_stride, const Src* src, int64_t src_head_stride,
+                                    int /*lane*/, int /*lanes*/) {
+    for (int h = 0; h < H; ++h) copy_row<D>(dst + h * dst_head_stride, src + h * src_head_stride);
+  }
+
+  template <int H, int D, class Dst>
+  static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, int /*lane*/, int /*lanes*/) {
+    for (int h = 0; h < H; ++h) std::memset(static_cast<void*>(dst + h * dst_head_stride), 0, D * sizeof(Dst));
+  }
 
   static void atomic_max(int32_t* target, int32_t value) {
     int32_t seen = __atomic_load_n(target, __ATOMIC_RELAXED);

@@ -5,13 +5,18 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "kvforge/dtype.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/op_args.hpp"
+#include "kvforge/op_table.hpp"
 
 namespace kvforge::detail {
 
 void throw_cuda_error(cudaError_t err, const char* what);
+// Device-side index validation (backend_cuda.cu): no host read, so graph capture stays legal.
+void check_indices_on_device(void* stream, const IndexCheckArgs& a);
 
 template <class Body> __global__ void item_kernel(int64_t items, int lanes, Body body) {
   const int per_block = blockDim.x / lanes;
@@ -22,8 +27,12 @@ template <class Body> __global__ void item_kernel(int64_t items, int lanes, Body
 }
 
 struct CudaExec {
-  cudaStream_t stream = nullptr;
-  int block_threads = 256;  // Tuning::cuda_block_threads
+  cudaStream_t stream;
+  int block_threads;  // Tuning::cuda_block_threads
+
+  static CudaExec from(const Launch& l) {
+    return CudaExec{static_cast<cudaStream_t>(l.stream), l.tuning.cuda_block_threads};
+  }
 
   template <class Body> void for_each_item(int64_t items, int lanes, int64_t /*item_bytes*/, Body body) const {
     if (items <= 0) return;
@@ -39,6 +48,41 @@ struct CudaExec {
   // Defined in exec_cuda_reduce.cuh, which only quantized variants include: CUB's headers would
   // otherwise more than double every variant's compile time.
   template <int Lanes> KVF_HD static uint32_t lane_max(uint32_t value);
+
+  // Row primitives: an item's lanes stride through each row.
+  KVF_HD static constexpr int row_begin(int lane) { return lane; }
+  KVF_HD static constexpr int row_step(int lanes) { return lanes; }
+
+  // One head's row of D elements: 16-byte vectors where types match and both ends are aligned.
+  template <int D, class Dst, class Src>
+  KVF_HD static KVF_INLINE void copy_row(Dst* dst, const Src* src, int lane, int lanes) {
+    if constexpr (std::is_same_v<Dst, Src> && (D * sizeof(Dst)) % 16 == 0) {
+      if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
+        constexpr int V = int(D * sizeof(Dst) / 16);
+        for (int i = lane; i < V; i += lanes) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+        return;
+      }
+    }
+    for (int i = lane; i < D; i += lanes) dst[i] = convert<Dst>(src[i]);
+  }
+
+  // All H heads of one item: the item's lanes are spread over (head, part of row).
+  template <int H, int D, class Dst, class Src>
+  KVF_HD static KVF_INLINE void copy_heads(Dst* dst, int64_t dst_head_stride, const Src* src, int64_t src_head_stride,
+                                           int lane, int lanes) {
+    if (lanes >= H && lanes % H == 0) {
+      const int per_head = lanes / H;
+      const int h = lane / per_head;
+      copy_row<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane % per_head, per_head);
+      return;
+    }
+    for (int h = 0; h < H; ++h) copy_row<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane, lanes);
+  }
+
+  template <int H, int D, class Dst>
+  KVF_HD static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, int lane, int lanes) {
+    for (int j = lane; j < H * D; j += lanes) dst[(j / D) * dst_head_stride + j % D] = Dst{};
+  }
 
   KVF_HD static void atomic_max(int32_t* target, int32_t value) {
 #if defined(__CUDA_ARCH__)

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "kvforge/layout.hpp"
+#include "kvforge/geometry.hpp"
 
 namespace kvforge::detail {
 

@@ -10,13 +10,13 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "kvforge/config.hpp"
 #include "kvforge/dtype.hpp"
-#include "kvforge/layout.hpp"
+#include "kvforge/geometry.hpp"
 #include "kvforge/op_args.hpp"
+#include "kvforge/op_table.hpp"
 #include "kvforge/quant.hpp"
 
 namespace kvforge::detail {
@@ -29,53 +29,11 @@ template <class Store, int H, int D> constexpr int item_lanes() {
   return lanes > 256 ? 256 : lanes;
 }
 
-// Moves one head's row of D elements, converting types where they differ.
-template <int D, class Dst, class Src>
-KVF_HD KVF_INLINE void copy_row_part(Dst* dst, const Src* src, int lane, int lanes) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (std::is_same_v<Dst, Src> && (D * sizeof(Dst)) % 16 == 0) {
-    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
-      constexpr int V = int(D * sizeof(Dst) / 16);
-      for (int i = lane; i < V; i += lanes) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-      return;
-    }
-  }
-  for (int i = lane; i < D; i += lanes) dst[i] = convert<Dst>(src[i]);
-#else
-  (void)lane;
-  (void)lanes;
-  if constexpr (std::is_same_v<Dst, Src>) {
-    memcpy(dst, src, D * sizeof(Dst));
-  } else {
-    for (int i = 0; i < D; ++i) dst[i] = convert<Dst>(src[i]);
-  }
-#endif
-}
-
-// All H heads of one item. On CUDA the item's lanes are spread over (head, part of row).
-template <int H, int D, class Dst, class Src>
-KVF_HD KVF_INLINE void copy_heads(Dst* dst, int64_t dst_head_stride, const Src* src, int64_t src_head_stride,
-                                  int lane, int lanes) {
-#if defined(__CUDA_ARCH__)
-  if (lanes >= H && lanes % H == 0) {
-    const int per_head = lanes / H;
-    const int h = lane / per_head;
-    copy_row_part<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane % per_head, per_head);
-    return;
-  }
-#endif
-  for (int h = 0; h < H; ++h) copy_row_part<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane, lanes);
-}
-
-template <int H, int D, class Dst>
-KVF_HD KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, int lane, int lanes) {
-#if defined(__CUDA_ARCH__)
-  for (int j = lane; j < H * D; j += lanes) dst[(j / D) * dst_head_stride + j % D] = Dst{};
-#else
-  (void)lane;
-  (void)lanes;
-  for (int h = 0; h < H; ++h) memset(static_cast<void*>(dst + h * dst_head_stride), 0, D * sizeof(Dst));
-#endif
+// Bytes one page of every layer takes when packed for offload: codes, then their dynamic scales.
+template <class Traits> constexpr int64_t packed_page_bytes(int layers) {
+  return int64_t(layers) * 2 * Traits::page_size *
+         (int64_t(Traits::heads) * Traits::head_dim * sizeof(typename Traits::storage_t) +
+          scales_per_token(Traits::quant, Traits::heads) * sizeof(typename Traits::scale_t));
 }
 
 // Lanes of a quantizing CUDA item: one logical warp (a power of two up to 32) sweeps each head's row
@@ -86,37 +44,27 @@ template <int D> constexpr int quant_lanes() {
   return lanes;
 }
 
-// Row loops: on CUDA the item's lanes stride through the row; on the CPU one thread takes the whole
-// row in a plain counted loop, which the compiler vectorizes.
-#if defined(__CUDA_ARCH__)
-#define KVF_ROW_LOOP(i, n) for (int i = lane; i < (n); i += lanes)
-#else
-#define KVF_ROW_LOOP(i, n) \
-  (void)lane;              \
-  (void)lanes;             \
-  for (int i = 0; i < (n); ++i)
-#endif
-
-template <int D, class In> KVF_HD KVF_INLINE uint32_t row_amax(const In* src, int lane, int lanes) {
+// Row loops over one head's D elements. The executor says how an item's lanes share a row: on the CPU
+// one thread takes it whole (begin 0, step 1, both constants the compiler sees, so the loop vectorizes);
+// on CUDA the lanes stride through it.
+template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const In* src, int lane, int lanes) {
   uint32_t m = 0;
-  KVF_ROW_LOOP(i, D) {
+  for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) {
     const uint32_t b = magnitude_bits(to_float(src[i]));
     m = m > b ? m : b;
   }
   return m;
 }
 
-template <int D, class Code, class In>
+template <int D, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
-  KVF_ROW_LOOP(i, D) dst[i] = Codec<Code>::encode(to_float(src[i]) / scale);
+  for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = Codec<Code>::encode(to_float(src[i]) / scale);
 }
 
-template <int D, class Out, class Code>
+template <int D, class Exec, class Out, class Code>
 KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int lane, int lanes) {
-  KVF_ROW_LOOP(i, D) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
+  for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
 }
-
-#undef KVF_ROW_LOOP
 
 template <class Traits, class Exec> struct Ops {
   using Store = typename Traits::storage_t;
@@ -130,7 +78,7 @@ template <class Traits, class Exec> struct Ops {
   static constexpr Quant kQuant = Traits::quant;
   static constexpr bool kQuantized = kQuant != Quant::none;
   // Dynamic scales one token holds per K or V.
-  static constexpr int kScalesPerToken = kQuant == Quant::per_token_head ? H : kQuant == Quant::per_token ? 1 : 0;
+  static constexpr int kScalesPerToken = scales_per_token(kQuant, H);
   static constexpr int kLanes = kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
   static constexpr int64_t kItemBytes = int64_t(H) * D * sizeof(Store);
 
@@ -145,23 +93,23 @@ template <class Traits, class Exec> struct Ops {
                                                const In* src, int64_t src_head, int lane, int lanes) {
     if constexpr (kQuant == Quant::per_tensor) {
       const float s = to_float(*scale);
-      for (int h = 0; h < H; ++h) encode_row<D>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
+      for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
     } else if constexpr (kQuant == Quant::per_token) {
       uint32_t m = 0;
       for (int h = 0; h < H; ++h) {
-        const uint32_t b = row_amax<D>(src + h * src_head, lane, lanes);
+        const uint32_t b = row_amax<D, Exec>(src + h * src_head, lane, lanes);
         m = m > b ? m : b;
       }
       const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kLanes>(m));
       if (lane == 0) *scale = stored;
       const float s = to_float(stored);
-      for (int h = 0; h < H; ++h) encode_row<D>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
+      for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
     } else {
       for (int h = 0; h < H; ++h) {
         const Scale stored =
-            dynamic_scale<Store, Scale>(Exec::template lane_max<kLanes>(row_amax<D>(src + h * src_head, lane, lanes)));
+            dynamic_scale<Store, Scale>(Exec::template lane_max<kLanes>(row_amax<D, Exec>(src + h * src_head, lane, lanes)));
         if (lane == 0) scale[h * scale_head] = stored;
-        encode_row<D>(dst + h * dst_head, src + h * src_head, to_float(stored), lane, lanes);
+        encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, to_float(stored), lane, lanes);
       }
     }
   }
@@ -234,8 +182,8 @@ template <class Traits, class Exec> struct Ops {
         quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head,
                        a.v.data + in_v, a.v.head_stride, lane, lanes);
       } else {
-        copy_heads<H, D>(dst, a.s.head, a.k.data + in_k, a.k.head_stride, lane, lanes);
-        copy_heads<H, D>(dst + a.s.kv, a.s.head, a.v.data + in_v, a.v.head_stride, lane, lanes);
+        Exec::template copy_heads<H, D>(dst, a.s.head, a.k.data + in_k, a.k.head_stride, lane, lanes);
+        Exec::template copy_heads<H, D>(dst + a.s.kv, a.s.head, a.v.data + in_v, a.v.head_stride, lane, lanes);
       }
     });
   }
@@ -244,9 +192,9 @@ template <class Traits, class Exec> struct Ops {
     ex.for_each_item(a.tokens, item_lanes<In, H, D>(), int64_t(H) * D * sizeof(In),
                      [a] KVF_HD(int64_t t, int lane, int lanes) {
                        if (a.status->code) return;
-                       copy_heads<H, D>(a.k_stage + t * H * D, D, a.k_in.data + t * a.k_in.token_stride,
+                       Exec::template copy_heads<H, D>(a.k_stage + t * H * D, D, a.k_in.data + t * a.k_in.token_stride,
                                         a.k_in.head_stride, lane, lanes);
-                       copy_heads<H, D>(a.v_stage + t * H * D, D, a.v_in.data + t * a.v_in.token_stride,
+                       Exec::template copy_heads<H, D>(a.v_stage + t * H * D, D, a.v_in.data + t * a.v_in.token_stride,
                                         a.v_in.head_stride, lane, lanes);
                      });
   }
@@ -262,12 +210,12 @@ template <class Traits, class Exec> struct Ops {
         for (int kv = 0; kv < 2; ++kv) {
           const Scale* scale = scale_at(a.scales, a.layer, kv, unit, slot);
           for (int h = 0; h < H; ++h)
-            decode_row<D>(out[kv].data + j * out[kv].token_stride + h * out[kv].head_stride,
+            decode_row<D, Exec>(out[kv].data + j * out[kv].token_stride + h * out[kv].head_stride,
                           src + kv * a.s.kv + h * a.s.head, to_float(scale[h * a.scales.s.head]), lane, lanes);
         }
       } else {
-        copy_heads<H, D>(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, lane, lanes);
-        copy_heads<H, D>(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, lane, lanes);
+        Exec::template copy_heads<H, D>(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, lane, lanes);
+        Exec::template copy_heads<H, D>(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, lane, lanes);
       }
     });
   }
@@ -277,7 +225,7 @@ template <class Traits, class Exec> struct Ops {
     ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
       const int64_t pos = i % a.positions;
       const int64_t lk = i / a.positions;
-      zero_heads<H, D>(a.pool + a.s.layer * (lk / 2) + a.s.kv * (lk % 2) + a.s.row_or_page * a.row +
+      Exec::template zero_heads<H, D>(a.pool + a.s.layer * (lk / 2) + a.s.kv * (lk % 2) + a.s.row_or_page * a.row +
                            a.s.seq_or_slot * pos,
                        a.s.head, lane, lanes);
       if constexpr (kScalesPerToken > 0) {
@@ -298,7 +246,7 @@ template <class Traits, class Exec> struct Ops {
       const int64_t r = i / (2 * a.positions);
       const Store* src = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * a.beam[r] +
                          a.s.seq_or_slot * pos;
-      copy_heads<H, D>(a.scratch + i * H * D, D, src, a.s.head, lane, lanes);
+      Exec::template copy_heads<H, D>(a.scratch + i * H * D, D, src, a.s.head, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, 1,
                     scale_at(a.scales, a.layer, kv, a.beam[r], pos), a.scales.s.head, lane);
@@ -309,7 +257,7 @@ template <class Traits, class Exec> struct Ops {
       const int64_t kv = (i / a.positions) % 2;
       const int64_t r = i / (2 * a.positions);
       Store* dst = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * r + a.s.seq_or_slot * pos;
-      copy_heads<H, D>(dst, a.s.head, a.scratch + i * H * D, D, lane, lanes);
+      Exec::template copy_heads<H, D>(dst, a.s.head, a.scratch + i * H * D, D, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(scale_at(a.scales, a.layer, kv, r, pos), a.scales.s.head,
                     static_cast<const Scale*>(a.scale_scratch) + i * kScalesPerToken, 1, lane);
@@ -336,9 +284,6 @@ template <class Traits, class Exec> struct Ops {
   }
 
   static constexpr int64_t packed_codes_bytes(int layers) { return int64_t(layers) * 2 * P * H * D * sizeof(Store); }
-  static constexpr int64_t packed_page_bytes(int layers) {
-    return packed_codes_bytes(layers) + int64_t(layers) * 2 * P * kScalesPerToken * sizeof(Scale);
-  }
 
   static void move_pages(const Exec& ex, const MovePagesArgs<Store>& a) {
     if constexpr (kAddressing == Addressing::paged) {
@@ -353,9 +298,9 @@ template <class Traits, class Exec> struct Ops {
         Store* packed_codes = reinterpret_cast<Store*>(packed) + row * H * D;
         Store* pooled = a.pool + a.s.layer * layer + a.s.kv * kv + a.s.row_or_page * page + a.s.seq_or_slot * slot;
         if (a.to_packed) {
-          copy_heads<H, D>(packed_codes, D, pooled, a.s.head, lane, lanes);
+          Exec::template copy_heads<H, D>(packed_codes, D, pooled, a.s.head, lane, lanes);
         } else {
-          copy_heads<H, D>(pooled, a.s.head, packed_codes, D, lane, lanes);
+          Exec::template copy_heads<H, D>(pooled, a.s.head, packed_codes, D, lane, lanes);
         }
         if constexpr (kScalesPerToken > 0) {
           Scale* packed_scales =
@@ -379,7 +324,7 @@ template <class Traits, class Exec> struct Ops {
         const PageItem it = page_item(i, a.layers);
         const int64_t slot = it.slot, kv = it.kv, layer = it.layer, pair = it.index;
         const int64_t base = a.s.layer * layer + a.s.kv * kv + a.s.seq_or_slot * slot;
-        copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
+        Exec::template copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
                          a.pool + base + a.s.row_or_page * a.pairs[2 * pair], a.s.head, lane, lanes);
         if constexpr (kScalesPerToken > 0)
           copy_scales(scale_at(a.scales, layer, kv, a.pairs[2 * pair + 1], slot), a.scales.s.head,
@@ -388,5 +333,24 @@ template <class Traits, class Exec> struct Ops {
     }
   }
 };
+
+// Fills a backend's table from this one source run on its executor, which it builds from a Launch.
+template <class Traits, class Exec>
+OpTable<Traits> make_op_table(void (*check_indices)(const Launch&, const IndexCheckArgs&)) {
+  using O = Ops<Traits, Exec>;
+  using Store = typename Traits::storage_t;
+  using In = typename Traits::input_t;
+  OpTable<Traits> t{};
+  t.write = [](const Launch& l, const WriteArgs<Store, In>& a) { O::write(Exec::from(l), a); };
+  t.stage = [](const Launch& l, const StageArgs<In>& a) { O::stage(Exec::from(l), a); };
+  t.gather = [](const Launch& l, const GatherArgs<Store, In>& a) { O::gather(Exec::from(l), a); };
+  t.zero_row = [](const Launch& l, const ZeroRowArgs<Store>& a) { O::zero_row(Exec::from(l), a); };
+  t.reorder_layer = [](const Launch& l, const ReorderArgs<Store>& a) { O::reorder_layer(Exec::from(l), a); };
+  t.reorder_lengths = [](const Launch& l, const ReorderArgs<Store>& a) { O::reorder_lengths(Exec::from(l), a); };
+  t.copy_pages = [](const Launch& l, const CopyPagesArgs<Store>& a) { O::copy_pages(Exec::from(l), a); };
+  t.move_pages = [](const Launch& l, const MovePagesArgs<Store>& a) { O::move_pages(Exec::from(l), a); };
+  t.check_indices = check_indices;
+  return t;
+}
 
 }  // namespace kvforge::detail

@@ -28,6 +28,12 @@ constexpr const char* scale_placement_name(ScalePlacement p) {
   return p == ScalePlacement::separate ? "separate" : "in_page";
 }
 
+// Dynamic scales one token holds for its K (or its V) in one layer. A per_tensor scale is per layer,
+// not per token, so it counts 0 here.
+constexpr int scales_per_token(Quant q, int heads) {
+  return q == Quant::per_token_head ? heads : q == Quant::per_token ? 1 : 0;
+}
+
 namespace detail {
 
 // |x| as ordered bits: for finite floats, comparing these integers compares magnitudes, so amax is an

@@ -33,18 +33,24 @@ class Registry {
   // Throws UnknownVariantError naming the nearest registered names.
   const VariantEntry& at(std::string_view name) const;
   std::vector<const VariantEntry*> select(const VariantQuery& q) const;
-  // A registered variant; or, for a float eager layout x model x dtype that was not generated but whose
-  // layout and model are known from other variants, the generic path (it says so on stderr).
+  // The registered variant of that name; UnknownVariantError naming the nearest otherwise.
   std::unique_ptr<Cache> create(std::string_view name, const CacheConfig& config) const;
-  // The descriptor a name would have, built from registered variants of its layout and its model.
-  std::optional<VariantDescriptor> synthesize(std::string_view name) const;
-  // Exactly one variant must match the query; otherwise UnknownVariantError lists the candidates.
+  // Exactly one registered variant must match the query. Where none does, but the query names a
+  // layout, a model and a float storage dtype that other registered variants know, the generic
+  // runtime-strided path (CPU) serves it and the cache's descriptor().generic is true; eager, non-ring
+  // layouts only. Otherwise UnknownVariantError lists the candidates.
   std::unique_ptr<Cache> create(const VariantQuery& q, const CacheConfig& config) const;
+  // The descriptor such a query would get, built from registered variants of its layout and its model.
+  std::optional<VariantDescriptor> synthesize(const VariantQuery& q) const;
   std::vector<std::string> nearest(std::string_view name, size_t count = 3) const;
 
  private:
   std::vector<VariantEntry> entries_;
 };
+
+// The one spelling of a variant's name, layout.model.dtype, the dtype being `storage` or
+// `storage_in_input` (codegen's plan.variant_name; a test holds the two equal for every variant).
+std::string variant_name(std::string_view layout, std::string_view model, DType storage, DType input);
 
 // The registry of this build's generated variants (defined in the generated registry.cpp).
 const Registry& registry();

@@ -1,4 +1,4 @@
-#include "kvforge/layout.hpp"
+#include "kvforge/geometry.hpp"
 
 namespace kvforge {
 namespace {

@@ -1,0 +1,113 @@
+// What the spec fixed about a variant: its addressing, axes, shape, dtypes, quantization and launch
+// parameters. A generated traits struct holds these as named constants; describe<Traits>() builds the
+// descriptor from them field by field, so a field can never land in the wrong slot.
+#pragma once
+
+#include <cstdint>
+#include <iterator>
+
+#include "kvforge/dtype.hpp"
+#include "kvforge/quant.hpp"
+
+namespace kvforge {
+
+enum class Axis : uint8_t { layer, row, seq, page, slot, kv, head, dim };
+constexpr int kNumAxes = 8;
+
+enum class Addressing : uint8_t { contiguous, ring, paged };
+enum class UpdateMode : uint8_t { eager, lazy };
+
+constexpr const char* addressing_name(Addressing a) {
+  return a == Addressing::contiguous ? "contiguous" : a == Addressing::ring ? "ring" : "paged";
+}
+
+struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
+
+// Launch parameters. A variant bakes in its model's specs/tuning/<model>.yaml (written by
+// kvforge_bench --kvf_tune) or these defaults; Cache::set_tuning changes them at run time, which is
+// how the tuner measures candidates.
+struct Tuning {
+  int64_t cpu_parallel_bytes = 1 << 16;  // below this much data an operation runs on one thread
+  int cpu_chunk_items = 0;               // OpenMP chunk in items; 0: one even chunk per thread
+  int cuda_block_threads = 256;          // threads per CUDA block; items per block = this / lanes
+};
+
+// Everything the spec fixed about a variant. Generated as a constexpr per variant.
+struct VariantDescriptor {
+  const char* name;
+  const char* layout;
+  const char* model;
+  DType storage;
+  DType input;
+  Addressing addressing;
+  UpdateMode update;
+  int layers;
+  int heads;
+  int head_dim;
+  int page_size;    // paged only, else 0
+  int window;       // ring only, else 0
+  int max_seq_len;  // the model's
+  int num_axes;
+  Axis axes[kNumAxes];
+  int64_t bytes_per_token;  // K and V of all layers for one token, scales included (bytes_per_token())
+  Quant quant = Quant::none;  // quantized storage only
+  DType scale = DType::f32;
+  ScalePlacement scale_placement = ScalePlacement::separate;
+  const HybridDescriptor* hybrid = nullptr;  // hybrid variants: one member per layer group
+  bool generic = false;                      // served by the generic runtime-strided path
+  Tuning tuning = {};
+
+  constexpr bool has_axis(Axis a) const {
+    for (int i = 0; i < num_axes; ++i)
+      if (axes[i] == a) return true;
+    return false;
+  }
+  constexpr bool paged() const { return addressing == Addressing::paged; }
+  constexpr bool stacked() const { return has_axis(Axis::layer); }
+  constexpr bool kv_fused() const { return has_axis(Axis::kv); }
+  constexpr bool quantized() const { return quant != Quant::none; }
+  constexpr bool lazy() const { return update == UpdateMode::lazy; }
+  constexpr bool is_hybrid() const { return hybrid != nullptr; }
+  constexpr bool scales_in_page() const { return quantized() && scale_placement == ScalePlacement::in_page; }
+};
+
+// Bytes one token of one sequence occupies: K and V of every layer and head, and their dynamic scales.
+// The one formula; `kvforge-codegen list` prints the same figure, and a test holds the two equal.
+constexpr int64_t bytes_per_token(int layers, int heads, int head_dim, DType storage, Quant quant, DType scale) {
+  return int64_t(2) * layers * (int64_t(heads) * head_dim * dtype_size(storage) +
+                                int64_t(scales_per_token(quant, heads)) * dtype_size(scale));
+}
+
+// The descriptor of a generated variant, from its traits' named constants (see variant.hpp.j2).
+template <class T> constexpr VariantDescriptor describe() {
+  VariantDescriptor d{};
+  d.name = T::name;
+  d.layout = T::layout;
+  d.model = T::model;
+  d.storage = dtype_of<typename T::storage_t>::value;
+  d.input = dtype_of<typename T::input_t>::value;
+  d.addressing = T::addressing;
+  d.update = T::update;
+  d.layers = T::layers;
+  d.heads = T::heads;
+  d.head_dim = T::head_dim;
+  d.page_size = T::page_size;
+  d.window = T::window;
+  d.max_seq_len = T::max_seq_len;
+  d.num_axes = int(std::size(T::axes));
+  for (int i = 0; i < d.num_axes; ++i) d.axes[i] = T::axes[i];
+  d.quant = T::quant;
+  d.scale = d.quant == Quant::none ? DType::f32 : dtype_of<typename T::scale_t>::value;
+  d.scale_placement = T::scale_placement;
+  d.tuning.cpu_parallel_bytes = T::cpu_parallel_bytes;
+  d.tuning.cpu_chunk_items = T::cpu_chunk_items;
+  d.tuning.cuda_block_threads = T::cuda_block_threads;
+  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale);
+  return d;
+}
+
+// Every variant's descriptor, one object per program: Traits::describe() runs where the traits struct
+// is complete.
+template <class T> inline constexpr VariantDescriptor descriptor_of = T::describe();
+
+}  // namespace kvforge
