@@ -12,7 +12,7 @@ from . import VERSION, vocab
 from .diagnostics import SpecFailure
 from .plan import Filters, filter_problems, plan_variants
 from .render import SOURCES, differs, output_names, read_sources, render, write_changed
-from .spec import load_specs
+from .validate import load_specs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 from . import vocab
-from .diagnostics import Diagnostics, Loc, SpecFailure
+from .diagnostics import Diagnostics, Loc
 from .yamlnodes import Entry, Value, load
 
 
@@ -46,6 +46,10 @@ class ModelSpec:
 
     def group(self, name: str) -> LayerGroup:
         return next(g for g in self.layer_groups if g.name == name)
+
+    def for_group(self, group: LayerGroup) -> "ModelSpec":
+        """The model as one layer group sees it: the group's layers and sliding window."""
+        return replace(self, layers=len(group.layers), sliding_window=group.sliding_window, layer_groups=())
 
 
 @dataclass(frozen=True)
@@ -495,9 +499,11 @@ def _parse_tuning(path: str, display: str, diags: Diagnostics) -> Optional[Tuple
     return model, Tuning(**values, source=display), doc.loc
 
 
-def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: str,
-               tuning_paths: Sequence[str] = ()) -> SpecSet:
-    """Read and validate every spec; raise SpecFailure with all errors if any file has one."""
+def parse_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: str,
+                tuning_paths: Sequence[str] = ()) -> Tuple[SpecSet, Diagnostics, AbstractSet[str]]:
+    """Read every file into typed specs, checking each on its own. Returns the specs that parsed, every
+    problem found, and the names of model files that were refused (so that what names them is not
+    reported again). Checks across files are validate.py's."""
     diags = Diagnostics()
     refused_models: set = set()
     models = _parse_all(model_paths, _parse_model, "model", root, diags, refused_models)
@@ -518,11 +524,4 @@ def load_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: st
     if not layouts and not diags:
         diags.error(Loc(", ".join(layout_paths) or "(none)", 1), "layouts", "no layout spec files found",
                     "*.yaml files")
-
-    specs = SpecSet(tuple(layouts), tuple(models))
-    # Cross-file checks need every model, so they run after all files were read.
-    from .plan import check_expansions  # local: plan depends on spec
-    check_expansions(specs, diags, refused_models)
-    if diags:
-        raise SpecFailure(diags.sorted())
-    return specs
+    return SpecSet(tuple(layouts), tuple(models)), diags, frozenset(refused_models)

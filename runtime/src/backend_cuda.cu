@@ -6,7 +6,6 @@
 #include <string>
 
 #include "kvforge/backend.hpp"
-#include "kvforge/cuda_ops.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/exec_cuda.cuh"
 

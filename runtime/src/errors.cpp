@@ -44,6 +44,12 @@ OutOfRangeError::OutOfRangeError(const std::string& argument, long long value, l
       hi_(hi),
       index_(index) {}
 
+CapacityError::CapacityError(const std::string& argument, int64_t needed, int64_t available)
+    : ArgumentError(argument, "needs " + std::to_string(needed) + ", only " + std::to_string(available) +
+                                  " available; nothing was allocated"),
+      needed_(needed),
+      available_(available) {}
+
 namespace detail {
 const char* index_check_argument(int32_t code) {
   switch (code) {

@@ -11,7 +11,7 @@ import unittest
 from kvforge_codegen.diagnostics import SpecFailure
 from kvforge_codegen.plan import parse_variant_name, plan_variants, variant_name, variant_symbol
 from kvforge_codegen.render import render, write_changed
-from kvforge_codegen.spec import load_specs
+from kvforge_codegen.validate import load_specs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(REPO, "specs", "models")

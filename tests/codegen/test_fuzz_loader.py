@@ -12,7 +12,7 @@ import unittest
 from kvforge_codegen.diagnostics import SpecFailure
 from kvforge_codegen.plan import plan_variants
 from kvforge_codegen.render import render
-from kvforge_codegen.spec import load_specs
+from kvforge_codegen.validate import load_specs
 
 try:
     import yaml

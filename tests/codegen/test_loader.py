@@ -9,7 +9,7 @@ import unittest
 
 from kvforge_codegen import vocab
 from kvforge_codegen.diagnostics import SpecFailure
-from kvforge_codegen.spec import load_specs
+from kvforge_codegen.validate import load_specs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(REPO, "specs", "models")

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "codegen"))
 
 from kvforge_codegen import vocab  # noqa: E402
 from kvforge_codegen.diagnostics import SpecFailure  # noqa: E402
-from kvforge_codegen.spec import load_specs  # noqa: E402
+from kvforge_codegen.validate import load_specs  # noqa: E402
 
 HEAD_DIMS = (1, 3, 8, 16, 24, 64, 80, 96, 128)  # the validator takes 1..4096; these cover odd and wide
 KV_HEADS = (1, 2, 3, 5, 8)

@@ -1,6 +1,7 @@
 // Typed errors. Every check runs before the first write, so a caught error leaves the cache as it was.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -68,6 +69,24 @@ class DtypeError : public ArgumentError {
 };
 
 class DeviceError : public ArgumentError {
+ public:
+  using ArgumentError::ArgumentError;
+};
+
+// An allocation cannot be met; nothing was allocated. `argument()` names what ran short.
+class CapacityError : public ArgumentError {
+ public:
+  CapacityError(const std::string& argument, int64_t needed, int64_t available);
+  int64_t needed() const { return needed_; }
+  int64_t available() const { return available_; }
+
+ private:
+  int64_t needed_, available_;
+};
+
+// The object an argument names is in the wrong state for the call (a block that is already free, a
+// sequence that is offloaded or unknown); nothing changed.
+class StateError : public ArgumentError {
  public:
   using ArgumentError::ArgumentError;
 };

@@ -1,83 +1,10 @@
-#include "kvforge/memory.hpp"
+#include "kvforge/sequence_manager.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
 namespace kvforge {
-
-CapacityError::CapacityError(const std::string& argument, int64_t needed, int64_t available)
-    : ArgumentError(argument, "needs " + std::to_string(needed) + ", only " + std::to_string(available) +
-                                  " available; nothing was allocated"),
-      needed_(needed),
-      available_(available) {}
-
-// ---- BlockAllocator ---------------------------------------------------------------------------------
-
-BlockAllocator::BlockAllocator(int32_t blocks) {
-  if (blocks < 0) throw OutOfRangeError("blocks", blocks, 0, INT32_MAX);
-  refs_.assign(size_t(blocks), 0);
-  free_.reserve(size_t(blocks));
-  for (int32_t b = blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 is handed out first
-}
-
-void BlockAllocator::check_block(const char* argument, int32_t block) const {
-  if (block < 0 || block >= total()) throw OutOfRangeError(argument, block, 0, total());
-}
-
-void BlockAllocator::allocate(int32_t n, std::vector<int32_t>& out) {
-  if (n < 0) throw OutOfRangeError("n", n, 0, INT32_MAX);
-  if (n > free_count()) throw CapacityError("blocks", n, free_count());
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t b = free_.back();
-    free_.pop_back();
-    refs_[size_t(b)] = 1;
-    out.push_back(b);
-  }
-}
-
-std::vector<int32_t> BlockAllocator::allocate(int32_t n) {
-  std::vector<int32_t> out;
-  allocate(n, out);
-  return out;
-}
-
-void BlockAllocator::retain(int32_t block) {
-  check_block("block", block);
-  if (refs_[size_t(block)] == 0) throw StateError("block", std::to_string(block) + " is free; only a block in use can be shared");
-  ++refs_[size_t(block)];
-}
-
-void BlockAllocator::release(const std::vector<int32_t>& blocks) {
-  for (int32_t b : blocks) check_block("blocks", b);
-  // Drop the counts, undoing them all if a block turns out to be released more often than owned, so
-  // an error changes nothing; blocks reach the free list only once the whole list is accepted.
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const int32_t b = blocks[i];
-    if (refs_[size_t(b)] == 0) {
-      for (size_t j = 0; j < i; ++j) ++refs_[size_t(blocks[j])];
-      bool repeated = false;
-      for (size_t j = 0; j < i; ++j) repeated = repeated || blocks[j] == b;
-      throw StateError("blocks", repeated ? "block " + std::to_string(b) + " is released more often than it is owned"
-                                          : "block " + std::to_string(b) + " is already free (double free)");
-    }
-    --refs_[size_t(b)];
-  }
-  for (int32_t b : blocks)
-    if (refs_[size_t(b)] == 0) {
-      refs_[size_t(b)] = -1;  // mark while pushing, so a repeated block is pushed once
-      free_.push_back(b);
-    }
-  for (int32_t b : blocks)
-    if (refs_[size_t(b)] == -1) refs_[size_t(b)] = 0;
-}
-
-int32_t BlockAllocator::ref_count(int32_t block) const {
-  check_block("block", block);
-  return refs_[size_t(block)];
-}
-
-// ---- DeviceBatch ------------------------------------------------------------------------------------
 
 DeviceBatch::DeviceBatch(const BatchMetadata& m, Device device, void* stream) {
   Backend& b = backend(device);
@@ -97,44 +24,16 @@ DeviceBatch::DeviceBatch(const BatchMetadata& m, Device device, void* stream) {
   last_page_len = put(m.last_page_len);
 }
 
-// ---- SequenceManager --------------------------------------------------------------------------------
-
-namespace {
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  // splitmix64's finalizer over a running combination: cheap and well spread.
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ULL;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebULL;
-  h ^= h >> 31;
-  return h;
-}
-
-// The key of a full block: its parent's key, the salt, and its tokens, so equal keys mean equal prefixes.
-uint64_t block_key(uint64_t parent, uint64_t salt, const int32_t* tokens, int32_t n) {
-  uint64_t h = mix(parent, salt);
-  for (int32_t i = 0; i < n; ++i) h = mix(h, uint64_t(uint32_t(tokens[i])));
-  return h;
-}
-
-}  // namespace
 
 SequenceManager::SequenceManager(Cache& cache, SequenceManagerOptions options)
     : cache_(cache),
       options_(options),
       backend_(backend(cache.config().device)),
       device_(int32_t(cache.config().pages)),
+      prefix_(int32_t(cache.config().pages)),
       host_(options.host_blocks) {
   if (!cache.descriptor().paged())
     throw UnsupportedError(std::string(cache.descriptor().name) + ": a sequence manager owns pages; this layout has none");
-  const size_t n = size_t(cache.config().pages);
-  block_hash_.assign(n, 0);
-  block_cached_.assign(n, 0);
-  block_tokens_.resize(n);
-  lru_prev_.assign(n, -1);
-  lru_next_.assign(n, -1);
   if (options.host_blocks > 0) host_pool_ = Buffer(backend_.host(), int64_t(options.host_blocks) * cache.packed_page_bytes());
 }
 
@@ -157,32 +56,11 @@ bool SequenceManager::offloaded(int64_t seq) const { return find(seq, "seq").off
 const std::vector<int32_t>& SequenceManager::pages(int64_t seq) const { return find(seq, "seq").pages; }
 const std::vector<int32_t>& SequenceManager::tokens(int64_t seq) const { return find(seq, "seq").tokens; }
 
-void SequenceManager::lru_push(int32_t b) {
-  lru_prev_[size_t(b)] = lru_tail_;
-  lru_next_[size_t(b)] = -1;
-  if (lru_tail_ >= 0) lru_next_[size_t(lru_tail_)] = b; else lru_head_ = b;
-  lru_tail_ = b;
-  ++lru_size_;
-}
-
-void SequenceManager::lru_remove(int32_t b) {
-  const int32_t p = lru_prev_[size_t(b)], n = lru_next_[size_t(b)];
-  if (p >= 0) lru_next_[size_t(p)] = n; else lru_head_ = n;
-  if (n >= 0) lru_prev_[size_t(n)] = p; else lru_tail_ = p;
-  lru_prev_[size_t(b)] = lru_next_[size_t(b)] = -1;
-  --lru_size_;
-}
-
 void SequenceManager::allocate(int32_t n, std::vector<int32_t>& out) {
   if (n > available_blocks()) throw CapacityError("pages", n, available_blocks());
   // Evict the least recently used cached pages that nobody holds, only as many as needed.
   while (device_.free_count() < n) {
-    const int32_t b = lru_head_;
-    lru_remove(b);
-    prefix_.erase(block_hash_[size_t(b)]);
-    block_cached_[size_t(b)] = 0;
-    block_tokens_[size_t(b)].clear();
-    device_.release({b});
+    device_.release({prefix_.evict_oldest()});
     ++stats_.evictions;
   }
   device_.allocate(n, out);
@@ -192,7 +70,7 @@ void SequenceManager::release(const std::vector<int32_t>& pages) {
   device_.release(pages);
   // A cached page that only the prefix cache still holds becomes evictable.
   for (int32_t b : pages)
-    if (block_cached_[size_t(b)] && device_.ref_count(b) == 1 && lru_prev_[size_t(b)] < 0 && lru_head_ != b) lru_push(b);
+    if (prefix_.cached(b) && device_.ref_count(b) == 1) prefix_.make_evictable(b);
 }
 
 void SequenceManager::register_full_blocks(Sequence& s) {
@@ -201,14 +79,11 @@ void SequenceManager::register_full_blocks(Sequence& s) {
   const int32_t full = int32_t(s.tokens.size() / size_t(P));
   for (; s.hashed_blocks < full; ++s.hashed_blocks) {
     const int32_t* t = s.tokens.data() + size_t(s.hashed_blocks) * P;
-    s.chain = block_key(s.chain, s.salt, t, P);
+    s.chain = PrefixCache::key(s.chain, s.salt, t, P);
     const int32_t b = s.pages[size_t(s.hashed_blocks)];
     // A page that left the window before its step was never written; one already cached is shared.
-    if (b < 0 || block_cached_[size_t(b)] || prefix_.count(s.chain)) continue;
-    prefix_[s.chain] = b;
-    block_hash_[size_t(b)] = s.chain;
-    block_cached_[size_t(b)] = 1;
-    block_tokens_[size_t(b)].assign(t, t + P);
+    if (b < 0 || prefix_.cached(b) || prefix_.has_key(s.chain)) continue;
+    prefix_.insert(s.chain, b, t, P);
     device_.retain(b);  // the cache's own reference
   }
 }
@@ -226,15 +101,15 @@ std::vector<int32_t> SequenceManager::shared_prefix(const std::vector<int32_t>& 
   const int64_t oldest = options_.window > 0 ? int64_t(prompt.size()) - options_.window : 0;
   for (int64_t i = 0; i < lookups; ++i) {
     const int32_t* t = prompt.data() + i * P;
-    const uint64_t key = block_key(chain, salt, t, P);
+    const uint64_t key = PrefixCache::key(chain, salt, t, P);
     if ((i + 1) * P <= oldest) {
       shared.push_back(-1);
       chain = key;
       continue;
     }
-    auto it = prefix_.find(key);
-    if (it == prefix_.end() || !std::equal(t, t + P, block_tokens_[size_t(it->second)].begin())) break;
-    shared.push_back(it->second);
+    const int32_t b = prefix_.find(key, t, P);
+    if (b < 0) break;
+    shared.push_back(b);
     chain = key;
   }
   return shared;
@@ -273,7 +148,7 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
     // restart from the last block kept.
     shared.resize(size_t(std::max<int64_t>(0, max_cached) / P));
     chain = 0;
-    for (size_t i = 0; i < shared.size(); ++i) chain = block_key(chain, s.salt, prompt.data() + i * P, P);
+    for (size_t i = 0; i < shared.size(); ++i) chain = PrefixCache::key(chain, s.salt, prompt.data() + i * P, P);
   }
   if (options_.prefix_caching) stats_.prefix_misses += lookups - int64_t(shared.size());
   const int64_t cached = int64_t(shared.size()) * P;
@@ -283,7 +158,7 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
   const int32_t new_pages = int32_t((int64_t(prompt.size()) + P - 1) / P) - int32_t(shared.size()) - skipped;
   // Take the shared pages before allocating, so that eviction cannot pick them.
   for (int32_t b : shared) {
-    if (device_.ref_count(b) == 1) lru_remove(b);
+    prefix_.keep(b);
     device_.retain(b);
   }
   try {
@@ -495,7 +370,7 @@ double SequenceManager::utilization() const {
   const int32_t P = page_size();
   std::vector<int32_t> fill(size_t(device_.total()), 0);
   for (int32_t b = 0; b < device_.total(); ++b)
-    if (block_cached_[size_t(b)]) fill[size_t(b)] = P;
+    if (prefix_.cached(b)) fill[size_t(b)] = P;
   for (const auto& [id, s] : sequences_) {
     const int64_t n = int64_t(s.tokens.size());
     for (size_t j = size_t(s.dropped); j < s.pages.size(); ++j)
@@ -533,68 +408,25 @@ void SequenceManager::check_invariants() const {
       fail("sequence " + std::to_string(id) + " holds a page wholly outside its window");
   }
   int32_t in_lru = 0;
-  for (int32_t b = lru_head_; b >= 0; b = lru_next_[size_t(b)]) {
-    if (!block_cached_[size_t(b)] || owners[size_t(b)] != 0) fail("page " + std::to_string(b) + " is evictable but in use");
+  prefix_.for_each_evictable([&](int32_t b) {
+    if (!prefix_.cached(b) || owners[size_t(b)] != 0) fail("page " + std::to_string(b) + " is evictable but in use");
     ++in_lru;
-  }
-  if (in_lru != lru_size_) fail("the LRU list and its size disagree");
+  });
+  if (in_lru != prefix_.evictable_count()) fail("the LRU list and its size disagree");
   int32_t free_pages = 0;
   for (int32_t b = 0; b < device_.total(); ++b) {
-    const int32_t want = owners[size_t(b)] + block_cached_[size_t(b)];
+    const int32_t want = owners[size_t(b)] + (prefix_.cached(b) ? 1 : 0);
     if (device_.ref_count(b) != want)
       fail("page " + std::to_string(b) + " has " + std::to_string(device_.ref_count(b)) + " references for " +
            std::to_string(want) + " owners");
-    if (block_cached_[size_t(b)] && owners[size_t(b)] == 0 && lru_prev_[size_t(b)] < 0 && lru_head_ != b)
+    if (prefix_.cached(b) && owners[size_t(b)] == 0 && !prefix_.evictable(b))
       fail("cached page " + std::to_string(b) + " that nobody uses is not evictable");
-    if (block_cached_[size_t(b)] && prefix_.at(block_hash_[size_t(b)]) != b) fail("prefix map and page disagree");
+    if (!prefix_.consistent(b)) fail("prefix map and page disagree");
     free_pages += want == 0;
   }
   if (free_pages != device_.free_count()) fail("the free count disagrees with the owners");
   for (int32_t b = 0; b < host_.total(); ++b)
     if (host_.ref_count(b) != host_owners[size_t(b)]) fail("host page " + std::to_string(b) + " has the wrong owners");
-}
-
-// ---- planning ---------------------------------------------------------------------------------------
-
-int64_t MemoryPlan::max_len_for_batch(int64_t batch) const {
-  if (batch <= 0) throw OutOfRangeError("batch", batch, 1, INT64_MAX);
-  return pages / batch * page_size;
-}
-
-CacheConfig MemoryPlan::config(void* stream) const {
-  CacheConfig c;
-  c.pages = pages;
-  c.stream = stream;
-  return c;
-}
-
-MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
-  if (!d.paged()) throw UnsupportedError(std::string(d.name) + ": memory planning counts pages; this layout has none");
-  MemoryPlan p;
-  p.page_size = d.page_size;
-  p.page_bytes = d.bytes_per_token * d.page_size;
-  const int64_t fixed = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
-  if (r.mode == PlanMode::allocate) {
-    if (r.pages <= 0) throw OutOfRangeError("pages", r.pages, 1, INT32_MAX);
-    p.pages = r.pages;
-  } else {
-    int64_t available;
-    if (r.device == Device::cpu) {
-      if (r.budget_bytes <= 0)
-        throw ArgumentError("budget_bytes", "the CPU has no free-memory figure to reserve from; give a positive budget");
-      available = r.budget_bytes;
-    } else {
-      available = backend(r.device).free_memory();
-    }
-    if (r.reserve_bytes < 0) throw OutOfRangeError("reserve_bytes", r.reserve_bytes, 0, available + 1);
-    const int64_t usable = available - r.reserve_bytes - fixed;
-    p.pages = std::min<int64_t>(usable > 0 ? usable / p.page_bytes : 0, INT32_MAX);
-    if (p.pages <= 0)
-      throw CapacityError("reserve_bytes", p.page_bytes + r.reserve_bytes + fixed, available);
-  }
-  p.pool_bytes = p.pages * p.page_bytes + fixed;
-  p.tokens = p.pages * d.page_size;
-  return p;
 }
 
 }  // namespace kvforge

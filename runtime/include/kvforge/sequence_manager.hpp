@@ -1,0 +1,158 @@
+// Sequences over the pages of one paged or blocked cache: page tables, prefix reuse, copy-on-write
+// forks, host offload and restore, and the batch arrays kernels take. All of it is host-side
+// bookkeeping; data moves only through the cache's own operations (copy_blocks, pack_pages,
+// unpack_pages), so it serves every paged variant on either backend. See docs/memory.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "kvforge/backend.hpp"
+#include "kvforge/block_allocator.hpp"
+#include "kvforge/cache.hpp"
+#include "kvforge/prefix_cache.hpp"
+
+namespace kvforge {
+
+// What a step hands to the kernels, as host arrays; `DeviceBatch` puts them on the cache's device.
+// Building costs O(new tokens) for the slots plus O(pages) for the page tables, which are that big.
+struct BatchMetadata {
+  std::vector<int64_t> slots;        // per new token, sequences in the order given: the append targets
+  std::vector<int32_t> query_start;  // [sequences + 1]: where each sequence's new tokens start in `slots`
+  std::vector<int32_t> lengths;      // per sequence: tokens held after this step
+  std::vector<int32_t> page_table;   // [sequences][max_pages], padded with -1 (vLLM's block_tables)
+  int32_t max_pages = 0;
+  std::vector<int32_t> indptr;         // FlashInfer paged_kv: [sequences + 1] into `indices`
+  std::vector<int32_t> indices;        // every sequence's pages, concatenated
+  std::vector<int32_t> last_page_len;  // per sequence: tokens in its last page
+};
+
+// BatchMetadata copied to a device, with views the cache operations take.
+class DeviceBatch {
+ public:
+  DeviceBatch(const BatchMetadata& m, Device device, void* stream = nullptr);
+  TokenTargets targets() const { return TokenTargets::paged(slots); }
+  IndexView slots, query_start, lengths, page_table, indptr, indices, last_page_len;
+
+ private:
+  std::vector<Buffer> buffers_;
+};
+
+struct SequenceManagerOptions {
+  bool prefix_caching = true;
+  uint64_t salt = 0;        // mixed into every block hash (an adapter or model id); add() may override
+  int32_t host_blocks = 0;  // capacity of the host tier for offload, in pages; 0: no offload
+  // Sliding-window attention: only the last `window` positions are ever read, so pages wholly before
+  // them are freed (their page-table entries become -1). 0: keep everything.
+  int32_t window = 0;
+};
+
+struct SequenceStats {
+  int64_t prefix_hits = 0;    // full prompt blocks shared from the prefix cache
+  int64_t prefix_misses = 0;  // full prompt blocks looked up and not found
+  int64_t evictions = 0;      // cached blocks freed to make room
+  int64_t copies_on_write = 0;
+  int64_t offloaded_pages = 0;
+  int64_t restored_pages = 0;
+};
+
+// Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
+// offload need through that cache.
+class SequenceManager {
+ public:
+  explicit SequenceManager(Cache& cache, SequenceManagerOptions options = {});
+
+  // Starts sequence `seq` with `prompt` (token ids). With prefix caching, the full blocks at the head
+  // of the prompt that are cached are shared, at most up to the prompt's last token, which is always
+  // left to compute. Returns how many prompt tokens are covered; the rest are new tokens of the
+  // next step.
+  int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {},
+              int64_t max_cached = INT64_MAX);
+  // What add() would cover from the prefix cache, without taking anything.
+  int64_t cached_prefix(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {}) const;
+  // Pages add() (sharing `cached` tokens) or append() would allocate now: all-or-nothing across the
+  // managers of a hybrid cache's groups.
+  int32_t pages_to_add(const std::vector<int32_t>& prompt, int64_t cached) const;
+  int32_t pages_to_append(int64_t seq, int64_t tokens) const;
+  // Grows a sequence by tokens (a decode token, or a prefill chunk), allocating pages as it goes, all
+  // or nothing. Writing into a page that a fork shares first copies it (copy-on-write).
+  void append(int64_t seq, const std::vector<int32_t>& tokens);
+  // `child` starts as a copy of `parent`, sharing every page (beam search, parallel sampling).
+  void fork(int64_t parent, int64_t child);
+  void free(int64_t seq);
+  // Moves a sequence's pages to the host tier and frees its device pages; restore() brings them back,
+  // into whatever pages are free then. Both are one pack or unpack launch plus one copy per page.
+  void offload(int64_t seq);
+  void restore(int64_t seq);
+
+  // The kernels' view of one step: every new token (added or appended since the last step) of the
+  // given sequences, in order, and their page tables.
+  BatchMetadata step(const std::vector<int64_t>& seqs);
+  // A gather over positions [begin, end) of a sequence, its page list on the cache's device (valid
+  // until the next call of range()).
+  GatherRange range(int64_t seq, int64_t begin, int64_t end);
+
+  bool contains(int64_t seq) const { return sequences_.count(seq) != 0; }
+  int64_t length(int64_t seq) const;
+  bool offloaded(int64_t seq) const;
+  const std::vector<int32_t>& pages(int64_t seq) const;
+  const std::vector<int32_t>& tokens(int64_t seq) const;
+  const SequenceStats& stats() const { return stats_; }
+  const BlockAllocator& allocator() const { return device_; }
+  const PrefixCache& prefix_cache() const { return prefix_; }
+  int32_t cached_blocks() const { return prefix_.size(); }
+  int32_t evictable_blocks() const { return prefix_.evictable_count(); }
+  // Pages a new allocation can take: free ones plus cached ones nobody uses.
+  int32_t available_blocks() const { return device_.free_count() + prefix_.evictable_count(); }
+  int32_t host_free() const { return host_.free_count(); }
+  // Token slots holding live or cached tokens over the slots of the pages held (a shared page counts
+  // once): 1 means no waste. O(pages).
+  double utilization() const;
+  // Verifies every internal invariant (reference counts against owners, LRU membership, page counts);
+  // throws StateError naming the first broken one. For tests; O(blocks + tokens).
+  void check_invariants() const;
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> pages;
+    std::vector<int32_t> tokens;
+    int64_t pending = 0;         // tokens not yet handed out by step()
+    uint64_t salt = 0;
+    uint64_t chain = 0;          // hash of the last registered full block
+    int32_t hashed_blocks = 0;   // full blocks registered in the prefix cache
+    std::vector<int32_t> host_pages;
+    bool offloaded = false;
+    int32_t dropped = 0;  // leading pages freed because they left the window (entries are -1)
+  };
+  std::vector<int32_t> shared_prefix(const std::vector<int32_t>& prompt, uint64_t salt, uint64_t& chain) const;
+  void drop_out_of_window(Sequence& s);
+  static std::vector<int32_t> held(const Sequence& s) {
+    return std::vector<int32_t>(s.pages.begin() + s.dropped, s.pages.end());
+  }
+  Sequence& live(int64_t seq, const char* argument);
+  const Sequence& find(int64_t seq, const char* argument) const;
+  void allocate(int32_t n, std::vector<int32_t>& out);  // evicts cached pages when it must
+  void release(const std::vector<int32_t>& pages);
+  void register_full_blocks(Sequence& s);
+  IndexView device_index(const std::vector<int32_t>& host, int slot);
+  int32_t page_size() const { return cache_.descriptor().page_size; }
+
+  Cache& cache_;
+  SequenceManagerOptions options_;
+  Backend& backend_;
+  BlockAllocator device_;
+  std::unordered_map<int64_t, Sequence> sequences_;
+  // Holds one reference on each cached block. A full block joins at the step() that hands out its last
+  // slots: from then on its K/V is written.
+  PrefixCache prefix_;
+  // Host tier for offload.
+  BlockAllocator host_;
+  Buffer host_pool_;
+  Buffer staging_;
+  Buffer index_scratch_[2];
+  SequenceStats stats_;
+};
+
+}  // namespace kvforge

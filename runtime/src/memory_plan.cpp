@@ -1,0 +1,51 @@
+#include "kvforge/memory_plan.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "kvforge/backend.hpp"
+
+namespace kvforge {
+
+int64_t MemoryPlan::max_len_for_batch(int64_t batch) const {
+  if (batch <= 0) throw OutOfRangeError("batch", batch, 1, INT64_MAX);
+  return pages / batch * page_size;
+}
+
+CacheConfig MemoryPlan::config(void* stream) const {
+  CacheConfig c;
+  c.pages = pages;
+  c.stream = stream;
+  return c;
+}
+
+MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
+  if (!d.paged()) throw UnsupportedError(std::string(d.name) + ": memory planning counts pages; this layout has none");
+  MemoryPlan p;
+  p.page_size = d.page_size;
+  p.page_bytes = d.bytes_per_token * d.page_size;
+  const int64_t fixed = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
+  if (r.mode == PlanMode::allocate) {
+    if (r.pages <= 0) throw OutOfRangeError("pages", r.pages, 1, INT32_MAX);
+    p.pages = r.pages;
+  } else {
+    int64_t available;
+    if (r.device == Device::cpu) {
+      if (r.budget_bytes <= 0)
+        throw ArgumentError("budget_bytes", "the CPU has no free-memory figure to reserve from; give a positive budget");
+      available = r.budget_bytes;
+    } else {
+      available = backend(r.device).free_memory();
+    }
+    if (r.reserve_bytes < 0) throw OutOfRangeError("reserve_bytes", r.reserve_bytes, 0, available + 1);
+    const int64_t usable = available - r.reserve_bytes - fixed;
+    p.pages = std::min<int64_t>(usable > 0 ? usable / p.page_bytes : 0, INT32_MAX);
+    if (p.pages <= 0)
+      throw CapacityError("reserve_bytes", p.page_bytes + r.reserve_bytes + fixed, available);
+  }
+  p.pool_bytes = p.pages * p.page_bytes + fixed;
+  p.tokens = p.pages * d.page_size;
+  return p;
+}
+
+}  // namespace kvforge
