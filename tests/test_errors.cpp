@@ -20,7 +20,7 @@ std::vector<const VariantEntry*> variants_with(Addressing a, UpdateMode u = Upda
     if (a == Addressing::contiguous && d.max_seq_len < 40) continue;   // the tests address up to 33
     out.push_back(&e);
   }
-  if (out.empty() && must_exist) ADD_FAILURE() << "no small variant with addressing " << addressing_name(a) << " is registered";
+  if (out.empty() && must_exist) ADD_FAILURE() << "no small variant with addressing " << name_of(a) << " is registered";
   return out;
 }
 

@@ -51,9 +51,9 @@ int list(int argc, char** argv) {
   for (const auto* e : kvforge::registry().select(q)) {
     const auto& d = *e->descriptor;
     if (!dtype.empty() && dtype != kvforge::dtype_name(d.storage)) continue;
-    std::string scales = d.quantized() ? std::string(kvforge::quant_name(d.quant)) + " " +
+    std::string scales = d.quantized() ? std::string(kvforge::name_of(d.quant)) + " " +
                                              std::string(kvforge::dtype_name(d.scale)) + " " +
-                                             kvforge::scale_placement_name(d.scale_placement)
+                                             kvforge::name_of(d.scale_placement)
                                        : "-";
     if (d.is_hybrid()) {  // the column shows each layer group's layout instead
       scales.clear();
@@ -61,7 +61,7 @@ int list(int argc, char** argv) {
         scales += std::string(g ? ", " : "") + d.hybrid->groups[g].name + ": " + d.hybrid->groups[g].member->layout;
     }
     std::printf("%-*s  %-10s  %-6s  %-8s  %-28s  %11lld\n", int(width), d.name,
-                d.is_hybrid() ? "hybrid" : kvforge::addressing_name(d.addressing),
+                d.is_hybrid() ? "hybrid" : kvforge::name_of(d.addressing),
                 d.update == kvforge::UpdateMode::lazy ? "lazy" : "eager",
                 std::string(kvforge::dtype_name(d.storage)).c_str(), scales.c_str(),
                 static_cast<long long>(d.bytes_per_token));

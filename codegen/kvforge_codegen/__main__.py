@@ -11,7 +11,7 @@ from typing import List
 from . import VERSION, vocab
 from .diagnostics import SpecFailure
 from .plan import Filters, filter_problems, plan_variants
-from .render import SOURCES, differs, output_names, read_sources, render, write_changed
+from .render import SOURCES, differs, output_names, read_sources, render, render_vocab_header, write_changed
 from .validate import load_specs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,11 +69,32 @@ def _parser() -> argparse.ArgumentParser:
                     help="expand only the spec files the folder's SOURCES.txt lists (relative to --source-root), "
                          "so that specs added beside them do not count; the test of the committed generated/ "
                          "uses this")
+    sp = sub.add_parser("vocab-header", help="write or check runtime/include/kvforge/vocab.hpp, vocab.py's table for C++")
+    group = sp.add_mutually_exclusive_group(required=True)
+    group.add_argument("--out", help="write the header here (only when its content changed)")
+    group.add_argument("--check", help="fail if this header differs from what vocab.py gives")
     return p
+
+
+def _vocab_header(args: argparse.Namespace) -> int:
+    text = render_vocab_header()
+    if args.check:
+        if differs(args.check, text):
+            print(f"kvforge-codegen: {args.check} differs from codegen/kvforge_codegen/vocab.py; refresh it with: "
+                  f"tools/kvforge-codegen vocab-header --out {args.check}", file=sys.stderr)
+            return 1
+        print(f"ok: {args.check} matches vocab.py")
+        return 0
+    directory, name = os.path.split(os.path.abspath(args.out))
+    written = write_changed({name: text}, directory)
+    print(f"kvforge-codegen: {args.out} {'written' if written else 'unchanged'}")
+    return 0
 
 
 def main(argv: List[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "vocab-header":
+        return _vocab_header(args)
     if getattr(args, "listed_specs", False):
         listed = read_sources(os.path.join(args.against, SOURCES))
         if not listed["layout"]:

@@ -490,8 +490,9 @@ def _parse_tuning(path: str, display: str, diags: Diagnostics) -> Optional[Tuple
             v = sr.fields[field].value
             if isinstance(v.data, bool) or not isinstance(v.data, int) or not lo <= v.data <= hi:
                 diags.error(v.loc, f"{section}.{field}", f"expected an integer in {lo}..{hi}, got {_shown(v.data)}", f"{lo}..{hi}")
-            elif field == "block_threads" and v.data % 32:
-                diags.error(v.loc, f"{section}.{field}", f"{v.data} is not a whole number of warps", "multiples of 32")
+            elif field == "block_threads" and v.data % vocab.WARP:
+                diags.error(v.loc, f"{section}.{field}", f"{v.data} is not a whole number of warps",
+                            f"multiples of {vocab.WARP}")
             else:
                 values[f"{section}_{field}"] = v.data
     if len(diags.errors) != before:

@@ -36,6 +36,11 @@ FORBIDDEN_AXES = {
     "paged": ("row", "seq"),
 }
 
+# Enums C++ mirrors in runtime/include/kvforge/vocab.hpp (generated from this table), in this order.
+# Quant is the granularity, with `none` first for float storage.
+CPP_ENUMS = (("Axis", AXES), ("Addressing", ADDRESSING), ("UpdateMode", UPDATE_MODES),
+             ("Quant", ("none",) + GRANULARITIES), ("ScalePlacement", SCALE_PLACEMENTS))
+
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 MAX_PAGE_SIZE = 4096
 MAX_LAYERS = 1024
@@ -50,6 +55,7 @@ TUNABLES = {
             "chunk_items": (0, 0, 1 << 20)},        # OpenMP chunk in items; 0: one even chunk per thread
     "cuda": {"block_threads": (256, 32, 1024)},     # threads per CUDA block
 }
+WARP = 32  # cuda.block_threads is a whole number of warps
 
 # What the spec loader accepts before it refuses a file outright; the default specs are a few hundred
 # bytes, 4 levels and 40 values deep.

@@ -8,11 +8,17 @@
 namespace kvforge::detail {
 
 void check_tuning(const Tuning& t) {
-  if (t.cpu_parallel_bytes < 0) throw OutOfRangeError("tuning.cpu_parallel_bytes", t.cpu_parallel_bytes, 0, INT64_MAX);
-  if (t.cpu_chunk_items < 0) throw OutOfRangeError("tuning.cpu_chunk_items", t.cpu_chunk_items, 0, INT32_MAX);
-  if (t.cuda_block_threads < 32 || t.cuda_block_threads > 1024 || t.cuda_block_threads % 32)
-    throw ArgumentError("tuning.cuda_block_threads",
-                        "must be a multiple of 32 in 32..1024, got " + std::to_string(t.cuda_block_threads));
+  // The ranges a tuning file may set (vocab.hpp), so that what the spec refuses the runtime refuses too.
+  auto check = [](const char* field, int64_t value, const tunables::Range& r) {
+    if (value < r.lo || value > r.hi) throw OutOfRangeError(field, value, r.lo, r.hi + 1);
+  };
+  check("tuning.cpu_parallel_bytes", t.cpu_parallel_bytes, tunables::cpu_parallel_bytes);
+  check("tuning.cpu_chunk_items", t.cpu_chunk_items, tunables::cpu_chunk_items);
+  check("tuning.cuda_block_threads", t.cuda_block_threads, tunables::cuda_block_threads);
+  if (t.cuda_block_threads % tunables::kWarp)
+    throw ArgumentError("tuning.cuda_block_threads", "must be a whole number of warps (a multiple of " +
+                                                         std::to_string(tunables::kWarp) + "), got " +
+                                                         std::to_string(t.cuda_block_threads));
 }
 
 void check_layer(int layer, int layers) {

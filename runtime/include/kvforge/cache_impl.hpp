@@ -425,7 +425,7 @@ template <class Traits> void TypedCache<Traits>::set_tensor_scale(int layer, flo
     (void)k_scale;
     (void)v_scale;
     throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": set_tensor_scale is for per_tensor quantized "
-                           "layouts; this one is " + quant_name(quant));
+                           "layouts; this one is " + name_of(quant));
   } else {
     detail::check_layer(layer, layers);
     const float given[2] = {k_scale, v_scale};

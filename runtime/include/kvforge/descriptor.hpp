@@ -8,28 +8,20 @@
 
 #include "kvforge/dtype.hpp"
 #include "kvforge/quant.hpp"
+#include "kvforge/vocab.hpp"
 
 namespace kvforge {
-
-enum class Axis : uint8_t { layer, row, seq, page, slot, kv, head, dim };
-constexpr int kNumAxes = 8;
-
-enum class Addressing : uint8_t { contiguous, ring, paged };
-enum class UpdateMode : uint8_t { eager, lazy };
-
-constexpr const char* addressing_name(Addressing a) {
-  return a == Addressing::contiguous ? "contiguous" : a == Addressing::ring ? "ring" : "paged";
-}
 
 struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
 
 // Launch parameters. A variant bakes in its model's specs/tuning/<model>.yaml (written by
 // kvforge_bench --kvf_tune) or these defaults; Cache::set_tuning changes them at run time, which is
 // how the tuner measures candidates.
+// Defaults and ranges come from vocab.hpp's table, which the spec language shares.
 struct Tuning {
-  int64_t cpu_parallel_bytes = 1 << 16;  // below this much data an operation runs on one thread
-  int cpu_chunk_items = 0;               // OpenMP chunk in items; 0: one even chunk per thread
-  int cuda_block_threads = 256;          // threads per CUDA block; items per block = this / lanes
+  int64_t cpu_parallel_bytes = tunables::cpu_parallel_bytes.default_value;  // below this much data an operation runs on one thread
+  int cpu_chunk_items = int(tunables::cpu_chunk_items.default_value);       // OpenMP chunk in items; 0: one even chunk per thread
+  int cuda_block_threads = int(tunables::cuda_block_threads.default_value);  // threads per CUDA block; items per block = this / lanes
 };
 
 // Everything the spec fixed about a variant. Generated as a constexpr per variant.

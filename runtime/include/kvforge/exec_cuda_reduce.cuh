@@ -16,7 +16,7 @@ template <int Lanes> KVF_HD uint32_t CudaExec::lane_max(uint32_t value) {
     return value;
   } else {
     using Reduce = cub::WarpReduce<uint32_t, Lanes>;
-    __shared__ typename Reduce::TempStorage storage[1024 / Lanes];  // the largest block tuning allows
+    __shared__ typename Reduce::TempStorage storage[tunables::cuda_block_threads.hi / Lanes];  // the largest block
     const uint32_t first = Reduce(storage[threadIdx.x / Lanes]).Reduce(value, cuda::maximum<>{});
     const unsigned group = Lanes == 32 ? 0xffffffffu : ((1u << Lanes) - 1u) << (threadIdx.x % 32 / Lanes * Lanes);
     return cub::ShuffleIndex<Lanes>(first, 0, group);

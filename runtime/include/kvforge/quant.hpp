@@ -12,21 +12,9 @@
 
 #include "kvforge/config.hpp"
 #include "kvforge/dtype.hpp"
+#include "kvforge/vocab.hpp"
 
 namespace kvforge {
-
-// How many values share one scale.
-enum class Quant : uint8_t { none, per_tensor, per_token, per_token_head };
-// Where dynamic scales live: a tensor beside the cache, or at the end of each page's block.
-enum class ScalePlacement : uint8_t { separate, in_page };
-
-constexpr const char* quant_name(Quant q) {
-  return q == Quant::none ? "none" : q == Quant::per_tensor ? "per_tensor" : q == Quant::per_token ? "per_token"
-                                                                                                   : "per_token_head";
-}
-constexpr const char* scale_placement_name(ScalePlacement p) {
-  return p == ScalePlacement::separate ? "separate" : "in_page";
-}
 
 // Dynamic scales one token holds for its K (or its V) in one layer. A per_tensor scale is per layer,
 // not per token, so it counts 0 here.
