@@ -4,5 +4,9 @@
 #include "deepspeed_blocked.tiny.fp16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template const kvforge::detail::OpTable<kvforge::variants::deepspeed_blocked__tiny__fp16_traits>&
-kvforge::detail::cuda_op_table<kvforge::variants::deepspeed_blocked__tiny__fp16_traits>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::deepspeed_blocked__tiny__fp16_traits>&
+kvforge::detail::op_table<kvforge::variants::deepspeed_blocked__tiny__fp16_traits, kvforge::Device::cuda>() {
+  static const OpTable<kvforge::variants::deepspeed_blocked__tiny__fp16_traits> table = cuda_ops<kvforge::variants::deepspeed_blocked__tiny__fp16_traits>();
+  return table;
+}

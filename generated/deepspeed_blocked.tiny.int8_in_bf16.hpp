@@ -34,14 +34,19 @@ struct deepspeed_blocked__tiny__int8_in_bf16_traits {
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::in_page;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<deepspeed_blocked__tiny__int8_in_bf16_traits>(); }
-  // The kernels this build has for the variant, per device (op_table.hpp).
-  static kvforge::detail::OpTables<deepspeed_blocked__tiny__int8_in_bf16_traits> op_tables() {
-    return {&kvforge::detail::cpu_op_table<deepspeed_blocked__tiny__int8_in_bf16_traits>(), &kvforge::detail::cuda_op_table<deepspeed_blocked__tiny__int8_in_bf16_traits>()};
-  }
+  static kvforge::detail::OpTables<deepspeed_blocked__tiny__int8_in_bf16_traits> op_tables();  // below
 };
 
 using deepspeed_blocked__tiny__int8_in_bf16 = kvforge::TypedCache<deepspeed_blocked__tiny__int8_in_bf16_traits>;
 
 }  // namespace kvforge::variants
+
+template <>
+const kvforge::detail::OpTable<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits>& kvforge::detail::op_table<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits, kvforge::Device::cpu>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits>& kvforge::detail::op_table<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits, kvforge::Device::cuda>();
+inline kvforge::detail::OpTables<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits> kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits::op_tables() {
+  return {&kvforge::detail::op_table<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits, kvforge::Device::cpu>(), &kvforge::detail::op_table<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits, kvforge::Device::cuda>()};
+}
 
 extern template class kvforge::TypedCache<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits>;

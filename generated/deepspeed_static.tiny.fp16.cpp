@@ -5,6 +5,10 @@
 #include "kvforge/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::deepspeed_static__tiny__fp16_traits>;
-template const kvforge::detail::OpTable<kvforge::variants::deepspeed_static__tiny__fp16_traits>&
-kvforge::detail::cpu_op_table<kvforge::variants::deepspeed_static__tiny__fp16_traits>();
 
+template <>
+const kvforge::detail::OpTable<kvforge::variants::deepspeed_static__tiny__fp16_traits>&
+kvforge::detail::op_table<kvforge::variants::deepspeed_static__tiny__fp16_traits, kvforge::Device::cpu>() {
+  static const OpTable<kvforge::variants::deepspeed_static__tiny__fp16_traits> table = cpu_ops<kvforge::variants::deepspeed_static__tiny__fp16_traits>();
+  return table;
+}

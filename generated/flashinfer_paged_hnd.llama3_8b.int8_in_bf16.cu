@@ -5,5 +5,9 @@
 #include "kvforge/cuda_ops.cuh"
 #include "kvforge/exec_cuda_reduce.cuh"  // the amax warp reduction quantizing needs
 
-template const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits>&
-kvforge::detail::cuda_op_table<kvforge::variants::flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits>&
+kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits, kvforge::Device::cuda>() {
+  static const OpTable<kvforge::variants::flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits> table = cuda_ops<kvforge::variants::flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits>();
+  return table;
+}

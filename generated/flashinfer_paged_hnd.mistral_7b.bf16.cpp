@@ -5,6 +5,10 @@
 #include "kvforge/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>;
-template const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>&
-kvforge::detail::cpu_op_table<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>();
 
+template <>
+const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>&
+kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits, kvforge::Device::cpu>() {
+  static const OpTable<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits> table = cpu_ops<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>();
+  return table;
+}

@@ -33,14 +33,19 @@ struct flashinfer_paged_hnd__mistral_7b__bf16_traits {
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<flashinfer_paged_hnd__mistral_7b__bf16_traits>(); }
-  // The kernels this build has for the variant, per device (op_table.hpp).
-  static kvforge::detail::OpTables<flashinfer_paged_hnd__mistral_7b__bf16_traits> op_tables() {
-    return {&kvforge::detail::cpu_op_table<flashinfer_paged_hnd__mistral_7b__bf16_traits>(), &kvforge::detail::cuda_op_table<flashinfer_paged_hnd__mistral_7b__bf16_traits>()};
-  }
+  static kvforge::detail::OpTables<flashinfer_paged_hnd__mistral_7b__bf16_traits> op_tables();  // below
 };
 
 using flashinfer_paged_hnd__mistral_7b__bf16 = kvforge::TypedCache<flashinfer_paged_hnd__mistral_7b__bf16_traits>;
 
 }  // namespace kvforge::variants
+
+template <>
+const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>& kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits, kvforge::Device::cpu>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>& kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits, kvforge::Device::cuda>();
+inline kvforge::detail::OpTables<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits> kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits::op_tables() {
+  return {&kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits, kvforge::Device::cpu>(), &kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits, kvforge::Device::cuda>()};
+}
 
 extern template class kvforge::TypedCache<kvforge::variants::flashinfer_paged_hnd__mistral_7b__bf16_traits>;

@@ -5,6 +5,10 @@
 #include "kvforge/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::flashinfer_paged_hnd__tiny__fp32_traits>;
-template const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__fp32_traits>&
-kvforge::detail::cpu_op_table<kvforge::variants::flashinfer_paged_hnd__tiny__fp32_traits>();
 
+template <>
+const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__fp32_traits>&
+kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__tiny__fp32_traits, kvforge::Device::cpu>() {
+  static const OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__fp32_traits> table = cpu_ops<kvforge::variants::flashinfer_paged_hnd__tiny__fp32_traits>();
+  return table;
+}

@@ -4,7 +4,15 @@
 #include "hybrid_paged.gemma2_2b.bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>&
-kvforge::detail::cuda_op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>();
-template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>&
-kvforge::detail::cuda_op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>&
+kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, kvforge::Device::cuda>() {
+  static const OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits> table = cuda_ops<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>();
+  return table;
+}
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>&
+kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits, kvforge::Device::cuda>() {
+  static const OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits> table = cuda_ops<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>();
+  return table;
+}

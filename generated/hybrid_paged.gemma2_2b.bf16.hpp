@@ -35,10 +35,7 @@ struct hybrid_paged__gemma2_2b__bf16__local_traits {
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__gemma2_2b__bf16__local_traits>(); }
-  // The kernels this build has for the variant, per device (op_table.hpp).
-  static kvforge::detail::OpTables<hybrid_paged__gemma2_2b__bf16__local_traits> op_tables() {
-    return {&kvforge::detail::cpu_op_table<hybrid_paged__gemma2_2b__bf16__local_traits>(), &kvforge::detail::cuda_op_table<hybrid_paged__gemma2_2b__bf16__local_traits>()};
-  }
+  static kvforge::detail::OpTables<hybrid_paged__gemma2_2b__bf16__local_traits> op_tables();  // below
 };
 
 struct hybrid_paged__gemma2_2b__bf16__global_traits {
@@ -65,10 +62,7 @@ struct hybrid_paged__gemma2_2b__bf16__global_traits {
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__gemma2_2b__bf16__global_traits>(); }
-  // The kernels this build has for the variant, per device (op_table.hpp).
-  static kvforge::detail::OpTables<hybrid_paged__gemma2_2b__bf16__global_traits> op_tables() {
-    return {&kvforge::detail::cpu_op_table<hybrid_paged__gemma2_2b__bf16__global_traits>(), &kvforge::detail::cuda_op_table<hybrid_paged__gemma2_2b__bf16__global_traits>()};
-  }
+  static kvforge::detail::OpTables<hybrid_paged__gemma2_2b__bf16__global_traits> op_tables();  // below
 };
 
 struct hybrid_paged__gemma2_2b__bf16_traits {
@@ -98,6 +92,22 @@ struct hybrid_paged__gemma2_2b__bf16_traits {
 };
 
 }  // namespace kvforge::variants
+
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>& kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, kvforge::Device::cpu>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>& kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, kvforge::Device::cuda>();
+inline kvforge::detail::OpTables<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits> kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits::op_tables() {
+  return {&kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, kvforge::Device::cpu>(), &kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, kvforge::Device::cuda>()};
+}
+
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>& kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits, kvforge::Device::cpu>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>& kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits, kvforge::Device::cuda>();
+inline kvforge::detail::OpTables<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits> kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits::op_tables() {
+  return {&kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits, kvforge::Device::cpu>(), &kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits, kvforge::Device::cuda>()};
+}
 
 extern template class kvforge::TypedCache<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>;
 extern template class kvforge::TypedCache<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>;

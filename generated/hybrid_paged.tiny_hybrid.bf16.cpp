@@ -5,9 +5,17 @@
 #include "kvforge/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>;
-template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>&
-kvforge::detail::cpu_op_table<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>();
 template class kvforge::TypedCache<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>;
-template const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>&
-kvforge::detail::cpu_op_table<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>();
 
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>&
+kvforge::detail::op_table<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits, kvforge::Device::cpu>() {
+  static const OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits> table = cpu_ops<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>();
+  return table;
+}
+template <>
+const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>&
+kvforge::detail::op_table<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits, kvforge::Device::cpu>() {
+  static const OpTable<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits> table = cpu_ops<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>();
+  return table;
+}

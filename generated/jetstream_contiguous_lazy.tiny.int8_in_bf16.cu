@@ -5,5 +5,9 @@
 #include "kvforge/cuda_ops.cuh"
 #include "kvforge/exec_cuda_reduce.cuh"  // the amax warp reduction quantizing needs
 
-template const kvforge::detail::OpTable<kvforge::variants::jetstream_contiguous_lazy__tiny__int8_in_bf16_traits>&
-kvforge::detail::cuda_op_table<kvforge::variants::jetstream_contiguous_lazy__tiny__int8_in_bf16_traits>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::jetstream_contiguous_lazy__tiny__int8_in_bf16_traits>&
+kvforge::detail::op_table<kvforge::variants::jetstream_contiguous_lazy__tiny__int8_in_bf16_traits, kvforge::Device::cuda>() {
+  static const OpTable<kvforge::variants::jetstream_contiguous_lazy__tiny__int8_in_bf16_traits> table = cuda_ops<kvforge::variants::jetstream_contiguous_lazy__tiny__int8_in_bf16_traits>();
+  return table;
+}

@@ -4,5 +4,9 @@
 #include "jetstream_stacked.mistral_7b.bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked__mistral_7b__bf16_traits>&
-kvforge::detail::cuda_op_table<kvforge::variants::jetstream_stacked__mistral_7b__bf16_traits>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked__mistral_7b__bf16_traits>&
+kvforge::detail::op_table<kvforge::variants::jetstream_stacked__mistral_7b__bf16_traits, kvforge::Device::cuda>() {
+  static const OpTable<kvforge::variants::jetstream_stacked__mistral_7b__bf16_traits> table = cuda_ops<kvforge::variants::jetstream_stacked__mistral_7b__bf16_traits>();
+  return table;
+}

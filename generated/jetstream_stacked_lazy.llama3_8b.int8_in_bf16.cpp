@@ -5,6 +5,10 @@
 #include "kvforge/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::jetstream_stacked_lazy__llama3_8b__int8_in_bf16_traits>;
-template const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked_lazy__llama3_8b__int8_in_bf16_traits>&
-kvforge::detail::cpu_op_table<kvforge::variants::jetstream_stacked_lazy__llama3_8b__int8_in_bf16_traits>();
 
+template <>
+const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked_lazy__llama3_8b__int8_in_bf16_traits>&
+kvforge::detail::op_table<kvforge::variants::jetstream_stacked_lazy__llama3_8b__int8_in_bf16_traits, kvforge::Device::cpu>() {
+  static const OpTable<kvforge::variants::jetstream_stacked_lazy__llama3_8b__int8_in_bf16_traits> table = cpu_ops<kvforge::variants::jetstream_stacked_lazy__llama3_8b__int8_in_bf16_traits>();
+  return table;
+}

@@ -33,14 +33,19 @@ struct jetstream_stacked_lazy__mistral_7b__bf16_traits {
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_stacked_lazy__mistral_7b__bf16_traits>(); }
-  // The kernels this build has for the variant, per device (op_table.hpp).
-  static kvforge::detail::OpTables<jetstream_stacked_lazy__mistral_7b__bf16_traits> op_tables() {
-    return {&kvforge::detail::cpu_op_table<jetstream_stacked_lazy__mistral_7b__bf16_traits>(), &kvforge::detail::cuda_op_table<jetstream_stacked_lazy__mistral_7b__bf16_traits>()};
-  }
+  static kvforge::detail::OpTables<jetstream_stacked_lazy__mistral_7b__bf16_traits> op_tables();  // below
 };
 
 using jetstream_stacked_lazy__mistral_7b__bf16 = kvforge::TypedCache<jetstream_stacked_lazy__mistral_7b__bf16_traits>;
 
 }  // namespace kvforge::variants
+
+template <>
+const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits>& kvforge::detail::op_table<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits, kvforge::Device::cpu>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits>& kvforge::detail::op_table<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits, kvforge::Device::cuda>();
+inline kvforge::detail::OpTables<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits> kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits::op_tables() {
+  return {&kvforge::detail::op_table<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits, kvforge::Device::cpu>(), &kvforge::detail::op_table<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits, kvforge::Device::cuda>()};
+}
 
 extern template class kvforge::TypedCache<kvforge::variants::jetstream_stacked_lazy__mistral_7b__bf16_traits>;

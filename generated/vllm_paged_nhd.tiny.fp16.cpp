@@ -5,6 +5,10 @@
 #include "kvforge/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::vllm_paged_nhd__tiny__fp16_traits>;
-template const kvforge::detail::OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp16_traits>&
-kvforge::detail::cpu_op_table<kvforge::variants::vllm_paged_nhd__tiny__fp16_traits>();
 
+template <>
+const kvforge::detail::OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp16_traits>&
+kvforge::detail::op_table<kvforge::variants::vllm_paged_nhd__tiny__fp16_traits, kvforge::Device::cpu>() {
+  static const OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp16_traits> table = cpu_ops<kvforge::variants::vllm_paged_nhd__tiny__fp16_traits>();
+  return table;
+}

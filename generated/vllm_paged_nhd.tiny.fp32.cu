@@ -4,5 +4,9 @@
 #include "vllm_paged_nhd.tiny.fp32.hpp"
 #include "kvforge/cuda_ops.cuh"
 
-template const kvforge::detail::OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>&
-kvforge::detail::cuda_op_table<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>();
+template <>
+const kvforge::detail::OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>&
+kvforge::detail::op_table<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits, kvforge::Device::cuda>() {
+  static const OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits> table = cuda_ops<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>();
+  return table;
+}

@@ -21,7 +21,7 @@ struct Case {
 };
 
 inline void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.entry->descriptor->name << " on " << device_name(c.device);
+  *os << c.entry->descriptor->name << " on " << name_of(c.device);
 }
 
 // Every variant with storage of its own; hybrid variants are tested through their members and the
@@ -35,7 +35,7 @@ inline std::vector<Case> all_cases() {
 }
 
 inline std::string case_name(const testing::TestParamInfo<Case>& info) {
-  std::string name = std::string(device_name(info.param.device)) + "_" + info.param.entry->descriptor->name;
+  std::string name = std::string(name_of(info.param.device)) + "_" + info.param.entry->descriptor->name;
   for (char& c : name)
     if (c == '.') c = '_';
   return name;

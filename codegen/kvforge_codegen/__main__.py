@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _built(args: argparse.Namespace) -> tuple:
-    return tuple(b for b in vocab.BACKENDS if not (b == "cuda" and args.no_cuda))
+    return tuple(b for b in vocab.BACKENDS if not (b == "cuda" and getattr(args, "no_cuda", False)))
 
 
 def _csv(text: str) -> tuple:

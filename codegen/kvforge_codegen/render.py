@@ -13,15 +13,15 @@ from .plan import Variant
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
 
 # (file-name pattern, template, the backend it instantiates or None) per variant; {name} is the variant name.
-PER_VARIANT = (("{name}.hpp", "variant.hpp.j2", None), ("{name}.cpp", "variant.cpp.j2", "cpu"),
-               ("{name}.cu", "variant.cu.j2", "cuda"))
+PER_VARIANT = (("{name}.hpp", "variant.hpp.j2", None),) + tuple(
+    (b["file"], b["template"], name) for name, b in vocab.BACKENDS.items())
 PER_SET = (("registry.cpp", "registry.cpp.j2"), ("MANIFEST.md", "MANIFEST.md.j2"))
 # The spec files an expansion was made from, one "<kind> <path>" a line: `check --listed-specs` expands
 # exactly these, so files a user adds beside them do not make a committed expansion look stale.
 SOURCES = "SOURCES.txt"
 
 
-def output_names(variants: List[Variant], built: Sequence[str] = vocab.BACKENDS) -> List[str]:
+def output_names(variants: List[Variant], built: Sequence[str] = tuple(vocab.BACKENDS)) -> List[str]:
     names = [pattern.format(name=v.name) for v in variants for pattern, _, backend in PER_VARIANT
              if backend is None or backend in built]
     return names + [pattern for pattern, _ in PER_SET] + [SOURCES]
@@ -33,11 +33,11 @@ def _environment() -> jinja2.Environment:
 
 
 def render(variants: List[Variant], registry_function: str = "kvforge::registry",
-           built: Sequence[str] = vocab.BACKENDS) -> Dict[str, str]:
+           built: Sequence[str] = tuple(vocab.BACKENDS)) -> Dict[str, str]:
     """Every file of the expansion, for the backends `built` (the committed generated/ has them all)."""
     env = _environment()
     common = {"version": VERSION, "dtypes": vocab.DTYPES, "registry_function": registry_function,
-              "backends": vocab.BACKENDS, "built": tuple(built)}
+              "backends": tuple(vocab.BACKENDS), "built": tuple(built)}
     files: Dict[str, str] = {}
     for v in variants:
         for pattern, template, backend in PER_VARIANT:

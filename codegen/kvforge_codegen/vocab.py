@@ -1,8 +1,12 @@
 """The fixed vocabularies of the spec language, and their C++ spellings. One place for both."""
 
 AXES = ("layer", "row", "seq", "page", "slot", "kv", "head", "dim")
-# Backends in the order of kvforge::Device; each instantiates a variant's kernels in a file of its own.
-BACKENDS = ("cpu", "cuda")
+# Backends, in the order of kvforge::Device: each instantiates a variant's kernels in a file of its own,
+# from a template that fills the backend's OpTable (see docs/design.md, "A new backend").
+BACKENDS = {
+    "cpu": {"file": "{name}.cpp", "template": "variant.cpp.j2"},  # also the variant's host-side class
+    "cuda": {"file": "{name}.cu", "template": "variant.cu.j2"},
+}
 ADDRESSING = ("contiguous", "ring", "paged")
 UPDATE_MODES = ("eager", "lazy")
 
@@ -38,7 +42,7 @@ FORBIDDEN_AXES = {
 
 # Enums C++ mirrors in runtime/include/kvforge/vocab.hpp (generated from this table), in this order.
 # Quant is the granularity, with `none` first for float storage.
-CPP_ENUMS = (("Axis", AXES), ("Addressing", ADDRESSING), ("UpdateMode", UPDATE_MODES),
+CPP_ENUMS = (("Device", tuple(BACKENDS)), ("Axis", AXES), ("Addressing", ADDRESSING), ("UpdateMode", UPDATE_MODES),
              ("Quant", ("none",) + GRANULARITIES), ("ScalePlacement", SCALE_PLACEMENTS))
 
 NAME_PATTERN = r"[a-z][a-z0-9_]*"

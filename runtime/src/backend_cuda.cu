@@ -5,13 +5,11 @@
 
 #include <string>
 
-#include "kvforge/backend.hpp"
+#include "host_backend.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/exec_cuda.cuh"
 
 namespace kvforge {
-
-Backend& cpu_backend();
 
 namespace detail {
 void throw_cuda_error(cudaError_t err, const char* what) {
@@ -53,9 +51,8 @@ namespace {
 using detail::check;
 
 // Page-locked host memory: the host tier of offload, so that transfers run at full PCIe speed.
-class PinnedHostBackend final : public Backend {
+class PinnedHostBackend final : public HostMemoryBackend {
  public:
-  Device device() const override { return Device::cpu; }
   void* allocate(int64_t bytes) override {
     void* p = nullptr;
     check(cudaMallocHost(&p, size_t(bytes)), "cudaMallocHost");
@@ -63,13 +60,6 @@ class PinnedHostBackend final : public Backend {
     return p;
   }
   void release(void* p) noexcept override { cudaFreeHost(p); }
-  void fill(void* dst, int byte, int64_t bytes, void*) override { std::memset(dst, byte, size_t(bytes)); }
-  void copy(void* dst, const void* src, int64_t bytes, void*) override { std::memmove(dst, src, size_t(bytes)); }
-  void to_host(void* host, const void* src, int64_t bytes, void*) override { std::memcpy(host, src, size_t(bytes)); }
-  void from_host(void* dst, const void* host, int64_t bytes, void*) override { std::memcpy(dst, host, size_t(bytes)); }
-  void synchronize(void*) override {}
-  int64_t free_memory() override { return -1; }
-  Backend& host() override { return *this; }
 };
 
 class CudaBackend final : public Backend {
@@ -123,8 +113,7 @@ bool cuda_available(std::string* why) {
   return true;
 }
 
-Backend& backend(Device d) {
-  if (d == Device::cpu) return cpu_backend();
+Backend& cuda_backend() {
   std::string why;
   if (!cuda_available(&why)) throw BackendError(why);
   static CudaBackend b;

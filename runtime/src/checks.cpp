@@ -29,7 +29,7 @@ void check_tensor(const char* name, const TensorView& t, const std::array<int64_
                   Device device) {
   const std::string n(name);
   if (t.device != device)
-    throw DeviceError(n, std::string("is on ") + device_name(t.device) + ", the cache is on " + device_name(device));
+    throw DeviceError(n, std::string("is on ") + name_of(t.device) + ", the cache is on " + name_of(device));
   if (t.dtype != dtype)
     throw DtypeError(n, "is " + std::string(dtype_name(t.dtype)) + ", expected " + std::string(dtype_name(dtype)));
   if (t.shape != shape)
@@ -44,7 +44,7 @@ void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t
                       int64_t exact_size) {
   const std::string n(name);
   if (v.device != device)
-    throw DeviceError(n, std::string("is on ") + device_name(v.device) + ", the cache is on " + device_name(device));
+    throw DeviceError(n, std::string("is on ") + name_of(v.device) + ", the cache is on " + name_of(device));
   if (v.dtype != dtype)
     throw DtypeError(n, "is " + std::string(dtype_name(v.dtype)) + ", expected " + std::string(dtype_name(dtype)));
   if (exact_size >= 0 && v.size != exact_size)

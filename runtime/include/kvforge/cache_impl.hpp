@@ -109,7 +109,7 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
   detail::check_config(d, config_);
   ops_ = Traits::op_tables()[size_t(config_.device)];
   if (!ops_)
-    throw BackendError(std::string(d.name) + ": this build has no " + device_name(config_.device) +
+    throw BackendError(std::string(d.name) + ": this build has no " + name_of(config_.device) +
                        " kernels for this variant");
   backend_ = &backend(config_.device);
   if (d.addressing == Addressing::contiguous && config_.max_seq_len == 0) config_.max_seq_len = d.max_seq_len;

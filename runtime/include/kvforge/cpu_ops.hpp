@@ -1,5 +1,5 @@
 // The CPU backend's operations: the one source in ops.hpp run on the CPU executor. A generated
-// <variant>.cpp instantiates cpu_op_table<its traits>().
+// <variant>.cpp fills its op_table<traits, Device::cpu>() from cpu_ops<traits>().
 #pragma once
 
 #include "kvforge/checks.hpp"
@@ -8,10 +8,8 @@
 
 namespace kvforge::detail {
 
-template <class Traits> const OpTable<Traits>& cpu_op_table() {
-  static const OpTable<Traits> table =
-      make_op_table<Traits, CpuExec>([](const Launch&, const IndexCheckArgs& a) { check_indices_on_host(a); });
-  return table;
+template <class Traits> OpTable<Traits> cpu_ops() {
+  return make_op_table<Traits, CpuExec>([](const Launch&, const IndexCheckArgs& a) { check_indices_on_host(a); });
 }
 
 }  // namespace kvforge::detail

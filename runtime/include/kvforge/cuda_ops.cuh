@@ -1,5 +1,5 @@
 // The CUDA backend's operations: the one source in ops.hpp run on the CUDA executor. A generated
-// <variant>.cu includes this and instantiates cuda_op_table<its traits>().
+// <variant>.cu fills its op_table<traits, Device::cuda>() from cuda_ops<traits>().
 #pragma once
 
 #include "kvforge/exec_cuda.cuh"
@@ -7,10 +7,9 @@
 
 namespace kvforge::detail {
 
-template <class Traits> const OpTable<Traits>& cuda_op_table() {
-  static const OpTable<Traits> table = make_op_table<Traits, CudaExec>(
+template <class Traits> OpTable<Traits> cuda_ops() {
+  return make_op_table<Traits, CudaExec>(
       [](const Launch& l, const IndexCheckArgs& a) { check_indices_on_device(l.stream, a); });
-  return table;
 }
 
 }  // namespace kvforge::detail

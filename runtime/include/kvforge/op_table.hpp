@@ -1,15 +1,17 @@
 // The backend seam. Every operation of a variant on one kind of device is an entry of an OpTable, which
-// that backend's instantiation file fills from the one source in ops.hpp run on its executor:
-//   cpu:  cpu_ops.hpp  (CpuExec),  instantiated by the generated <variant>.cpp;
-//   cuda: cuda_ops.cuh (CudaExec), instantiated by the generated <variant>.cu.
+// that backend's generated file fills from the one source in ops.hpp run on the backend's executor:
+//   cpu:  cpu_ops.hpp  (CpuExec),  in the generated <variant>.cpp;
+//   cuda: cuda_ops.cuh (CudaExec), in the generated <variant>.cu.
 // TypedCache runs whichever table its device has, so it holds no code of any backend.
 #pragma once
 
 #include <array>
+#include <iterator>
 
 #include "kvforge/geometry.hpp"
 #include "kvforge/op_args.hpp"
 #include "kvforge/tensor.hpp"
+#include "kvforge/vocab.hpp"
 
 namespace kvforge::detail {
 
@@ -36,12 +38,12 @@ template <class Traits> struct OpTable {
 };
 
 // One slot per Device; null where this build has no backend of that kind.
-inline constexpr int kDeviceKinds = 2;
+inline constexpr int kDeviceKinds = int(std::size(kDeviceNames));
 template <class Traits> using OpTables = std::array<const OpTable<Traits>*, kDeviceKinds>;
 
-// Defined by each backend's header (cpu_ops.hpp, cuda_ops.cuh) and instantiated per variant by the
-// generated file of that backend; a variant's traits name the ones its build has (Traits::op_tables).
-template <class Traits> const OpTable<Traits>& cpu_op_table();
-template <class Traits> const OpTable<Traits>& cuda_op_table();
+// A variant's table for one device. Declared here only: the generated header declares, and that
+// backend's generated file defines, one explicit specialization per variant (codegen/templates/
+// _kernels.j2), from the backend's <backend>_ops<Traits>() (cpu_ops.hpp, cuda_ops.cuh).
+template <class Traits, Device D> const OpTable<Traits>& op_table();
 
 }  // namespace kvforge::detail

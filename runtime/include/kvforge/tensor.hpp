@@ -6,12 +6,10 @@
 #include <string>
 
 #include "kvforge/dtype.hpp"
+#include "kvforge/vocab.hpp"  // Device
 
 namespace kvforge {
 
-enum class Device : uint8_t { cpu, cuda };
-
-inline const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
 // A rank-3 view: append takes [tokens, heads, head_dim], gather writes [heads, tokens, head_dim].
 // Strides are in elements; the last axis must be contiguous (stride 1).

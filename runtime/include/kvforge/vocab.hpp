@@ -11,6 +11,9 @@
 
 namespace kvforge {
 
+enum class Device : uint8_t { cpu, cuda };
+inline constexpr const char* kDeviceNames[] = {"cpu", "cuda"};
+inline constexpr const char* name_of(Device v) { return kDeviceNames[int(v)]; }
 enum class Axis : uint8_t { layer, row, seq, page, slot, kv, head, dim };
 inline constexpr const char* kAxisNames[] = {"layer", "row", "seq", "page", "slot", "kv", "head", "dim"};
 inline constexpr const char* name_of(Axis v) { return kAxisNames[int(v)]; }

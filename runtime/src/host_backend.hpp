@@ -1,0 +1,27 @@
+// Host memory as a backend: the CPU backend and CUDA's pinned host tier differ only in how they
+// allocate; every copy is a plain memcpy and nothing is queued. Private to runtime/src.
+#pragma once
+
+#include <cstring>
+
+#include "kvforge/backend.hpp"
+
+namespace kvforge {
+
+class HostMemoryBackend : public Backend {
+ public:
+  Device device() const override { return Device::cpu; }
+  void fill(void* dst, int byte, int64_t bytes, void*) override { std::memset(dst, byte, size_t(bytes)); }
+  void copy(void* dst, const void* src, int64_t bytes, void*) override { std::memmove(dst, src, size_t(bytes)); }
+  void to_host(void* host, const void* src, int64_t bytes, void*) override { std::memcpy(host, src, size_t(bytes)); }
+  void from_host(void* dst, const void* host, int64_t bytes, void*) override { std::memcpy(dst, host, size_t(bytes)); }
+  void synchronize(void*) override {}
+  int64_t free_memory() override { return -1; }  // the host has no figure worth reserving from
+  Backend& host() override { return *this; }
+};
+
+// Each backend's own source defines its accessor; backend.cpp dispatches over them by Device.
+Backend& cpu_backend();
+Backend& cuda_backend();  // backend_cuda.cu, or backend_cuda_absent.cpp in a build without CUDA
+
+}  // namespace kvforge
