@@ -106,4 +106,4 @@ def render_vocab_header() -> str:
               ("kMaxHeadDim", vocab.MAX_HEAD_DIM), ("kMaxSeqLen", vocab.MAX_SEQ_LEN)]
     return _environment().get_template("vocab.hpp.j2").render(
         version=VERSION, enums=vocab.CPP_ENUMS, axes=vocab.AXES, limits=limits, tunables=vocab.TUNABLES,
-        warp=vocab.WARP)
+        warp=vocab.WARP, backends=tuple(vocab.BACKENDS))

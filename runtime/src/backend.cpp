@@ -1,14 +1,13 @@
-#include "host_backend.hpp"
+#include <iterator>
+
+#include "kvforge/backend.hpp"
 #include "kvforge/errors.hpp"
 
 namespace kvforge {
 
 Backend& backend(Device d) {
-  switch (d) {
-    case Device::cpu: return cpu_backend();
-    case Device::cuda: return cuda_backend();
-  }
-  throw BackendError("unknown device");
+  if (size_t(d) >= std::size(kBackendAccessors)) throw BackendError("unknown device");
+  return kBackendAccessors[size_t(d)]();
 }
 
 }  // namespace kvforge

@@ -2,7 +2,6 @@
 
 #include <limits>
 
-#include "kvforge/op_args.hpp"
 
 namespace kvforge {
 
@@ -49,25 +48,5 @@ CapacityError::CapacityError(const std::string& argument, int64_t needed, int64_
                                   " available; nothing was allocated"),
       needed_(needed),
       available_(available) {}
-
-namespace detail {
-const char* index_check_argument(int32_t code) {
-  switch (code) {
-    case kCheckRows: return "targets.rows";
-    case kCheckPositions: return "targets.positions";
-    case kCheckSlots: return "targets.slots";
-    case kCheckPages: return "range.pages";
-    case kCheckBeam: return "beam";
-    case kCheckBlockPairs: return "pairs";
-    case kCheckPageList: return "pages";
-    default: return "index";
-  }
-}
-
-void raise_status(const DeviceStatus& s) {
-  throw OutOfRangeError(index_check_argument(s.code), s.value, s.lo, s.hi, s.index,
-                        "found by the device-side check; that operation and any queued after it wrote nothing");
-}
-}  // namespace detail
 
 }  // namespace kvforge

@@ -90,7 +90,7 @@ template <class Store, class In> class GenericCache final : public Cache {
       const int64_t head_stride[2] = {k.stride[1], v.stride[1]};
       for (int kv = 0; kv < 2; ++kv)
         for (int h = 0; h < H; ++h) {
-          Store* dst = pool + s.layer * layer + s.kv * kv + s.row_or_page * unit + s.seq_or_slot * slot + s.head * h;
+          Store* dst = pool + element_offset(s, layer, kv, unit, slot) + s.head * h;
           const In* from = src[kv] + h * head_stride[kv];
           for (int x = 0; x < D; ++x) dst[x] = convert<Store>(from[x]);
         }
@@ -144,7 +144,7 @@ template <class Store, class In> class GenericCache final : public Cache {
       }
       for (int kv = 0; kv < 2; ++kv)
         for (int h = 0; h < H; ++h) {
-          const Store* src = pool + s.layer * layer + s.kv * kv + s.row_or_page * unit + s.seq_or_slot * slot + s.head * h;
+          const Store* src = pool + element_offset(s, layer, kv, unit, slot) + s.head * h;
           In* dst = out[kv] + j * token_stride[kv] + h * head_stride[kv];
           for (int x = 0; x < D; ++x) dst[x] = convert<In>(src[x]);
         }
@@ -177,9 +177,8 @@ template <class Store, class In> class GenericCache final : public Cache {
         for (int kv = 0; kv < 2; ++kv)
           for (int64_t p = 0; p < capacity_.positions; ++p)
             for (int h = 0; h < d.heads; ++h) {
-              const int64_t base = s.layer * l + s.kv * kv + s.seq_or_slot * p + s.head * h;
-              std::memcpy(static_cast<Store*>(pool_.data()) + base + s.row_or_page * r,
-                          old.data() + base + s.row_or_page * b[r], size_t(d.head_dim) * sizeof(Store));
+              std::memcpy(static_cast<Store*>(pool_.data()) + element_offset(s, l, kv, r, p) + s.head * h,
+                          old.data() + element_offset(s, l, kv, b[r], p) + s.head * h, size_t(d.head_dim) * sizeof(Store));
             }
     std::vector<int32_t> lengths = row_length_;
     for (int64_t r = 0; r < capacity_.rows; ++r) row_length_[size_t(r)] = lengths[size_t(b[r])];
@@ -200,9 +199,8 @@ template <class Store, class In> class GenericCache final : public Cache {
         for (int kv = 0; kv < 2; ++kv)
           for (int slot = 0; slot < d.page_size; ++slot)
             for (int h = 0; h < d.heads; ++h) {
-              const int64_t base = s.layer * l + s.kv * kv + s.seq_or_slot * slot + s.head * h;
-              std::memcpy(pool + base + s.row_or_page * p[2 * i + 1], pool + base + s.row_or_page * p[2 * i],
-                          size_t(d.head_dim) * sizeof(Store));
+              std::memcpy(pool + element_offset(s, l, kv, p[2 * i + 1], slot) + s.head * h,
+                          pool + element_offset(s, l, kv, p[2 * i], slot) + s.head * h, size_t(d.head_dim) * sizeof(Store));
             }
   }
 
@@ -257,9 +255,7 @@ template <class Store, class In> class GenericCache final : public Cache {
       for (int kv = 0; kv < 2; ++kv)
         for (int64_t p = 0; p < capacity_.positions; ++p)
           for (int h = 0; h < owned_.d.heads; ++h)
-            fn(static_cast<Store*>(pool_.data()) + s.layer * l + s.kv * kv + s.row_or_page * row + s.seq_or_slot * p +
-                   s.head * h,
-               owned_.d.head_dim);
+            fn(static_cast<Store*>(pool_.data()) + element_offset(s, l, kv, row, p) + s.head * h, owned_.d.head_dim);
   }
 
   OwnedDescriptor owned_;

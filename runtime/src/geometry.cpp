@@ -39,7 +39,6 @@ Strides coordinate_strides(const VariantDescriptor& d, const int64_t* axis_strid
 Geometry make_geometry(const VariantDescriptor& d, const Capacity& c) {
   Geometry g;
   const int64_t extents[kNumAxes] = {d.layers, c.rows, c.positions, c.pages, d.page_size, 2, d.heads, d.head_dim};
-  for (int i = 0; i < d.num_axes; ++i) g.extent[int(d.axes[i])] = extents[int(d.axes[i])];
   g.tensors = (d.stacked() ? 1 : d.layers) * (d.kv_fused() ? 1 : 2);
   const bool scale_skips_head = d.quant == Quant::per_token;
   int64_t scale_axis_stride[kNumAxes] = {};

@@ -20,8 +20,4 @@ class HostMemoryBackend : public Backend {
   Backend& host() override { return *this; }
 };
 
-// Each backend's own source defines its accessor; backend.cpp dispatches over them by Device.
-Backend& cpu_backend();
-Backend& cuda_backend();  // backend_cuda.cu, or backend_cuda_absent.cpp in a build without CUDA
-
 }  // namespace kvforge

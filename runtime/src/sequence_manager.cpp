@@ -14,7 +14,6 @@ DeviceBatch::DeviceBatch(const BatchMetadata& m, Device device, void* stream) {
     if (!host.empty()) b.from_host(buffers_.back().data(), host.data(), int64_t(host.size() * sizeof(T)), stream);
     return IndexView{buffers_.back().data(), dtype_of<T>::value, device, int64_t(host.size())};
   };
-  buffers_.reserve(7);
   slots = put(m.slots);
   query_start = put(m.query_start);
   lengths = put(m.lengths);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <memory>
 #include <string>
@@ -200,10 +201,13 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
                                  stage_v_.as<input_t>() + first * row_elems, tokens, status()};
     ops_->stage(launch(), s);
     if constexpr (addressing == Addressing::paged) {
-      backend_->copy(stage_slots_.as<int64_t>() + first, targets.slots.data, tokens * 8, config_.stream);
+      backend_->copy(stage_slots_.as<int64_t>() + first, targets.slots.data, tokens * int64_t(sizeof(int64_t)),
+                     config_.stream);
     } else {
-      backend_->copy(stage_rows_.as<int32_t>() + first, targets.rows.data, tokens * 4, config_.stream);
-      backend_->copy(stage_positions_.as<int32_t>() + first, targets.positions.data, tokens * 4, config_.stream);
+      backend_->copy(stage_rows_.as<int32_t>() + first, targets.rows.data, tokens * int64_t(sizeof(int32_t)),
+                     config_.stream);
+      backend_->copy(stage_positions_.as<int32_t>() + first, targets.positions.data,
+                     tokens * int64_t(sizeof(int32_t)), config_.stream);
     }
     staged_[layer] += tokens;
   } else {
@@ -431,7 +435,7 @@ template <class Traits> void TypedCache<Traits>::set_tensor_scale(int layer, flo
     const float given[2] = {k_scale, v_scale};
     const char* names[2] = {"k_scale", "v_scale"};
     for (int kv = 0; kv < 2; ++kv)
-      if (!(given[kv] > 0.0f && given[kv] <= 3.0e38f))
+      if (!(given[kv] > 0.0f && std::isfinite(given[kv])))
         throw ArgumentError(names[kv], "must be finite and positive, got " + std::to_string(given[kv]));
     const scale_t stored[2] = {detail::store_scale<scale_t>(k_scale), detail::store_scale<scale_t>(v_scale)};
     backend_->from_host(scales_.as<scale_t>() + geometry_.scale_strides.layer * layer, stored, sizeof(stored),

@@ -21,7 +21,6 @@ int64_t staged_capacity(const VariantDescriptor& d, const CacheConfig& c);
 void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
 // The CPU backend's index check: throws OutOfRangeError for the first bad element.
 void check_indices_on_host(const IndexCheckArgs& a);
-[[noreturn]] void raise_status(const DeviceStatus& s);
 void check_tuning(const Tuning& t);
 
 }  // namespace kvforge::detail

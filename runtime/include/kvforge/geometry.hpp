@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kvforge/config.hpp"
 #include "kvforge/descriptor.hpp"
 
 namespace kvforge {
@@ -26,10 +27,16 @@ struct Strides {
   int64_t head = 0;
 };
 
+// The one address formula: where (layer, K or V, row or page, position or slot) starts, in elements of
+// the pool (or, with scale strides, of the scales). Every operation addresses through it.
+KVF_HD KVF_INLINE int64_t element_offset(const Strides& s, int64_t layer, int64_t kv, int64_t row_or_page,
+                                         int64_t seq_or_slot) {
+  return layer * s.layer + kv * s.kv + row_or_page * s.row_or_page + seq_or_slot * s.seq_or_slot;
+}
+
 // Scales of a quantized layout use the same five coordinates; the strides of coordinates a scale does
 // not vary over are 0 (head for per_token; all but layer and kv for per_tensor).
 struct Geometry {
-  int64_t extent[kNumAxes] = {};  // 0 for axes the layout does not have
   int64_t axis_stride[kNumAxes] = {};
   Strides strides;
   int64_t tensor_elems = 0;  // elements of one physical tensor (with its in-page scales)
@@ -43,8 +50,7 @@ struct Geometry {
   int64_t page_block_bytes = 0;    // in-page: one page's codes and scales, the page stride in bytes
 
   KVF_HD int64_t offset(int layer, int kv, int64_t row_or_page, int64_t seq_or_slot, int head) const {
-    return layer * strides.layer + kv * strides.kv + row_or_page * strides.row_or_page +
-           seq_or_slot * strides.seq_or_slot + head * strides.head;
+    return element_offset(strides, layer, kv, row_or_page, seq_or_slot) + head * strides.head;
   }
 };
 

@@ -85,7 +85,6 @@ class HybridCache final : public Cache {
   Cache& group(int g) override;
   int group_of(int layer) const override;
   int group_layer(int layer) const override;
-  const LayerGroupInfo& group_info(int g) const { return d_.hybrid->groups[g]; }
 
  private:
   [[noreturn]] void per_group(const char* what) const;

@@ -3,33 +3,10 @@
 
 #include <cstdint>
 
+#include "kvforge/device_status.hpp"
 #include "kvforge/geometry.hpp"
 
 namespace kvforge::detail {
-
-// Device-side record of the first failed index check. CUDA cannot read targets on the host without
-// breaking graph capture, so its checks run on the device: every later kernel sees a non-zero code and
-// writes nothing, and the host raises the error at synchronize(). The CPU checks on the host instead.
-struct DeviceStatus {
-  int32_t code;  // 0: fine; else an IndexCheck value
-  int32_t unused;
-  int64_t index;
-  int64_t value;
-  int64_t lo;
-  int64_t hi;
-};
-
-enum IndexCheck : int32_t {
-  kCheckNone = 0,
-  kCheckRows,
-  kCheckPositions,
-  kCheckSlots,
-  kCheckPages,
-  kCheckBeam,
-  kCheckBlockPairs,
-  kCheckPageList,
-};
-const char* index_check_argument(int32_t code);
 
 // One rank-3 input or output as the kernels address it: element strides for token and head.
 template <class T> struct Rows3 {

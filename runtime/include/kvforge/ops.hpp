@@ -83,8 +83,7 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int64_t kItemBytes = int64_t(H) * D * sizeof(Store);
 
   KVF_HD static KVF_INLINE Scale* scale_at(const ScaleRef& r, int64_t layer, int64_t kv, int64_t unit, int64_t slot) {
-    return static_cast<Scale*>(r.base) + r.s.layer * layer + r.s.kv * kv + r.s.row_or_page * unit +
-           r.s.seq_or_slot * slot;
+    return static_cast<Scale*>(r.base) + element_offset(r.s, layer, kv, unit, slot);
   }
 
   // One token's K or V (all heads) into codes, computing and storing its dynamic scales; a
@@ -175,7 +174,7 @@ template <class Traits, class Exec> struct Ops {
       const int layer = a.first_layer + l;
       const int64_t in_k = l * a.input_layer_stride + t * a.k.token_stride;
       const int64_t in_v = l * a.input_layer_stride + t * a.v.token_stride;
-      Store* dst = a.pool + a.s.layer * layer + a.s.row_or_page * unit + a.s.seq_or_slot * slot;
+      Store* dst = a.pool + element_offset(a.s, layer, 0, unit, slot);
       if constexpr (kQuantized) {
         quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, a.k.data + in_k,
                        a.k.head_stride, lane, lanes);
@@ -204,7 +203,7 @@ template <class Traits, class Exec> struct Ops {
       if (a.status->code) return;
       int64_t unit, slot;
       locate_position(a.row, a.pages, a.begin + j, unit, slot);
-      const Store* src = a.pool + a.s.layer * a.layer + a.s.row_or_page * unit + a.s.seq_or_slot * slot;
+      const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
       if constexpr (kQuantized) {
         const Rows3<In> out[2] = {a.k, a.v};
         for (int kv = 0; kv < 2; ++kv) {
@@ -225,9 +224,7 @@ template <class Traits, class Exec> struct Ops {
     ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
       const int64_t pos = i % a.positions;
       const int64_t lk = i / a.positions;
-      Exec::template zero_heads<H, D>(a.pool + a.s.layer * (lk / 2) + a.s.kv * (lk % 2) + a.s.row_or_page * a.row +
-                           a.s.seq_or_slot * pos,
-                       a.s.head, lane, lanes);
+      Exec::template zero_heads<H, D>(a.pool + element_offset(a.s, lk / 2, lk % 2, a.row, pos), a.s.head, lane, lanes);
       if constexpr (kScalesPerToken > 0) {
         Scale* scale = scale_at(a.scales, lk / 2, lk % 2, a.row, pos);
         if (lane == 0)
@@ -244,8 +241,7 @@ template <class Traits, class Exec> struct Ops {
       const int64_t pos = i % a.positions;
       const int64_t kv = (i / a.positions) % 2;
       const int64_t r = i / (2 * a.positions);
-      const Store* src = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * a.beam[r] +
-                         a.s.seq_or_slot * pos;
+      const Store* src = a.pool + element_offset(a.s, a.layer, kv, a.beam[r], pos);
       Exec::template copy_heads<H, D>(a.scratch + i * H * D, D, src, a.s.head, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, 1,
@@ -256,7 +252,7 @@ template <class Traits, class Exec> struct Ops {
       const int64_t pos = i % a.positions;
       const int64_t kv = (i / a.positions) % 2;
       const int64_t r = i / (2 * a.positions);
-      Store* dst = a.pool + a.s.layer * a.layer + a.s.kv * kv + a.s.row_or_page * r + a.s.seq_or_slot * pos;
+      Store* dst = a.pool + element_offset(a.s, a.layer, kv, r, pos);
       Exec::template copy_heads<H, D>(dst, a.s.head, a.scratch + i * H * D, D, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(scale_at(a.scales, a.layer, kv, r, pos), a.scales.s.head,
@@ -296,7 +292,7 @@ template <class Traits, class Exec> struct Ops {
         const int64_t row = (layer * 2 + kv) * P + slot;  // within the packed page
         unsigned char* packed = a.packed + j * a.packed_page_bytes;
         Store* packed_codes = reinterpret_cast<Store*>(packed) + row * H * D;
-        Store* pooled = a.pool + a.s.layer * layer + a.s.kv * kv + a.s.row_or_page * page + a.s.seq_or_slot * slot;
+        Store* pooled = a.pool + element_offset(a.s, layer, kv, page, slot);
         if (a.to_packed) {
           Exec::template copy_heads<H, D>(packed_codes, D, pooled, a.s.head, lane, lanes);
         } else {
@@ -323,9 +319,9 @@ template <class Traits, class Exec> struct Ops {
         if (a.status->code) return;
         const PageItem it = page_item(i, a.layers);
         const int64_t slot = it.slot, kv = it.kv, layer = it.layer, pair = it.index;
-        const int64_t base = a.s.layer * layer + a.s.kv * kv + a.s.seq_or_slot * slot;
-        Exec::template copy_heads<H, D>(a.pool + base + a.s.row_or_page * a.pairs[2 * pair + 1], a.s.head,
-                         a.pool + base + a.s.row_or_page * a.pairs[2 * pair], a.s.head, lane, lanes);
+        Exec::template copy_heads<H, D>(a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair + 1], slot), a.s.head,
+                                        a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair], slot), a.s.head,
+                                        lane, lanes);
         if constexpr (kScalesPerToken > 0)
           copy_scales(scale_at(a.scales, layer, kv, a.pairs[2 * pair + 1], slot), a.scales.s.head,
                       scale_at(a.scales, layer, kv, a.pairs[2 * pair], slot), a.scales.s.head, lane);

@@ -37,7 +37,7 @@ class DeviceBatch {
   IndexView slots, query_start, lengths, page_table, indptr, indices, last_page_len;
 
  private:
-  std::vector<Buffer> buffers_;
+  std::vector<Buffer> buffers_;  // a Buffer keeps its allocation when the vector moves it
 };
 
 struct SequenceManagerOptions {

@@ -31,6 +31,13 @@ inline constexpr const char* kScalePlacementNames[] = {"separate", "in_page"};
 inline constexpr const char* name_of(ScalePlacement v) { return kScalePlacementNames[int(v)]; }
 inline constexpr int kNumAxes = 8;
 
+// Each backend's memory, defined by its own source (runtime/src/backend_<name>.*, or a stand-in that
+// explains its absence where the build has none); backend(Device) dispatches through this table.
+class Backend;
+Backend& cpu_backend();
+Backend& cuda_backend();
+inline constexpr Backend& (*const kBackendAccessors[])() = {&cpu_backend, &cuda_backend};
+
 // Limits every spec is held to.
 namespace limits {
 inline constexpr int64_t kMaxPageSize = 4096;
