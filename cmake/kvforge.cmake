@@ -59,13 +59,16 @@ function(kvforge_generate)
   endforeach()
   set(spec_args --layouts ${KG_LAYOUTS} --models ${KG_MODELS} --tuning ${tuning} --source-root "${CMAKE_CURRENT_SOURCE_DIR}"
                 "--layout=${KG_LAYOUT_FILTER}" "--model=${KG_MODEL_FILTER}" "--dtype=${KG_DTYPE_FILTER}")
-  set(cuda_flag --no-cuda)
-  if(KVFORGE_CUDA)
-    set(cuda_flag "")
+  # The backends this build has (CMakeLists.txt sets KVFORGE_BACKENDS): each gets its kernel files.
+  set(backends_list cpu)
+  if(DEFINED KVFORGE_BACKENDS)
+    set(backends_list ${KVFORGE_BACKENDS})
   endif()
+  string(REPLACE ";" "," backends_list "${backends_list}")
+  set(backend_flag "--backends=${backends_list}")
 
   execute_process(
-    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen outputs ${spec_args} ${cuda_flag}
+    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen outputs ${spec_args} ${backend_flag}
     OUTPUT_VARIABLE outputs ERROR_VARIABLE errors RESULT_VARIABLE status
     OUTPUT_STRIP_TRAILING_WHITESPACE
     # The loader bounds every spec's size, depth and values, so this takes well under a second; the
@@ -96,7 +99,7 @@ function(kvforge_generate)
   add_custom_command(
     OUTPUT "${stamp}"
     BYPRODUCTS ${outputs}
-    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen generate ${spec_args} ${cuda_flag}
+    COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen generate ${spec_args} ${backend_flag}
             --out "${KG_OUTPUT_DIR}" --registry-function "${KG_REGISTRY_FUNCTION}"
     COMMAND "${CMAKE_COMMAND}" -E touch "${stamp}"
     DEPENDS ${spec_files} ${codegen_files} "${inputs_file}"
@@ -106,7 +109,7 @@ function(kvforge_generate)
   add_dependencies(${KG_TARGET} ${KG_TARGET}_codegen)
 
   set(sources ${outputs})
-  list(FILTER sources INCLUDE REGEX "\\.(cpp|cu)$")
+  list(FILTER sources EXCLUDE REGEX "\\.(hpp|md|txt)$")  # every backend's kernel files, whatever their extension
   target_sources(${KG_TARGET} PRIVATE ${sources})
   target_include_directories(${KG_TARGET} PUBLIC "${KG_OUTPUT_DIR}")
   target_link_libraries(${KG_TARGET} PUBLIC kvforge_runtime)

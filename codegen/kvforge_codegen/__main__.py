@@ -18,7 +18,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _built(args: argparse.Namespace) -> tuple:
-    return tuple(b for b in vocab.BACKENDS if not (b == "cuda" and getattr(args, "no_cuda", False)))
+    return args.backends
+
+
+def _backend_list(text: str) -> tuple:
+    given = _csv(text)
+    unknown = [b for b in given if b not in vocab.BACKENDS]
+    if unknown or "cpu" not in given:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed backends are {', '.join(vocab.BACKENDS)}, cpu included")
+    return tuple(b for b in vocab.BACKENDS if b in given)  # in Device order
 
 
 def _csv(text: str) -> tuple:
@@ -31,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Validate kvforge layout and model specs, list their variants, and generate C++/CUDA.")
     p.add_argument("--version", action="version", version=f"kvforge codegen {VERSION}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def backends(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--backends", type=_backend_list, default=tuple(vocab.BACKENDS), metavar="B,B",
+                        help=f"the backends the build has: each gets its kernel files, and the variants' traits name "
+                             f"only their kernels (default and allowed: {','.join(vocab.BACKENDS)}; cpu is required)")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--layouts", nargs="+", default=[os.path.join(REPO, "specs", "layouts")],
@@ -52,11 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     common(sp)
     sp = sub.add_parser("outputs", help="print the files `generate` would write, one per line (for CMake)")
     common(sp)
-    sp.add_argument("--no-cuda", action="store_true", help="a build without the CUDA backend: no .cu files")
+    backends(sp)
     sp = sub.add_parser("generate", help="write generated sources into a folder, touching only changed files")
     common(sp)
-    sp.add_argument("--no-cuda", action="store_true", help="a build without the CUDA backend: no .cu files, "
-                                                           "and the variants' traits name no CUDA kernels")
+    backends(sp)
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--registry-function", default="kvforge::registry",
                     help="qualified name of the generated registry accessor (default: kvforge::registry)")

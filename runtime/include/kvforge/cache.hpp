@@ -11,11 +11,12 @@
 
 namespace kvforge {
 
+// Capacity and placement, chosen at creation; every field is checked then (OutOfRangeError naming it).
 struct CacheConfig {
-  Device device = Device::cpu;
-  int64_t rows = 1;               // contiguous and ring: sequence rows (the batch capacity)
-  int64_t max_seq_len = 0;        // contiguous: positions per row; 0 means the model's max_seq_len
-  int64_t pages = 0;              // paged: pages in the pool
+  Device device = Device::cpu;    // cuda needs a CUDA build and a device (else DeviceError)
+  int64_t rows = 1;               // contiguous and ring: sequence rows (the batch capacity), 1..2^31-1
+  int64_t max_seq_len = 0;        // contiguous: positions per row, 0..the model's; 0 means the model's
+  int64_t pages = 0;              // paged: pages in the pool, 1..(2^31-1) / page_size
   int64_t max_staged_tokens = 0;  // lazy: tokens one layer may stage between commits; 0 means `rows`
                                   // (contiguous, ring) or `pages * page_size` (paged)
   void* stream = nullptr;         // CUDA: the cudaStream_t every operation is queued on (capturable)
@@ -71,6 +72,13 @@ struct MemoryReport {
   int64_t overhead_bytes() const { return staging_bytes + bookkeeping_bytes; }
 };
 
+// Every variant implements this interface (TypedCache<Traits> in cache_impl.hpp; the generic path and
+// hybrid caches too). Notation below: H = descriptor().heads, D = descriptor().head_dim,
+// L = descriptor().layers, P = descriptor().page_size; "on the cache's device" means memory of
+// config().device. Tensors may have any token and head stride; the last axis must be contiguous
+// (stride 1). Every argument is checked before anything is written, and a refused call raises a typed
+// error (errors.hpp) naming the argument: the cache is then unchanged. On CUDA, index arrays are
+// checked on the device and a failure raises at synchronize() (docs/contract.md).
 class Cache {
  public:
   virtual ~Cache() = default;
@@ -79,29 +87,51 @@ class Cache {
   virtual const CacheConfig& config() const = 0;
   virtual const Geometry& geometry() const = 0;
 
-  // k and v: [T, heads, head_dim] in the input dtype on the cache's device; one target per token.
+  // Writes T new tokens of one layer.
+  //   layer:   [0, L)
+  //   k, v:    [T, H, D], the input dtype (descriptor().input), on the cache's device; T >= 0
+  //   targets: one entry per token, on the cache's device, -1 = padding (skipped):
+  //            contiguous and ring: rows int32 [T] in [0, config().rows), positions int32 [T] in
+  //            [0, max_seq_len) (contiguous) or >= 0 (ring: cell = position mod window; a position below
+  //            row_length - window is dropped); paged: slots int64 [T] in [0, pages * P),
+  //            slot = page * P + offset in page.
+  // Lazy variants stage the tokens (at most max_staged_tokens per layer between commits).
   virtual void append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) = 0;
-  // Lazy variants: write every layer's staged tokens in one launch. Eager variants: nothing to do.
+  // Lazy variants: writes every layer's staged tokens in one launch. Eager variants: nothing to do.
   virtual void commit() = 0;
-  // k_out and v_out: [heads, end - begin, head_dim] in the input dtype, on the cache's device.
+  // Reads positions [range.begin, range.end) of one sequence of one layer, dequantized.
+  //   layer:        [0, L)
+  //   range:        begin >= 0, end >= begin; contiguous: range.row in [0, rows), end <= max_seq_len;
+  //                 ring: end <= row_length(row) and begin >= row_length(row) - window; paged:
+  //                 range.pages int32 [>= ceil(end / P)] on the cache's device, the sequence's page list
+  //                 (only the entries the range touches must be valid pages)
+  //   k_out, v_out: [H, end - begin, D], the input dtype, on the cache's device
   virtual void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) = 0;
+  // Zeros every layer, scales and row lengths (per-tensor scales are kept).
   virtual void reset() = 0;
+  // Zeros one row of every layer; row in [0, rows). Contiguous and ring only (else UnsupportedError).
   virtual void reset_row(int64_t row) = 0;
-  // New row i takes old row beam[i]; beam is int32 [rows] on the cache's device.
+  // New row i takes old row beam[i]: beam int32 [rows], each in [0, rows), on the cache's device.
+  // Contiguous and ring only.
   virtual void reorder(const IndexView& beam) = 0;
-  // For each pair (src, dst), page dst of every layer becomes a copy of page src. int32 [2n].
+  // For each pair (src, dst), page dst of every layer becomes a copy of page src: pairs int32 [2n],
+  // pages in [0, config().pages), no page a destination twice or both source and destination.
+  // Paged only.
   virtual void copy_blocks(const IndexView& pairs) = 0;
+  // Raw pointers and element strides of one layer (layer in [0, L)), for attention kernels.
   virtual LayerView view(int layer) const = 0;
-  // Paged layouts: one page of every layer, codes and scales, packed (offload and restore move these).
+  // Paged layouts: bytes one page of every layer takes packed, codes and scales (offload moves these).
   virtual int64_t packed_page_bytes() const = 0;
   // Page pages[i] of every layer goes to packed + i * packed_page_bytes(), or comes back from there.
-  // `pages` is int32 on the cache's device; `packed` is memory of the cache's device. One launch each.
+  //   pages:  int32 [n] in [0, config().pages), on the cache's device
+  //   packed: n * packed_page_bytes() bytes of the cache's device's memory. One launch each. Paged only.
   virtual void pack_pages(const IndexView& pages, void* packed) = 0;
   virtual void unpack_pages(const void* packed, const IndexView& pages) = 0;
-  // per_tensor quantized layouts: the static scales of one layer, held in device memory so a captured
-  // graph picks up new values. Both must be finite and positive. Others raise UnsupportedError.
+  // per_tensor quantized layouts: the static scales of one layer (layer in [0, L)), held in device
+  // memory so a captured graph picks up new values; both finite and > 0. Others: UnsupportedError.
   virtual void set_tensor_scale(int layer, float k_scale, float v_scale) = 0;
-  // The highest position written to a row, plus one (0 after reset). Synchronizes on CUDA.
+  // The highest position written to a row (row in [0, rows)), plus one; 0 after reset. Contiguous and
+  // ring only. Synchronizes on CUDA.
   virtual int64_t row_length(int64_t row) const = 0;
   // Waits for queued work and raises any error a device-side check found (CUDA only).
   virtual void synchronize() = 0;
@@ -111,11 +141,13 @@ class Cache {
   // The scale buffer beside the pool (separate or per_tensor scales), else null.
   virtual const void* scale_storage() const = 0;
 
-  // Launch parameters now in force; set_tuning checks them (ArgumentError naming the field) first.
+  // Launch parameters now in force. set_tuning checks each against the range a tuning file is held to
+  // (vocab.hpp's tunables; OutOfRangeError or ArgumentError naming the field) before changing anything.
   virtual Tuning tuning() const = 0;
   virtual void set_tuning(const Tuning& t) = 0;
 
   // Hybrid variants keep one member cache per layer group; every other cache is its own only group.
+  // g in [0, num_groups()); layer in [0, L).
   virtual int num_groups() const { return 1; }
   virtual Cache& group(int g);
   virtual int group_of(int layer) const;

@@ -17,7 +17,8 @@ struct VariantEntry {
   std::unique_ptr<Cache> (*create)(const CacheConfig&);
 };
 
-// Select variants by typed fields; an empty field matches everything.
+// Select variants by typed fields; an empty field matches everything. layout and model are spec names
+// (the `name` of a file in specs/layouts and specs/models); storage and input are DTypes.
 struct VariantQuery {
   std::string layout;
   std::string model;
@@ -29,9 +30,11 @@ class Registry {
  public:
   explicit Registry(std::vector<VariantEntry> entries);
   const std::vector<VariantEntry>& variants() const { return entries_; }
+  // The registered variant named `name` (layout.model.dtype, see variant_name), or null.
   const VariantEntry* find(std::string_view name) const;
   // Throws UnknownVariantError naming the nearest registered names.
   const VariantEntry& at(std::string_view name) const;
+  // Every registered variant the query matches, in registration order (sorted by name).
   std::vector<const VariantEntry*> select(const VariantQuery& q) const;
   // The registered variant of that name; UnknownVariantError naming the nearest otherwise.
   std::unique_ptr<Cache> create(std::string_view name, const CacheConfig& config) const;
@@ -42,6 +45,7 @@ class Registry {
   std::unique_ptr<Cache> create(const VariantQuery& q, const CacheConfig& config) const;
   // The descriptor such a query would get, built from registered variants of its layout and its model.
   std::optional<VariantDescriptor> synthesize(const VariantQuery& q) const;
+  // The `count` registered names closest to `name` by edit distance, for error messages.
   std::vector<std::string> nearest(std::string_view name, size_t count = 3) const;
 
  private:

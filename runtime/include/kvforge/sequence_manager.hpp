@@ -59,15 +59,20 @@ struct SequenceStats {
 };
 
 // Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
-// offload need through that cache.
+// offload need through that cache. Sequence ids are any int64 the caller chooses; token ids are any
+// int32 (they are hashed and compared, never interpreted). A refused call raises a typed error naming
+// the argument (StateError for an unknown, existing or offloaded sequence; CapacityError when pages run
+// short) and changes nothing: allocation is all or nothing.
 class SequenceManager {
  public:
+  // cache: a paged, non-hybrid cache (else UnsupportedError), which must outlive the manager.
   explicit SequenceManager(Cache& cache, SequenceManagerOptions options = {});
 
   // Starts sequence `seq` with `prompt` (token ids). With prefix caching, the full blocks at the head
   // of the prompt that are cached are shared, at most up to the prompt's last token, which is always
   // left to compute. Returns how many prompt tokens are covered; the rest are new tokens of the
-  // next step.
+  // next step. seq: a new id; prompt: token ids, any length; salt: mixed into every block key (default
+  // options.salt); max_cached: share at most this many tokens (a hybrid cache's groups agree on it).
   int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {},
               int64_t max_cached = INT64_MAX);
   // What add() would cover from the prefix cache, without taking anything.
@@ -76,10 +81,11 @@ class SequenceManager {
   // managers of a hybrid cache's groups.
   int32_t pages_to_add(const std::vector<int32_t>& prompt, int64_t cached) const;
   int32_t pages_to_append(int64_t seq, int64_t tokens) const;
-  // Grows a sequence by tokens (a decode token, or a prefill chunk), allocating pages as it goes, all
-  // or nothing. Writing into a page that a fork shares first copies it (copy-on-write).
+  // Grows a live sequence by tokens (a decode token, or a prefill chunk), allocating pages as it goes,
+  // all or nothing. Writing into a page that a fork shares first copies it (copy-on-write).
   void append(int64_t seq, const std::vector<int32_t>& tokens);
-  // `child` starts as a copy of `parent`, sharing every page (beam search, parallel sampling).
+  // `child` (a new id) starts as a copy of live `parent`, sharing every page (beam search, parallel
+  // sampling).
   void fork(int64_t parent, int64_t child);
   void free(int64_t seq);
   // Moves a sequence's pages to the host tier and frees its device pages; restore() brings them back,
@@ -88,10 +94,10 @@ class SequenceManager {
   void restore(int64_t seq);
 
   // The kernels' view of one step: every new token (added or appended since the last step) of the
-  // given sequences, in order, and their page tables.
+  // given live sequences, in the order given, and their page tables (see BatchMetadata for shapes).
   BatchMetadata step(const std::vector<int64_t>& seqs);
-  // A gather over positions [begin, end) of a sequence, its page list on the cache's device (valid
-  // until the next call of range()).
+  // A gather over positions [begin, end) of a live sequence, 0 <= begin <= end <= length(seq): its
+  // page list as int32 on the cache's device (valid until the next call of range()).
   GatherRange range(int64_t seq, int64_t begin, int64_t end);
 
   bool contains(int64_t seq) const { return sequences_.count(seq) != 0; }
