@@ -70,30 +70,37 @@ constexpr int64_t bytes_per_token(int layers, int heads, int head_dim, DType sto
                                 int64_t(scales_per_token(quant, heads)) * dtype_size(scale));
 }
 
-// The descriptor of a generated variant, from its traits' named constants (see variant.hpp.j2).
-template <class T> constexpr VariantDescriptor describe() {
+// What every generated traits struct states, hybrid or not: names, dtypes, the model's shape and the
+// launch parameters (variant.hpp.j2's `common`).
+template <class T> constexpr VariantDescriptor describe_common() {
   VariantDescriptor d{};
   d.name = T::name;
   d.layout = T::layout;
   d.model = T::model;
   d.storage = dtype_of<typename T::storage_t>::value;
   d.input = dtype_of<typename T::input_t>::value;
-  d.addressing = T::addressing;
-  d.update = T::update;
   d.layers = T::layers;
   d.heads = T::heads;
   d.head_dim = T::head_dim;
+  d.max_seq_len = T::max_seq_len;
+  d.tuning.cpu_parallel_bytes = T::cpu_parallel_bytes;
+  d.tuning.cpu_chunk_items = T::cpu_chunk_items;
+  d.tuning.cuda_block_threads = T::cuda_block_threads;
+  return d;
+}
+
+// The descriptor of a generated variant, from its traits' named constants (see variant.hpp.j2).
+template <class T> constexpr VariantDescriptor describe() {
+  VariantDescriptor d = describe_common<T>();
+  d.addressing = T::addressing;
+  d.update = T::update;
   d.page_size = T::page_size;
   d.window = T::window;
-  d.max_seq_len = T::max_seq_len;
   d.num_axes = int(std::size(T::axes));
   for (int i = 0; i < d.num_axes; ++i) d.axes[i] = T::axes[i];
   d.quant = T::quant;
   d.scale = d.quant == Quant::none ? DType::f32 : dtype_of<typename T::scale_t>::value;
   d.scale_placement = T::scale_placement;
-  d.tuning.cpu_parallel_bytes = T::cpu_parallel_bytes;
-  d.tuning.cpu_chunk_items = T::cpu_chunk_items;
-  d.tuning.cuda_block_threads = T::cuda_block_threads;
   d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale);
   return d;
 }

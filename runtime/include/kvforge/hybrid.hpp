@@ -30,22 +30,10 @@ struct HybridDescriptor {
 // The descriptor of a generated hybrid variant, from its traits (variant.hpp.j2): the model's shape and
 // dtypes, and one member per layer group. A token costs what it costs in every group's member.
 template <class T> constexpr VariantDescriptor describe_hybrid() {
-  VariantDescriptor d{};
-  d.name = T::name;
-  d.layout = T::layout;
-  d.model = T::model;
-  d.storage = dtype_of<typename T::storage_t>::value;
-  d.input = dtype_of<typename T::input_t>::value;
+  VariantDescriptor d = describe_common<T>();
   d.addressing = Addressing::paged;  // every member is paged: a group's window is kept by freeing pages
   d.update = UpdateMode::eager;
-  d.layers = T::layers;
-  d.heads = T::heads;
-  d.head_dim = T::head_dim;
-  d.max_seq_len = T::max_seq_len;
   d.hybrid = &T::hybrid;
-  d.tuning.cpu_parallel_bytes = T::cpu_parallel_bytes;
-  d.tuning.cpu_chunk_items = T::cpu_chunk_items;
-  d.tuning.cuda_block_threads = T::cuda_block_threads;
   for (const LayerGroupInfo& g : T::groups) d.bytes_per_token += g.member->bytes_per_token;
   return d;
 }
