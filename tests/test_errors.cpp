@@ -251,6 +251,33 @@ TEST(Errors, BadConfigurationsAreRefused) {
   }
 }
 
+// A capacity no machine could hold is refused by name before anything is allocated, never wrapped
+// into a small pool by an overflowing size.
+TEST(Errors, AbsurdCapacitiesAreRefusedBeforeAllocating) {
+  int tested = 0;
+  for (const auto& e : registry().variants()) {
+    const VariantDescriptor& d = *e.descriptor;
+    if (d.is_hybrid()) continue;
+    // The pool holds rows x positions (or pages x page_size) tokens of bytes_per_token each.
+    const int64_t tokens_per_unit = d.paged() ? d.page_size : d.addressing == Addressing::ring ? d.window : d.max_seq_len;
+    const int64_t units = d.paged() ? INT32_MAX / d.page_size : INT32_MAX;
+    if (double(units) * double(tokens_per_unit) * double(d.bytes_per_token) < 0x1p50) continue;  // could fit
+    SCOPED_TRACE(d.name);
+    CacheConfig c;
+    c.rows = units;
+    c.pages = units;
+    try {
+      e.create(c);
+      ADD_FAILURE() << "an absurd capacity was accepted";
+    } catch (const OutOfRangeError& err) {
+      EXPECT_EQ(err.argument(), d.paged() ? "config.pages" : "config.rows") << err.what();
+      EXPECT_NE(std::string(err.what()).find("2^48 bytes"), std::string::npos) << err.what();
+    }
+    ++tested;
+  }
+  EXPECT_GT(tested, 0) << "no registered variant is large enough to overflow; nothing was tested";
+}
+
 // Quantized variants refuse bad appends before touching codes or scales, and per-tensor scales are
 // checked before they reach the device.
 TEST(Errors, QuantizedAppendAndScalesRefuseBadArguments) {

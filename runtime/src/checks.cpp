@@ -1,4 +1,5 @@
 // Argument checks shared by every variant; each throws before anything is written.
+#include <algorithm>
 #include <climits>
 #include <string>
 #include <unordered_set>
@@ -6,6 +7,14 @@
 #include "kvforge/cache_impl.hpp"
 
 namespace kvforge::detail {
+
+namespace {
+// The largest pool or staging buffer kvforge creates: far beyond any device, and small enough that no
+// byte offset into it can overflow int64.
+constexpr int64_t kMaxPoolBytes = int64_t(1) << 48;
+// A paged lazy cache's staging when config.max_staged_tokens is 0 (docs/contract.md).
+constexpr int64_t kDefaultPagedStagedTokens = 4096;
+}  // namespace
 
 void check_tuning(const Tuning& t) {
   // The ranges a tuning file may set (vocab.hpp), so that what the spec refuses the runtime refuses too.
@@ -72,7 +81,26 @@ void check_config(const VariantDescriptor& d, const CacheConfig& c) {
       throw OutOfRangeError("config.max_seq_len", c.max_seq_len, 0, 1, -1,
                             "a ring holds exactly its window of " + std::to_string(d.window) + " positions; pass 0");
   }
-  if (c.max_staged_tokens < 0) throw OutOfRangeError("config.max_staged_tokens", c.max_staged_tokens, 0, INT32_MAX);
+  if (c.max_staged_tokens < 0 || c.max_staged_tokens > INT32_MAX)
+    throw OutOfRangeError("config.max_staged_tokens", c.max_staged_tokens, 0, int64_t(INT32_MAX) + 1);
+  // Size before allocating: an absurd capacity is refused by name, never wrapped into a small pool.
+  const bool paged = d.addressing == Addressing::paged;
+  const int64_t tokens_per_unit = paged ? d.page_size
+                                  : d.addressing == Addressing::ring ? d.window
+                                  : c.max_seq_len ? c.max_seq_len : d.max_seq_len;
+  const int64_t unit_bytes = std::max<int64_t>(1, tokens_per_unit * d.bytes_per_token);
+  const int64_t max_units = std::max<int64_t>(1, kMaxPoolBytes / unit_bytes);
+  const int64_t units = paged ? c.pages : c.rows;
+  if (units > max_units)
+    throw OutOfRangeError(paged ? "config.pages" : "config.rows", units, 1, max_units + 1, -1,
+                          "the pool would exceed kvforge's limit of 2^48 bytes");
+  if (d.update == UpdateMode::lazy) {
+    const int64_t token_bytes = int64_t(2) * d.layers * d.heads * d.head_dim * dtype_size(d.input);
+    const int64_t max_staged = kMaxPoolBytes / token_bytes;
+    if (staged_capacity(d, c) > max_staged)
+      throw OutOfRangeError("config.max_staged_tokens", c.max_staged_tokens, 0, max_staged + 1, -1,
+                            "the staging buffers would exceed kvforge's limit of 2^48 bytes");
+  }
 }
 
 Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c) {
@@ -95,9 +123,10 @@ Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c) {
 
 int64_t staged_capacity(const VariantDescriptor& d, const CacheConfig& c) {
   if (c.max_staged_tokens) return c.max_staged_tokens;
-  // A decode step of every row, or for pages one token per slot: a sequence manager's step may carry
-  // prefill chunks up to the whole pool, and a default of one token per row would refuse them.
-  return d.paged() ? c.pages * d.page_size : c.rows;
+  // Contiguous and ring: a decode step of every row. Paged: the pool's slots, up to a cap, since a
+  // sequence manager's step may carry prefill chunks and one token per row would refuse them; the cap
+  // keeps a large pool from doubling its memory in staging (set max_staged_tokens for more).
+  return d.paged() ? std::min<int64_t>(c.pages * d.page_size, kDefaultPagedStagedTokens) : c.rows;
 }
 
 void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count) {

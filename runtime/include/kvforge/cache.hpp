@@ -17,8 +17,8 @@ struct CacheConfig {
   int64_t rows = 1;               // contiguous and ring: sequence rows (the batch capacity), 1..2^31-1
   int64_t max_seq_len = 0;        // contiguous: positions per row, 0..the model's; 0 means the model's
   int64_t pages = 0;              // paged: pages in the pool, 1..(2^31-1) / page_size
-  int64_t max_staged_tokens = 0;  // lazy: tokens one layer may stage between commits; 0 means `rows`
-                                  // (contiguous, ring) or `pages * page_size` (paged)
+  int64_t max_staged_tokens = 0;  // lazy: tokens one layer may stage between commits, 0..2^31-1; 0 means
+                                  // `rows` (contiguous, ring) or min(pages * page_size, 4096) (paged)
   void* stream = nullptr;         // CUDA: the cudaStream_t every operation is queued on (capturable)
 };
 
