@@ -251,6 +251,19 @@ TEST(Errors, BadConfigurationsAreRefused) {
   }
 }
 
+// A negative extent is a shape error, not an empty call.
+TEST(Errors, NegativeShapesAreRefused) {
+  for (const VariantEntry* e : variants_with(Addressing::paged, UpdateMode::eager, std::nullopt)) {
+    SCOPED_TRACE(e->descriptor->name);
+    Fixture f(*e);
+    std::vector<int64_t> slots{0};
+    TensorView k = f.tokens(1, f.k), v = f.tokens(1, f.v);
+    k.shape[0] = v.shape[0] = -1;
+    expect_error<ShapeError>([&] { f.cache->append(0, k, v, TokenTargets::paged(IndexView::of(slots.data(), 1))); }, "k");
+    f.expect_unchanged();
+  }
+}
+
 // A capacity no machine could hold is refused by name before anything is allocated, never wrapped
 // into a small pool by an overflowing size.
 TEST(Errors, AbsurdCapacitiesAreRefusedBeforeAllocating) {

@@ -128,6 +128,30 @@ TEST(MemoryPlan, AllocateAndReserveBeforeAnythingIsAllocated) {
   EXPECT_THROW(plan_memory(*registry().at("jetstream_stacked.tiny.bf16").descriptor, MemoryRequest{}), UnsupportedError);
 }
 
+// A gather range must lie within the sequence: [begin, end) with 0 <= begin <= end <= length.
+TEST(SequenceManager, RangesOutsideTheSequenceAreRefused) {
+  const VariantEntry* e = paged_tiny_variants().at(0);
+  CacheConfig cfg;
+  cfg.pages = 8;
+  auto cache = e->create(cfg);
+  SequenceManager m(*cache);
+  m.add(1, {1, 2, 3});
+  auto argument_of = [&](int64_t begin, int64_t end) -> std::string {
+    try {
+      m.range(1, begin, end);
+    } catch (const OutOfRangeError& err) {
+      return err.argument();
+    }
+    return "";
+  };
+  EXPECT_EQ(argument_of(-1, 2), "begin");
+  EXPECT_EQ(argument_of(4, 4), "begin");
+  EXPECT_EQ(argument_of(2, 1), "end");
+  EXPECT_EQ(argument_of(0, 4), "end");
+  EXPECT_EQ(argument_of(0, 3), "");
+  EXPECT_EQ(argument_of(3, 3), "");
+}
+
 class EveryPagedTinyVariant : public testing::TestWithParam<const VariantEntry*> {};
 
 // `ops` random operations, each checked; every live sequence gathered every 250 and at the end.

@@ -37,6 +37,9 @@ void check_layer(int layer, int layers) {
 void check_tensor(const char* name, const TensorView& t, const std::array<int64_t, 3>& shape, DType dtype,
                   Device device) {
   const std::string n(name);
+  for (int i = 0; i < 3; ++i)
+    if (t.shape[size_t(i)] < 0)
+      throw ShapeError(n, "shape[" + std::to_string(i) + "] = " + std::to_string(t.shape[size_t(i)]) + " is negative");
   if (t.device != device)
     throw DeviceError(n, std::string("is on ") + name_of(t.device) + ", the cache is on " + name_of(device));
   if (t.dtype != dtype)

@@ -350,7 +350,9 @@ BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
 
 GatherRange SequenceManager::range(int64_t seq, int64_t begin, int64_t end) {
   const Sequence& s = live(seq, "seq");
-  if (end > int64_t(s.tokens.size())) throw OutOfRangeError("end", end, begin, int64_t(s.tokens.size()) + 1);
+  const int64_t length = int64_t(s.tokens.size());
+  if (begin < 0 || begin > length) throw OutOfRangeError("begin", begin, 0, length + 1);
+  if (end < begin || end > length) throw OutOfRangeError("end", end, begin, length + 1);
   const int64_t first = int64_t(s.dropped) * page_size();
   if (begin < first && end > begin)
     throw OutOfRangeError("begin", begin, first, end + 1, -1,
