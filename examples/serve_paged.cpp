@@ -116,7 +116,9 @@ int main(int argc, char** argv) {
     engine.step({1});
     engine.add(2, b);  // shares the system prompt's full pages with request 1
     engine.step({2});
-    for (int t = 0; t < P + 5; ++t) {
+    // Decode until request 2 ends inside a page (where pages hold more than one token), so that the fork
+    // below shares a partial page and its first write copies it.
+    for (int t = 0; t < P + 5 || (P > 1 && engine.manager().length(2) % P == 0); ++t) {
       engine.decode(1, 20 + t);
       engine.decode(2, 40 + t);
       engine.step({1, 2});
@@ -139,9 +141,18 @@ int main(int argc, char** argv) {
                 (long long)s.offloaded_pages, (long long)s.restored_pages);
     std::printf("memory utilization %.1f%% (live-token bytes / bytes of pages held)\n", 100 * engine.manager().utilization());
     engine.manager().check_invariants();
-    const double allowed = e.descriptor->quantized() ? 8.5 / 127 + 0.07 : 0.0;
+    // The documented bound (docs/quantization.md) at this model's largest |value|, 8.5: half an int8 scale
+    // step, or half the fp8 grid spacing (relative 2^-4 for e4m3, 2^-3 for e5m2), plus the input dtype's
+    // rounding of the result.
+    const DType storage = e.descriptor->storage;
+    const double allowed = !e.descriptor->quantized() ? 0.0
+                           : storage == DType::i8     ? 8.5 / 127 + 0.07
+                           : storage == DType::f8e4m3 ? 8.5 / 16 + 0.07
+                                                      : 8.5 / 8 + 0.07;
     std::printf("%s: largest error %.4g (allowed %.4g): %s\n", name.c_str(), worst, allowed, worst <= allowed ? "ok" : "FAIL");
-    return worst <= allowed && s.prefix_hits > 0 && s.copies_on_write > 0 ? 0 : 1;
+    // One-token pages are always full, so a fork shares only full pages and never copies one.
+    const bool cow_expected = P > 1;
+    return worst <= allowed && s.prefix_hits > 0 && (s.copies_on_write > 0 || !cow_expected) ? 0 : 1;
   } catch (const Error& err) {
     std::fprintf(stderr, "kvforge_example_serve: %s\n", err.what());
     return 1;
