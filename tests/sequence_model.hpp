@@ -54,6 +54,7 @@ class SequenceModel {
       : d_(*e.descriptor), arena_(Device::cpu), window_(window) {
     CacheConfig cfg;
     cfg.pages = pages;
+    cfg.max_staged_tokens = pages * e.descriptor->page_size;  // lazy: one step may fill every slot
     cache_ = e.create(cfg);
     SequenceManagerOptions o;
     o.prefix_caching = prefix_caching;
