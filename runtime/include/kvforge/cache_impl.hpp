@@ -8,6 +8,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvforge/backend.hpp"
@@ -30,17 +31,21 @@ template <class Traits> class TypedCache final : public Cache {
   using input_t = typename Traits::input_t;
   using scale_t = typename Traits::scale_t;
   static constexpr Quant quant = Traits::quant;
-  static constexpr int layers = Traits::layers;
-  static constexpr int heads = Traits::heads;
-  static constexpr int head_dim = Traits::head_dim;
-  static constexpr int page_size = Traits::page_size;
-  static constexpr int window = Traits::window;
   static constexpr Addressing addressing = Traits::addressing;
   static constexpr bool lazy = Traits::update == UpdateMode::lazy;
+  static constexpr bool runtime_sized = detail::has_runtime_extents<Traits>::value;
 
-  explicit TypedCache(const CacheConfig& config);
+  // Generated traits carry everything as constants; runtime-sized traits (runtime_traits.hpp) are
+  // passed in with their descriptor and sizes.
+  explicit TypedCache(const CacheConfig& config, Traits traits = {});
 
-  const VariantDescriptor& descriptor() const override { return descriptor_of<Traits>; }
+  const VariantDescriptor& descriptor() const override { return desc(); }
+  // Sizes: compile-time constants for generated traits (desc() is then a constexpr object).
+  int layers() const { return desc().layers; }
+  int heads() const { return desc().heads; }
+  int head_dim() const { return desc().head_dim; }
+  int page_size() const { return desc().page_size; }
+  int window() const { return desc().window; }
   const CacheConfig& config() const override { return config_; }
   const Geometry& geometry() const override { return geometry_; }
 
@@ -48,9 +53,9 @@ template <class Traits> class TypedCache final : public Cache {
   // Typed convenience: k and v are [tokens, heads, head_dim] contiguous on the cache's device.
   void append(int layer, const input_t* k, const input_t* v, int64_t tokens, const TokenTargets& targets) {
     append(layer, TensorView::contiguous(const_cast<input_t*>(k), dtype_of<input_t>::value, config_.device, tokens,
-                                         heads, head_dim),
-           TensorView::contiguous(const_cast<input_t*>(v), dtype_of<input_t>::value, config_.device, tokens, heads,
-                                  head_dim),
+                                         heads(), head_dim()),
+           TensorView::contiguous(const_cast<input_t*>(v), dtype_of<input_t>::value, config_.device, tokens, heads(),
+                                  head_dim()),
            targets);
   }
   void commit() override;
@@ -76,6 +81,14 @@ template <class Traits> class TypedCache final : public Cache {
   const void* scale_storage() const override { return scales_.data(); }
 
  private:
+  const VariantDescriptor& desc() const {
+    if constexpr (runtime_sized) {
+      return traits_.descriptor();
+    } else {
+      return descriptor_of<Traits>;
+    }
+  }
+  detail::Extents extents() const { return {heads(), head_dim(), page_size(), window()}; }
   bool on_cpu() const { return config_.device == Device::cpu; }
   detail::Launch launch() const { return detail::Launch{config_.stream, tuning_}; }
   void check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
@@ -85,9 +98,10 @@ template <class Traits> class TypedCache final : public Cache {
   detail::DeviceStatus* status() const { return status_.as<detail::DeviceStatus>(); }
   detail::ScaleRef scale_ref() const;
 
+  Traits traits_;  // empty for generated traits
   CacheConfig config_;
   const detail::OpTable<Traits>* ops_;  // the operations of the config's device
-  Tuning tuning_ = descriptor_of<Traits>.tuning;
+  Tuning tuning_ = desc().tuning;
   Capacity capacity_;
   Geometry geometry_;
   Backend* backend_;
@@ -105,8 +119,8 @@ template <class Traits> class TypedCache final : public Cache {
 
 
 template <class Traits>
-TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
-  const VariantDescriptor& d = descriptor_of<Traits>;
+TypedCache<Traits>::TypedCache(const CacheConfig& config, Traits traits) : traits_(std::move(traits)), config_(config) {
+  const VariantDescriptor& d = desc();
   detail::check_config(d, config_);
   ops_ = Traits::op_tables()[size_t(config_.device)];
   if (!ops_)
@@ -128,10 +142,10 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
   if (!d.paged()) row_length_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
   status_ = Buffer(*backend_, sizeof(detail::DeviceStatus));
   if constexpr (lazy) {
-    staged_capacity_ = detail::staged_capacity(descriptor_of<Traits>, config_);
-    const int64_t tokens = int64_t(layers) * staged_capacity_;
-    stage_k_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));
-    stage_v_ = Buffer(*backend_, tokens * heads * head_dim * int64_t(sizeof(input_t)));
+    staged_capacity_ = detail::staged_capacity(desc(), config_);
+    const int64_t tokens = int64_t(layers()) * staged_capacity_;
+    stage_k_ = Buffer(*backend_, tokens * heads() * head_dim() * int64_t(sizeof(input_t)));
+    stage_v_ = Buffer(*backend_, tokens * heads() * head_dim() * int64_t(sizeof(input_t)));
     if (d.paged()) {
       stage_slots_ = Buffer(*backend_, tokens * int64_t(sizeof(int64_t)));
       backend_->fill(stage_slots_.data(), 0xff, stage_slots_.bytes(), config_.stream);
@@ -141,7 +155,7 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config) : config_(config) {
       backend_->fill(stage_rows_.data(), 0xff, stage_rows_.bytes(), config_.stream);
       backend_->fill(stage_positions_.data(), 0xff, stage_positions_.bytes(), config_.stream);
     }
-    staged_.assign(layers, 0);
+    staged_.assign(layers(), 0);
   }
 }
 
@@ -153,24 +167,24 @@ void TypedCache<Traits>::check_indices(const IndexView& v, int64_t count, int64_
 }
 
 template <class Traits> detail::ScaleRef TypedCache<Traits>::scale_ref() const {
-  void* base = descriptor_of<Traits>.scales_in_page()
+  void* base = desc().scales_in_page()
                    ? static_cast<void*>(static_cast<char*>(const_cast<void*>(pool_.data())) + geometry_.scale_offset_bytes)
                    : const_cast<void*>(scales_.data());
   return {base, geometry_.scale_strides};
 }
 
 template <class Traits> void TypedCache<Traits>::check_row(int64_t row) const {
-  if (descriptor_of<Traits>.paged())
-    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": paged layouts have no rows");
+  if (desc().paged())
+    throw UnsupportedError(std::string(desc().name) + ": paged layouts have no rows");
   if (row < 0 || row >= capacity_.rows) throw OutOfRangeError("row", row, 0, capacity_.rows);
 }
 
 template <class Traits>
 void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) {
-  detail::check_layer(layer, layers);
+  detail::check_layer(layer, layers());
   const int64_t tokens = k.shape[0];
-  detail::check_tensor("k", k, {tokens, heads, head_dim}, dtype_of<input_t>::value, config_.device);
-  detail::check_tensor("v", v, {tokens, heads, head_dim}, dtype_of<input_t>::value, config_.device);
+  detail::check_tensor("k", k, {tokens, heads(), head_dim()}, dtype_of<input_t>::value, config_.device);
+  detail::check_tensor("v", v, {tokens, heads(), head_dim()}, dtype_of<input_t>::value, config_.device);
   if constexpr (addressing == Addressing::paged) {
     detail::check_index_view("targets.slots", targets.slots, DType::i64, tokens, config_.device, tokens);
   } else {
@@ -186,7 +200,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
   }
   if (tokens == 0) return;
   if constexpr (addressing == Addressing::paged) {
-    check_indices(targets.slots, tokens, 0, capacity_.pages * page_size, true, detail::kCheckSlots);
+    check_indices(targets.slots, tokens, 0, capacity_.pages * page_size(), true, detail::kCheckSlots);
   } else {
     check_indices(targets.rows, tokens, 0, capacity_.rows, true, detail::kCheckRows);
     const int64_t max_position = addressing == Addressing::ring ? INT64_MAX : capacity_.positions;
@@ -195,10 +209,11 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
 
   if constexpr (lazy) {
     const int64_t first = int64_t(layer) * staged_capacity_ + staged_[layer];
-    const int64_t row_elems = int64_t(heads) * head_dim;
+    const int64_t row_elems = int64_t(heads()) * head_dim();
     detail::StageArgs<input_t> s{detail::rows3<const input_t>(k), detail::rows3<const input_t>(v),
                                  stage_k_.as<input_t>() + first * row_elems,
                                  stage_v_.as<input_t>() + first * row_elems, tokens, status()};
+    s.ext = extents();
     ops_->stage(launch(), s);
     if constexpr (addressing == Addressing::paged) {
       backend_->copy(stage_slots_.as<int64_t>() + first, targets.slots.data, tokens * int64_t(sizeof(int64_t)),
@@ -226,6 +241,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
                                            1,
                                            row_length_.as<int32_t>(),
                                            status()};
+    a.ext = extents();
     ops_->write(launch(), a);
   }
 }
@@ -234,12 +250,12 @@ template <class Traits> void TypedCache<Traits>::commit() {
   if constexpr (lazy) {
     // Unstaged entries hold target -1 and are skipped, so one launch covers every layer whatever
     // each staged, and the launch shape never changes between steps (graph replay stays valid).
-    const int64_t row_elems = int64_t(heads) * head_dim;
+    const int64_t row_elems = int64_t(heads()) * head_dim();
     detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),
                                            geometry_.strides,
                                            scale_ref(),
-                                           {stage_k_.as<const input_t>(), row_elems, head_dim},
-                                           {stage_v_.as<const input_t>(), row_elems, head_dim},
+                                           {stage_k_.as<const input_t>(), row_elems, head_dim()},
+                                           {stage_v_.as<const input_t>(), row_elems, head_dim()},
                                            staged_capacity_ * row_elems,
                                            stage_rows_.as<const int32_t>(),
                                            stage_positions_.as<const int32_t>(),
@@ -247,9 +263,10 @@ template <class Traits> void TypedCache<Traits>::commit() {
                                            staged_capacity_,
                                            staged_capacity_,
                                            0,
-                                           layers,
+                                           layers(),
                                            row_length_.as<int32_t>(),
                                            status()};
+    a.ext = extents();
     ops_->write(launch(), a);
     for (Buffer* b : {&stage_rows_, &stage_positions_, &stage_slots_})
       if (b->data()) backend_->fill(b->data(), 0xff, b->bytes(), config_.stream);
@@ -260,19 +277,19 @@ template <class Traits> void TypedCache<Traits>::commit() {
 template <class Traits>
 void TypedCache<Traits>::gather(int layer, const GatherRange& range, const TensorView& k_out,
                                 const TensorView& v_out) {
-  detail::check_layer(layer, layers);
+  detail::check_layer(layer, layers());
   if (range.begin < 0) throw OutOfRangeError("range.begin", range.begin, 0, INT64_MAX);
   if (range.end < range.begin) throw OutOfRangeError("range.end", range.end, range.begin, INT64_MAX);
   const int64_t count = range.end - range.begin;
-  detail::check_tensor("k_out", k_out, {heads, count, head_dim}, dtype_of<input_t>::value, config_.device);
-  detail::check_tensor("v_out", v_out, {heads, count, head_dim}, dtype_of<input_t>::value, config_.device);
+  detail::check_tensor("k_out", k_out, {heads(), count, head_dim()}, dtype_of<input_t>::value, config_.device);
+  detail::check_tensor("v_out", v_out, {heads(), count, head_dim()}, dtype_of<input_t>::value, config_.device);
   if constexpr (addressing == Addressing::paged) {
-    const int64_t pages_needed = (range.end + page_size - 1) / page_size;
+    const int64_t pages_needed = (range.end + page_size() - 1) / page_size();
     detail::check_index_view("range.pages", range.pages, DType::i32, pages_needed, config_.device);
     if (count > 0) {
       // Only the pages the range touches must be valid: a sliding-window sequence's earlier entries
       // are -1 once their pages are freed.
-      const int64_t first = range.begin / page_size;
+      const int64_t first = range.begin / page_size();
       IndexView touched = range.pages;
       touched.data = static_cast<const int32_t*>(range.pages.data) + first;
       touched.size = pages_needed - first;
@@ -282,14 +299,14 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
     check_row(range.row);
     if constexpr (addressing == Addressing::ring) {
       const int64_t length = row_length(range.row);
-      const int64_t oldest = std::max<int64_t>(0, length - window);
+      const int64_t oldest = std::max<int64_t>(0, length - window());
       if (range.end > length)
         throw OutOfRangeError("range.end", range.end, range.begin, length + 1, -1,
                               "row " + std::to_string(range.row) + " holds positions below " + std::to_string(length));
       if (count > 0 && range.begin < oldest)
         throw OutOfRangeError("range.begin", range.begin, oldest, length, -1,
                               "positions before " + std::to_string(oldest) + " have left the ring's window of " +
-                                  std::to_string(window));
+                                  std::to_string(window()));
     } else {
       if (range.end > capacity_.positions)
         throw OutOfRangeError("range.end", range.end, range.begin, capacity_.positions + 1, -1,
@@ -308,6 +325,7 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
                                           range.begin,
                                           count,
                                           status()};
+  a.ext = extents();
   ops_->gather(launch(), a);
 }
 
@@ -320,21 +338,22 @@ template <class Traits> void TypedCache<Traits>::reset() {
 template <class Traits> void TypedCache<Traits>::reset_row(int64_t row) {
   check_row(row);
   detail::ZeroRowArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(), row, capacity_.positions,
-                                  layers};
+                                  layers()};
+  a.ext = extents();
   ops_->zero_row(launch(), a);
   backend_->fill(row_length_.as<int32_t>() + row, 0, sizeof(int32_t), config_.stream);
 }
 
 template <class Traits> void TypedCache<Traits>::reorder(const IndexView& beam) {
-  if (descriptor_of<Traits>.paged())
-    throw UnsupportedError(std::string(descriptor_of<Traits>.name) +
+  if (desc().paged())
+    throw UnsupportedError(std::string(desc().name) +
                            ": reorder is for contiguous and ring layouts; paged layouts fork by copy_blocks");
   detail::check_index_view("beam", beam, DType::i32, capacity_.rows, config_.device, capacity_.rows);
   check_indices(beam, capacity_.rows, 0, capacity_.rows, false, detail::kCheckBeam);
-  const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads * head_dim;
+  const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads() * head_dim();
   if (!reorder_scratch_.data()) {
     reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
-    constexpr int per_token = scales_per_token(quant, heads);
+    const int per_token = scales_per_token(quant, heads());
     if (per_token > 0)
       scale_scratch_ = Buffer(*backend_, capacity_.rows * 2 * capacity_.positions * per_token *
                                              int64_t(sizeof(scale_t)));
@@ -352,16 +371,18 @@ template <class Traits> void TypedCache<Traits>::reorder(const IndexView& beam) 
                                   row_length_.as<int32_t>(),
                                   length_scratch_.as<int32_t>(),
                                   status()};
-  for (int layer = 0; layer < layers; ++layer) {
+  for (int layer = 0; layer < layers(); ++layer) {
     a.layer = layer;
+    a.ext = extents();
     ops_->reorder_layer(launch(), a);
   }
+  a.ext = extents();
   ops_->reorder_lengths(launch(), a);
 }
 
 template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pairs) {
-  if (!descriptor_of<Traits>.paged())
-    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": copy_blocks is for paged layouts");
+  if (!desc().paged())
+    throw UnsupportedError(std::string(desc().name) + ": copy_blocks is for paged layouts");
   if (pairs.size % 2 != 0)
     throw ShapeError("pairs", "holds (src, dst) pairs, so its size must be even, got " + std::to_string(pairs.size));
   detail::check_index_view("pairs", pairs, DType::i32, pairs.size, config_.device);
@@ -369,24 +390,26 @@ template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pa
   check_indices(pairs, pairs.size, 0, capacity_.pages, false, detail::kCheckBlockPairs);
   if (on_cpu()) detail::check_pairs_disjoint_on_host(static_cast<const int32_t*>(pairs.data), pairs.size / 2);
   detail::CopyPagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
-                                    static_cast<const int32_t*>(pairs.data), pairs.size / 2, layers, status()};
+                                    static_cast<const int32_t*>(pairs.data), pairs.size / 2, layers(), status()};
+  a.ext = extents();
   ops_->copy_pages(launch(), a);
 }
 
 template <class Traits> int64_t TypedCache<Traits>::packed_page_bytes() const {
-  return descriptor_of<Traits>.paged() ? detail::packed_page_bytes<Traits>(layers) : 0;
+  return desc().paged() ? detail::packed_page_bytes(desc()) : 0;
 }
 
 template <class Traits> void TypedCache<Traits>::move_pages(const IndexView& pages, void* packed, bool to_packed) {
-  if (!descriptor_of<Traits>.paged())
-    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": pack_pages and unpack_pages are for paged layouts");
+  if (!desc().paged())
+    throw UnsupportedError(std::string(desc().name) + ": pack_pages and unpack_pages are for paged layouts");
   detail::check_index_view("pages", pages, DType::i32, pages.size, config_.device);
   if (pages.size == 0) return;
   if (!packed) throw ArgumentError("packed", "data is null");
   check_indices(pages, pages.size, 0, capacity_.pages, false, detail::kCheckPageList);
   detail::MovePagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
-                                    static_cast<const int32_t*>(pages.data), pages.size, layers,
+                                    static_cast<const int32_t*>(pages.data), pages.size, layers(),
                                     static_cast<unsigned char*>(packed), packed_page_bytes(), to_packed, status()};
+  a.ext = extents();
   ops_->move_pages(launch(), a);
 }
 
@@ -399,7 +422,7 @@ template <class Traits> void TypedCache<Traits>::unpack_pages(const void* packed
 }
 
 template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
-  detail::check_layer(layer, layers);
+  detail::check_layer(layer, layers());
   const storage_t* base = pool_.as<const storage_t>() + geometry_.strides.layer * layer;
   LayerView v;
   v.k = base;
@@ -416,10 +439,10 @@ template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
     v.scale_strides = r.s;
   }
   v.strides = geometry_.strides;
-  v.rows_or_pages = descriptor_of<Traits>.paged() ? capacity_.pages : capacity_.rows;
-  v.seq_or_slots = descriptor_of<Traits>.paged() ? page_size : capacity_.positions;
-  v.heads = heads;
-  v.head_dim = head_dim;
+  v.rows_or_pages = desc().paged() ? capacity_.pages : capacity_.rows;
+  v.seq_or_slots = desc().paged() ? page_size() : capacity_.positions;
+  v.heads = heads();
+  v.head_dim = head_dim();
   return v;
 }
 
@@ -428,10 +451,10 @@ template <class Traits> void TypedCache<Traits>::set_tensor_scale(int layer, flo
     (void)layer;
     (void)k_scale;
     (void)v_scale;
-    throw UnsupportedError(std::string(descriptor_of<Traits>.name) + ": set_tensor_scale is for per_tensor quantized "
+    throw UnsupportedError(std::string(desc().name) + ": set_tensor_scale is for per_tensor quantized "
                            "layouts; this one is " + name_of(quant));
   } else {
-    detail::check_layer(layer, layers);
+    detail::check_layer(layer, layers());
     const float given[2] = {k_scale, v_scale};
     const char* names[2] = {"k_scale", "v_scale"};
     for (int kv = 0; kv < 2; ++kv)
@@ -466,7 +489,7 @@ template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
   MemoryReport m;
   m.storage_bytes = pool_.bytes() + scales_.bytes();
   m.scale_bytes = scales_.bytes();
-  if (descriptor_of<Traits>.scales_in_page())
+  if (desc().scales_in_page())
     m.scale_bytes += pool_.bytes() / geometry_.page_block_bytes * (geometry_.page_block_bytes - geometry_.scale_offset_bytes);
   m.staging_bytes = stage_k_.bytes() + stage_v_.bytes() + stage_rows_.bytes() + stage_positions_.bytes() +
                     stage_slots_.bytes();

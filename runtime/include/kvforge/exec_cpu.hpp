@@ -36,24 +36,28 @@ struct CpuExec {
   static constexpr int row_begin(int /*lane*/) { return 0; }
   static constexpr int row_step(int /*lanes*/) { return 1; }
 
-  template <int D, class Dst, class Src> static KVF_INLINE void copy_row(Dst* dst, const Src* src) {
+  // Sizes come as Fixed<N> (generated variants: constant loop bounds and memcpy sizes) or as int
+  // (runtime-sized traits): one body serves both.
+  template <class DExt, class Dst, class Src> static KVF_INLINE void copy_row(Dst* dst, const Src* src, DExt d) {
     if constexpr (std::is_same_v<Dst, Src>) {
-      std::memcpy(dst, src, D * sizeof(Dst));
+      std::memcpy(dst, src, size_t(int(d)) * sizeof(Dst));
     } else {
-      for (int i = 0; i < D; ++i) dst[i] = convert<Dst>(src[i]);
+      for (int i = 0; i < int(d); ++i) dst[i] = convert<Dst>(src[i]);
     }
   }
 
-  // All H heads of one item, each a row of D elements, converting types where they differ.
-  template <int H, int D, class Dst, class Src>
-  static KVF_INLINE void copy_heads(Dst* dst, int64_t dst_head_stride, const Src* src, int64_t src_head_stride,
-                                    int /*lane*/, int /*lanes*/) {
-    for (int h = 0; h < H; ++h) copy_row<D>(dst + h * dst_head_stride, src + h * src_head_stride);
+  // All heads of one item, each a row of head_dim elements, converting types where they differ.
+  template <class HExt, class DExt, class Dst, class Src>
+  static KVF_INLINE void copy_heads(Dst* dst, int64_t dst_head_stride, const Src* src, int64_t src_head_stride, HExt heads,
+                                    DExt head_dim, int /*lane*/, int /*lanes*/) {
+    for (int h = 0; h < int(heads); ++h) copy_row(dst + h * dst_head_stride, src + h * src_head_stride, head_dim);
   }
 
-  template <int H, int D, class Dst>
-  static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, int /*lane*/, int /*lanes*/) {
-    for (int h = 0; h < H; ++h) std::memset(static_cast<void*>(dst + h * dst_head_stride), 0, D * sizeof(Dst));
+  template <class HExt, class DExt, class Dst>
+  static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, HExt heads, DExt head_dim, int /*lane*/,
+                                    int /*lanes*/) {
+    for (int h = 0; h < int(heads); ++h)
+      std::memset(static_cast<void*>(dst + h * dst_head_stride), 0, size_t(int(head_dim)) * sizeof(Dst));
   }
 
   static void atomic_max(int32_t* target, int32_t value) {

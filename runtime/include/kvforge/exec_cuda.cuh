@@ -53,35 +53,39 @@ struct CudaExec {
   KVF_HD static constexpr int row_begin(int lane) { return lane; }
   KVF_HD static constexpr int row_step(int lanes) { return lanes; }
 
-  // One head's row of D elements: 16-byte vectors where types match and both ends are aligned.
-  template <int D, class Dst, class Src>
-  KVF_HD static KVF_INLINE void copy_row(Dst* dst, const Src* src, int lane, int lanes) {
-    if constexpr (std::is_same_v<Dst, Src> && (D * sizeof(Dst)) % 16 == 0) {
-      if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
-        constexpr int V = int(D * sizeof(Dst) / 16);
-        for (int i = lane; i < V; i += lanes) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  // One head's row: 16-byte vectors where types match and both ends are aligned. Sizes come as
+  // Fixed<N> (generated variants: the branches fold away) or as int.
+  template <class DExt, class Dst, class Src>
+  KVF_HD static KVF_INLINE void copy_row(Dst* dst, const Src* src, DExt d, int lane, int lanes) {
+    if constexpr (std::is_same_v<Dst, Src>) {
+      if ((int(d) * sizeof(Dst)) % 16 == 0 && ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
+        const int vectors = int(int(d) * sizeof(Dst) / 16);
+        for (int i = lane; i < vectors; i += lanes) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
         return;
       }
     }
-    for (int i = lane; i < D; i += lanes) dst[i] = convert<Dst>(src[i]);
+    for (int i = lane; i < int(d); i += lanes) dst[i] = convert<Dst>(src[i]);
   }
 
-  // All H heads of one item: the item's lanes are spread over (head, part of row).
-  template <int H, int D, class Dst, class Src>
+  // All heads of one item: the item's lanes are spread over (head, part of row).
+  template <class HExt, class DExt, class Dst, class Src>
   KVF_HD static KVF_INLINE void copy_heads(Dst* dst, int64_t dst_head_stride, const Src* src, int64_t src_head_stride,
-                                           int lane, int lanes) {
+                                           HExt heads, DExt head_dim, int lane, int lanes) {
+    const int H = int(heads);
     if (lanes >= H && lanes % H == 0) {
       const int per_head = lanes / H;
       const int h = lane / per_head;
-      copy_row<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane % per_head, per_head);
+      copy_row(dst + h * dst_head_stride, src + h * src_head_stride, head_dim, lane % per_head, per_head);
       return;
     }
-    for (int h = 0; h < H; ++h) copy_row<D>(dst + h * dst_head_stride, src + h * src_head_stride, lane, lanes);
+    for (int h = 0; h < H; ++h) copy_row(dst + h * dst_head_stride, src + h * src_head_stride, head_dim, lane, lanes);
   }
 
-  template <int H, int D, class Dst>
-  KVF_HD static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, int lane, int lanes) {
-    for (int j = lane; j < H * D; j += lanes) dst[(j / D) * dst_head_stride + j % D] = Dst{};
+  template <class HExt, class DExt, class Dst>
+  KVF_HD static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, HExt heads, DExt head_dim, int lane,
+                                           int lanes) {
+    const int D = int(head_dim);
+    for (int j = lane; j < int(heads) * D; j += lanes) dst[(j / D) * dst_head_stride + j % D] = Dst{};
   }
 
   KVF_HD static void atomic_max(int32_t* target, int32_t value) {

@@ -1,7 +1,9 @@
-// The generic path: one implementation that serves any eager float layout from its descriptor alone,
+// The generic path: serves any eager float layout from its descriptor alone,
 // with every dimension and stride a run-time value. It is the baseline the benchmark measures
 // generated variants against, and the registry's fallback for a layout x model x dtype that was not
-// generated (it says so on stderr). CPU only; quantized, lazy and hybrid layouts need codegen.
+// generated (descriptor().generic says so). It is TypedCache over runtime-sized traits, so it shares
+// every check, message and kernel with generated variants. CPU only; quantized, lazy and hybrid
+// layouts need codegen.
 #pragma once
 
 #include <memory>

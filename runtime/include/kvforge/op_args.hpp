@@ -8,6 +8,15 @@
 
 namespace kvforge::detail {
 
+// The sizes a kernel loops over. Generated variants fix them at compile time, and their ops never read
+// this; runtime-sized traits (the generic path) pass them here.
+struct Extents {
+  int heads = 0;
+  int head_dim = 0;
+  int page_size = 0;  // paged only
+  int window = 0;     // ring only
+};
+
 // One rank-3 input or output as the kernels address it: element strides for token and head.
 template <class T> struct Rows3 {
   T* data;
@@ -38,6 +47,7 @@ template <class Store, class In> struct WriteArgs {
   int num_layers;
   int32_t* row_length;
   const DeviceStatus* status;
+  Extents ext = {};  // read by runtime-sized traits only
 };
 
 template <class In> struct StageArgs {
@@ -46,6 +56,7 @@ template <class In> struct StageArgs {
   In* v_stage;
   int64_t tokens;
   const DeviceStatus* status;
+  Extents ext = {};  // read by runtime-sized traits only
 };
 
 template <class Store, class In> struct GatherArgs {
@@ -59,6 +70,7 @@ template <class Store, class In> struct GatherArgs {
   int64_t begin;
   int64_t count;
   const DeviceStatus* status;
+  Extents ext = {};  // read by runtime-sized traits only
 };
 
 // Zero positions [0, extent) of one row in every layer: reset_row.
@@ -69,6 +81,7 @@ template <class Store> struct ZeroRowArgs {
   int64_t row;
   int64_t positions;
   int layers;
+  Extents ext = {};  // read by runtime-sized traits only
 };
 
 // Reorder, per layer: pack selected rows to scratch [rows, 2, positions, heads, dim], then unpack.
@@ -86,6 +99,7 @@ template <class Store> struct ReorderArgs {
   int32_t* row_length;
   int32_t* length_scratch;
   const DeviceStatus* status;
+  Extents ext = {};  // read by runtime-sized traits only
 };
 
 template <class Store> struct CopyPagesArgs {
@@ -96,6 +110,7 @@ template <class Store> struct CopyPagesArgs {
   int64_t count;
   int layers;
   const DeviceStatus* status;
+  Extents ext = {};  // read by runtime-sized traits only
 };
 
 // Pages of every layer to or from a packed buffer (offload and restore). Packed page i holds codes
@@ -111,6 +126,7 @@ template <class Store> struct MovePagesArgs {
   int64_t packed_page_bytes;
   bool to_packed;
   const DeviceStatus* status;
+  Extents ext = {};  // read by runtime-sized traits only
 };
 
 // Bounds check of an index array: every value in [lo, hi), or -1 where padding is allowed.

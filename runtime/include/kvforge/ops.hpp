@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kvforge/config.hpp"
 #include "kvforge/dtype.hpp"
@@ -30,10 +31,10 @@ template <class Store, int H, int D> constexpr int item_lanes() {
 }
 
 // Bytes one page of every layer takes when packed for offload: codes, then their dynamic scales.
-template <class Traits> constexpr int64_t packed_page_bytes(int layers) {
-  return int64_t(layers) * 2 * Traits::page_size *
-         (int64_t(Traits::heads) * Traits::head_dim * sizeof(typename Traits::storage_t) +
-          scales_per_token(Traits::quant, Traits::heads) * sizeof(typename Traits::scale_t));
+inline int64_t packed_page_bytes(const VariantDescriptor& d) {
+  return int64_t(d.layers) * 2 * d.page_size *
+         (int64_t(d.heads) * d.head_dim * dtype_size(d.storage) +
+          int64_t(scales_per_token(d.quant, d.heads)) * dtype_size(d.scale));
 }
 
 // Lanes of a quantizing CUDA item: one logical warp (a power of two up to 32) sweeps each head's row
@@ -66,21 +67,60 @@ KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int la
   for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
 }
 
+// A size fixed at compile time, usable wherever a run-time int is: loops over it have constant bounds.
+template <int N> struct Fixed {
+  static constexpr int value = N;
+  KVF_HD constexpr operator int() const { return N; }
+};
+
+// Traits whose sizes are given at run time (the generic path, runtime_traits.hpp) say so with
+// `runtime_extents = true`; generated traits fix them as constants. CuTe's idea: one layout type,
+// each extent static or dynamic.
+template <class T, class = void> struct has_runtime_extents : std::false_type {};
+template <class T>
+struct has_runtime_extents<T, std::void_t<decltype(T::runtime_extents)>> : std::bool_constant<T::runtime_extents> {};
+
+template <class Traits> constexpr Extents fixed_extents() {
+  if constexpr (has_runtime_extents<Traits>::value) {
+    return Extents{};
+  } else {
+    return Extents{Traits::heads, Traits::head_dim, Traits::page_size, Traits::window};
+  }
+}
+
 template <class Traits, class Exec> struct Ops {
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
-  static constexpr int H = Traits::heads;
-  static constexpr int D = Traits::head_dim;
-  static constexpr int P = Traits::page_size;
-  static constexpr int W = Traits::window;
+  static constexpr bool kRuntime = has_runtime_extents<Traits>::value;
+  // The compile-time sizes (0 for runtime-sized traits, which read Extents instead).
+  static constexpr int H = fixed_extents<Traits>().heads;
+  static constexpr int D = fixed_extents<Traits>().head_dim;
+  static constexpr int P = fixed_extents<Traits>().page_size;
+  static constexpr int W = fixed_extents<Traits>().window;
   static constexpr Addressing kAddressing = Traits::addressing;
   using Scale = typename Traits::scale_t;
   static constexpr Quant kQuant = Traits::quant;
   static constexpr bool kQuantized = kQuant != Quant::none;
+  static_assert(!(kRuntime && kQuantized), "runtime-sized traits store floats; quantizing needs a generated variant");
   // Dynamic scales one token holds per K or V.
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H);
-  static constexpr int kLanes = kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
-  static constexpr int64_t kItemBytes = int64_t(H) * D * sizeof(Store);
+  // Runtime-sized traits run on the CPU, where an item is one lane.
+  static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
+
+  // The sizes an op loops over: Fixed constants for generated traits, the args' Extents otherwise.
+  KVF_HD static KVF_INLINE auto heads(const Extents& e) {
+    if constexpr (kRuntime) return e.heads; else return Fixed<H>{};
+  }
+  KVF_HD static KVF_INLINE auto head_dim(const Extents& e) {
+    if constexpr (kRuntime) return e.head_dim; else return Fixed<D>{};
+  }
+  KVF_HD static KVF_INLINE auto page_size(const Extents& e) {
+    if constexpr (kRuntime) return e.page_size; else return Fixed<P>{};
+  }
+  KVF_HD static KVF_INLINE auto window(const Extents& e) {
+    if constexpr (kRuntime) return e.window; else return Fixed<W>{};
+  }
+  static int64_t item_bytes(const Extents& e) { return int64_t(int(heads(e))) * int(head_dim(e)) * int64_t(sizeof(Store)); }
 
   KVF_HD static KVF_INLINE Scale* scale_at(const ScaleRef& r, int64_t layer, int64_t kv, int64_t unit, int64_t slot) {
     return static_cast<Scale*>(r.base) + element_offset(r.s, layer, kv, unit, slot);
@@ -120,15 +160,16 @@ template <class Traits, class Exec> struct Ops {
   }
 
   // Where position `pos` of a sequence lives: (row or page, seq index or slot).
-  KVF_HD static KVF_INLINE void locate_position(int64_t row, const int32_t* pages, int64_t pos, int64_t& unit,
-                                                int64_t& slot) {
+  KVF_HD static KVF_INLINE void locate_position(const Extents& e, int64_t row, const int32_t* pages, int64_t pos,
+                                                int64_t& unit, int64_t& slot) {
     if constexpr (kAddressing == Addressing::paged) {
-      unit = pages[pos / P];
-      slot = pos % P;
+      unit = pages[pos / page_size(e)];
+      slot = pos % page_size(e);
     } else if constexpr (kAddressing == Addressing::ring) {
       unit = row;
-      slot = pos % W;
+      slot = pos % window(e);
     } else {
+      (void)e;
       (void)pages;
       unit = row;
       slot = pos;
@@ -149,7 +190,7 @@ template <class Traits, class Exec> struct Ops {
         if (r >= 0 && p >= 0) Exec::atomic_max(&a.row_length[r], p + 1);
       });
     }
-    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       const int l = int(i / a.tokens);
       const int64_t t = i - l * a.tokens;
@@ -158,18 +199,18 @@ template <class Traits, class Exec> struct Ops {
       if constexpr (kAddressing == Addressing::paged) {
         const int64_t s = a.slots[target];
         if (s < 0) return;
-        unit = s / P;
-        slot = s % P;
+        unit = s / page_size(a.ext);
+        slot = s % page_size(a.ext);
       } else {
         const int32_t r = a.rows[target];
         const int32_t p = a.positions[target];
         if (r < 0 || p < 0) return;
         if constexpr (kAddressing == Addressing::ring) {
-          if (p < a.row_length[r] - W) return;  // already out of the window: never readable
+          if (p < a.row_length[r] - window(a.ext)) return;  // already out of the window: never readable
         } else if (lane == 0 && a.row_length) {
           Exec::atomic_max(&a.row_length[r], p + 1);
         }
-        locate_position(r, nullptr, p, unit, slot);
+        locate_position(a.ext, r, nullptr, p, unit, slot);
       }
       const int layer = a.first_layer + l;
       const int64_t in_k = l * a.input_layer_stride + t * a.k.token_stride;
@@ -181,28 +222,33 @@ template <class Traits, class Exec> struct Ops {
         quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head,
                        a.v.data + in_v, a.v.head_stride, lane, lanes);
       } else {
-        Exec::template copy_heads<H, D>(dst, a.s.head, a.k.data + in_k, a.k.head_stride, lane, lanes);
-        Exec::template copy_heads<H, D>(dst + a.s.kv, a.s.head, a.v.data + in_v, a.v.head_stride, lane, lanes);
+        Exec::copy_heads(dst, a.s.head, a.k.data + in_k, a.k.head_stride, heads(a.ext), head_dim(a.ext), lane, lanes);
+        Exec::copy_heads(dst + a.s.kv, a.s.head, a.v.data + in_v, a.v.head_stride, heads(a.ext), head_dim(a.ext), lane,
+                         lanes);
       }
     });
   }
 
   static void stage(const Exec& ex, const StageArgs<In>& a) {
-    ex.for_each_item(a.tokens, item_lanes<In, H, D>(), int64_t(H) * D * sizeof(In),
+    constexpr int lanes_per_token = kRuntime ? 1 : item_lanes<In, H, D>();
+    ex.for_each_item(a.tokens, lanes_per_token, item_bytes(a.ext) / int64_t(sizeof(Store)) * int64_t(sizeof(In)),
                      [a] KVF_HD(int64_t t, int lane, int lanes) {
                        if (a.status->code) return;
-                       Exec::template copy_heads<H, D>(a.k_stage + t * H * D, D, a.k_in.data + t * a.k_in.token_stride,
-                                        a.k_in.head_stride, lane, lanes);
-                       Exec::template copy_heads<H, D>(a.v_stage + t * H * D, D, a.v_in.data + t * a.v_in.token_stride,
-                                        a.v_in.head_stride, lane, lanes);
+                       const auto h = heads(a.ext);
+      const auto d = head_dim(a.ext);
+                       const int64_t row = int64_t(int(h)) * int(d);
+                       Exec::copy_heads(a.k_stage + t * row, int(d), a.k_in.data + t * a.k_in.token_stride,
+                                        a.k_in.head_stride, h, d, lane, lanes);
+                       Exec::copy_heads(a.v_stage + t * row, int(d), a.v_in.data + t * a.v_in.token_stride,
+                                        a.v_in.head_stride, h, d, lane, lanes);
                      });
   }
 
   static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
-    ex.for_each_item(a.count, kLanes, kItemBytes, [a] KVF_HD(int64_t j, int lane, int lanes) {
+    ex.for_each_item(a.count, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
       if (a.status->code) return;
       int64_t unit, slot;
-      locate_position(a.row, a.pages, a.begin + j, unit, slot);
+      locate_position(a.ext, a.row, a.pages, a.begin + j, unit, slot);
       const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
       if constexpr (kQuantized) {
         const Rows3<In> out[2] = {a.k, a.v};
@@ -213,18 +259,21 @@ template <class Traits, class Exec> struct Ops {
                           src + kv * a.s.kv + h * a.s.head, to_float(scale[h * a.scales.s.head]), lane, lanes);
         }
       } else {
-        Exec::template copy_heads<H, D>(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, lane, lanes);
-        Exec::template copy_heads<H, D>(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, lane, lanes);
+        Exec::copy_heads(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, heads(a.ext), head_dim(a.ext),
+                         lane, lanes);
+        Exec::copy_heads(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, heads(a.ext),
+                         head_dim(a.ext), lane, lanes);
       }
     });
   }
 
   static void zero_row(const Exec& ex, const ZeroRowArgs<Store>& a) {
     const int64_t items = int64_t(a.layers) * 2 * a.positions;
-    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       const int64_t pos = i % a.positions;
       const int64_t lk = i / a.positions;
-      Exec::template zero_heads<H, D>(a.pool + element_offset(a.s, lk / 2, lk % 2, a.row, pos), a.s.head, lane, lanes);
+      Exec::zero_heads(a.pool + element_offset(a.s, lk / 2, lk % 2, a.row, pos), a.s.head, heads(a.ext), head_dim(a.ext),
+                       lane, lanes);
       if constexpr (kScalesPerToken > 0) {
         Scale* scale = scale_at(a.scales, lk / 2, lk % 2, a.row, pos);
         if (lane == 0)
@@ -236,24 +285,28 @@ template <class Traits, class Exec> struct Ops {
   // One layer of a reorder: scratch[r] = old row beam[r]; then row r = scratch[r].
   static void reorder_layer(const Exec& ex, const ReorderArgs<Store>& a) {
     const int64_t items = a.rows * 2 * a.positions;
-    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       const int64_t pos = i % a.positions;
       const int64_t kv = (i / a.positions) % 2;
       const int64_t r = i / (2 * a.positions);
       const Store* src = a.pool + element_offset(a.s, a.layer, kv, a.beam[r], pos);
-      Exec::template copy_heads<H, D>(a.scratch + i * H * D, D, src, a.s.head, lane, lanes);
+      const auto h = heads(a.ext);
+      const auto d = head_dim(a.ext);
+      Exec::copy_heads(a.scratch + i * int(h) * int(d), int(d), src, a.s.head, h, d, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, 1,
                     scale_at(a.scales, a.layer, kv, a.beam[r], pos), a.scales.s.head, lane);
     });
-    ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       const int64_t pos = i % a.positions;
       const int64_t kv = (i / a.positions) % 2;
       const int64_t r = i / (2 * a.positions);
       Store* dst = a.pool + element_offset(a.s, a.layer, kv, r, pos);
-      Exec::template copy_heads<H, D>(dst, a.s.head, a.scratch + i * H * D, D, lane, lanes);
+      const auto h = heads(a.ext);
+      const auto d = head_dim(a.ext);
+      Exec::copy_heads(dst, a.s.head, a.scratch + i * int(h) * int(d), int(d), h, d, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(scale_at(a.scales, a.layer, kv, r, pos), a.scales.s.head,
                     static_cast<const Scale*>(a.scale_scratch) + i * kScalesPerToken, 1, lane);
@@ -275,32 +328,37 @@ template <class Traits, class Exec> struct Ops {
   struct PageItem {
     int64_t slot, kv, layer, index;
   };
-  KVF_HD static KVF_INLINE PageItem page_item(int64_t i, int layers) {
-    return {i % P, (i / P) % 2, (i / (2 * P)) % layers, i / (2 * P * layers)};
+  KVF_HD static KVF_INLINE PageItem page_item(const Extents& e, int64_t i, int layers) {
+    const auto p = page_size(e);
+    return {i % p, (i / p) % 2, (i / (2 * p)) % layers, i / (2 * p * layers)};
   }
 
-  static constexpr int64_t packed_codes_bytes(int layers) { return int64_t(layers) * 2 * P * H * D * sizeof(Store); }
+  KVF_HD static KVF_INLINE int64_t packed_codes_bytes(const Extents& e, int layers) {
+    return int64_t(layers) * 2 * int(page_size(e)) * int(heads(e)) * int(head_dim(e)) * int64_t(sizeof(Store));
+  }
 
   static void move_pages(const Exec& ex, const MovePagesArgs<Store>& a) {
     if constexpr (kAddressing == Addressing::paged) {
-      const int64_t items = a.count * a.layers * 2 * P;
-      ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+      const int64_t items = a.count * a.layers * 2 * int(page_size(a.ext));
+      ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
         if (a.status->code) return;
-        const PageItem it = page_item(i, a.layers);
+        const PageItem it = page_item(a.ext, i, a.layers);
         const int64_t slot = it.slot, kv = it.kv, layer = it.layer, j = it.index;
         const int64_t page = a.pages[j];
-        const int64_t row = (layer * 2 + kv) * P + slot;  // within the packed page
+        const int64_t row = (layer * 2 + kv) * int(page_size(a.ext)) + slot;  // within the packed page
+        const auto h = heads(a.ext);
+      const auto d = head_dim(a.ext);
         unsigned char* packed = a.packed + j * a.packed_page_bytes;
-        Store* packed_codes = reinterpret_cast<Store*>(packed) + row * H * D;
+        Store* packed_codes = reinterpret_cast<Store*>(packed) + row * int(h) * int(d);
         Store* pooled = a.pool + element_offset(a.s, layer, kv, page, slot);
         if (a.to_packed) {
-          Exec::template copy_heads<H, D>(packed_codes, D, pooled, a.s.head, lane, lanes);
+          Exec::copy_heads(packed_codes, int(d), pooled, a.s.head, h, d, lane, lanes);
         } else {
-          Exec::template copy_heads<H, D>(pooled, a.s.head, packed_codes, D, lane, lanes);
+          Exec::copy_heads(pooled, a.s.head, packed_codes, int(d), h, d, lane, lanes);
         }
         if constexpr (kScalesPerToken > 0) {
           Scale* packed_scales =
-              reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.layers)) + row * kScalesPerToken;
+              reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.ext, a.layers)) + row * kScalesPerToken;
           Scale* pooled_scales = scale_at(a.scales, layer, kv, page, slot);
           if (a.to_packed) {
             copy_scales(packed_scales, 1, pooled_scales, a.scales.s.head, lane);
@@ -314,14 +372,14 @@ template <class Traits, class Exec> struct Ops {
 
   static void copy_pages(const Exec& ex, const CopyPagesArgs<Store>& a) {
     if constexpr (kAddressing == Addressing::paged) {  // only paged layouts have pages to copy
-      const int64_t items = a.count * a.layers * 2 * P;
-      ex.for_each_item(items, kLanes, kItemBytes, [a] KVF_HD(int64_t i, int lane, int lanes) {
+      const int64_t items = a.count * a.layers * 2 * int(page_size(a.ext));
+      ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
         if (a.status->code) return;
-        const PageItem it = page_item(i, a.layers);
+        const PageItem it = page_item(a.ext, i, a.layers);
         const int64_t slot = it.slot, kv = it.kv, layer = it.layer, pair = it.index;
-        Exec::template copy_heads<H, D>(a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair + 1], slot), a.s.head,
-                                        a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair], slot), a.s.head,
-                                        lane, lanes);
+        Exec::copy_heads(a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair + 1], slot), a.s.head,
+                         a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair], slot), a.s.head, heads(a.ext),
+                         head_dim(a.ext), lane, lanes);
         if constexpr (kScalesPerToken > 0)
           copy_scales(scale_at(a.scales, layer, kv, a.pairs[2 * pair + 1], slot), a.scales.s.head,
                       scale_at(a.scales, layer, kv, a.pairs[2 * pair], slot), a.scales.s.head, lane);
