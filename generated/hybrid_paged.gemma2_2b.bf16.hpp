@@ -82,10 +82,12 @@ struct hybrid_paged__gemma2_2b__bf16_traits {
   static constexpr int local_layers[] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24};
   static constexpr int global_layers[] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25};
   static constexpr kvforge::LayerGroupInfo groups[] = {
-      {"local", 13, local_layers, 4096,
-       &kvforge::descriptor_of<hybrid_paged__gemma2_2b__bf16__local_traits>, &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__local_traits>},
-      {"global", 13, global_layers, 0,
-       &kvforge::descriptor_of<hybrid_paged__gemma2_2b__bf16__global_traits>, &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__global_traits>},
+      kvforge::layer_group("local", local_layers, /*sliding_window=*/4096,
+                           &kvforge::descriptor_of<hybrid_paged__gemma2_2b__bf16__local_traits>,
+                           &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__local_traits>),
+      kvforge::layer_group("global", global_layers, /*sliding_window=*/0,
+                           &kvforge::descriptor_of<hybrid_paged__gemma2_2b__bf16__global_traits>,
+                           &kvforge::make_cache<hybrid_paged__gemma2_2b__bf16__global_traits>),
   };
   static constexpr kvforge::HybridDescriptor hybrid{2, groups};
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe_hybrid<hybrid_paged__gemma2_2b__bf16_traits>(); }

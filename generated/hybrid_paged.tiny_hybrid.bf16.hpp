@@ -82,10 +82,12 @@ struct hybrid_paged__tiny_hybrid__bf16_traits {
   static constexpr int local_layers[] = {0, 2};
   static constexpr int global_layers[] = {1, 3};
   static constexpr kvforge::LayerGroupInfo groups[] = {
-      {"local", 2, local_layers, 24,
-       &kvforge::descriptor_of<hybrid_paged__tiny_hybrid__bf16__local_traits>, &kvforge::make_cache<hybrid_paged__tiny_hybrid__bf16__local_traits>},
-      {"global", 2, global_layers, 0,
-       &kvforge::descriptor_of<hybrid_paged__tiny_hybrid__bf16__global_traits>, &kvforge::make_cache<hybrid_paged__tiny_hybrid__bf16__global_traits>},
+      kvforge::layer_group("local", local_layers, /*sliding_window=*/24,
+                           &kvforge::descriptor_of<hybrid_paged__tiny_hybrid__bf16__local_traits>,
+                           &kvforge::make_cache<hybrid_paged__tiny_hybrid__bf16__local_traits>),
+      kvforge::layer_group("global", global_layers, /*sliding_window=*/0,
+                           &kvforge::descriptor_of<hybrid_paged__tiny_hybrid__bf16__global_traits>,
+                           &kvforge::make_cache<hybrid_paged__tiny_hybrid__bf16__global_traits>),
   };
   static constexpr kvforge::HybridDescriptor hybrid{2, groups};
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe_hybrid<hybrid_paged__tiny_hybrid__bf16_traits>(); }

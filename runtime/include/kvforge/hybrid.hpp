@@ -5,6 +5,7 @@
 // sequence manager), so its memory stays bounded by the window.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -21,6 +22,21 @@ struct LayerGroupInfo {
   const VariantDescriptor* member;
   std::unique_ptr<Cache> (*create)(const CacheConfig&);
 };
+
+// A layer group by name: its layer count comes from the array, so no two ints can trade places.
+template <size_t N>
+constexpr LayerGroupInfo layer_group(const char* name, const int (&layers)[N], int sliding_window,
+                                     const VariantDescriptor* member,
+                                     std::unique_ptr<Cache> (*create)(const CacheConfig&)) {
+  LayerGroupInfo g{};
+  g.name = name;
+  g.num_layers = int(N);
+  g.layers = layers;
+  g.sliding_window = sliding_window;
+  g.member = member;
+  g.create = create;
+  return g;
+}
 
 struct HybridDescriptor {
   int num_groups;
