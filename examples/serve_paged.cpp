@@ -36,6 +36,14 @@ class Engine {
                 (long long)plan.pages, (long long)plan.page_bytes, (long long)plan.tokens,
                 (long long)plan.max_len_for_batch(4));
     cache_ = e.create(plan.config());
+    if (d_.quant == Quant::per_tensor) {
+      // A static scale is calibrated offline; this model's values lie in [-8, 8.5], so the largest
+      // maps to the code type's largest value.
+      const float qmax = d_.storage == DType::i8       ? detail::Codec<int8_t>::qmax
+                         : d_.storage == DType::f8e4m3 ? detail::Codec<fp8_e4m3>::qmax
+                                                       : detail::Codec<fp8_e5m2>::qmax;
+      for (int layer = 0; layer < d_.layers; ++layer) cache_->set_tensor_scale(layer, 8.5f / qmax, 8.5f / qmax);
+    }
     SequenceManagerOptions o;
     o.host_blocks = 32;
     manager_ = std::make_unique<SequenceManager>(*cache_, o);
