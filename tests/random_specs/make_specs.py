@@ -21,16 +21,19 @@ from kvforge_codegen import vocab  # noqa: E402
 from kvforge_codegen.diagnostics import SpecFailure  # noqa: E402
 from kvforge_codegen.validate import load_specs  # noqa: E402
 
-HEAD_DIMS = (1, 3, 8, 16, 24, 64, 80, 96, 128)  # the validator takes 1..4096; these cover odd and wide
-KV_HEADS = (1, 2, 3, 5, 8)
+HEAD_DIMS = (1, 3, 8, 16, 24, 64, 80, 96, 128, 256)  # the validator takes 1..4096; these cover odd and wide
+KV_HEADS = (1, 2, 3, 5, 8, 16, 64)
+NARROW_HEAD_DIMS = (1, 3, 8, 16)  # with many heads, so that a token stays small enough to test quickly
 SEQ_LENS = (33, 64, 100, 256)
 PAGE_SIZES = (1, 2, 3, 5, 8, 16, 32, 64, 100, 256)
 
 
 def model_yaml(rng: random.Random, name: str) -> str:
     max_seq_len = rng.choice(SEQ_LENS)
-    lines = [f"name: {name}", f"layers: {rng.randint(1, 3)}", f"kv_heads: {rng.choice(KV_HEADS)}",
-             f"head_dim: {rng.choice(HEAD_DIMS)}", f"max_seq_len: {max_seq_len}"]
+    heads = rng.choice(KV_HEADS)
+    head_dim = rng.choice(NARROW_HEAD_DIMS if heads >= 16 else HEAD_DIMS)
+    lines = [f"name: {name}", f"layers: {rng.randint(1, 3)}", f"kv_heads: {heads}", f"head_dim: {head_dim}",
+             f"max_seq_len: {max_seq_len}"]
     if rng.random() < 0.5:
         lines.append(f"sliding_window: {rng.randint(1, max_seq_len)}")
     return "\n".join(lines) + "\n"
