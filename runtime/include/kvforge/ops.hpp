@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 #include "kvforge/config.hpp"
 #include "kvforge/dtype.hpp"
@@ -120,7 +119,10 @@ template <class Traits, class Exec> struct Ops {
   KVF_HD static KVF_INLINE auto window(const Extents& e) {
     if constexpr (kRuntime) return e.window; else return Fixed<W>{};
   }
-  static int64_t item_bytes(const Extents& e) { return int64_t(int(heads(e))) * int(head_dim(e)) * int64_t(sizeof(Store)); }
+  // Bytes of one item's rows, all heads, in element type T: the CPU's parallel threshold counts them.
+  template <class T = Store> static int64_t item_bytes(const Extents& e) {
+    return int64_t(int(heads(e))) * int(head_dim(e)) * int64_t(sizeof(T));
+  }
 
   KVF_HD static KVF_INLINE Scale* scale_at(const ScaleRef& r, int64_t layer, int64_t kv, int64_t unit, int64_t slot) {
     return static_cast<Scale*>(r.base) + element_offset(r.s, layer, kv, unit, slot);
@@ -231,7 +233,7 @@ template <class Traits, class Exec> struct Ops {
 
   static void stage(const Exec& ex, const StageArgs<In>& a) {
     constexpr int lanes_per_token = kRuntime ? 1 : item_lanes<In, H, D>();
-    ex.for_each_item(a.tokens, lanes_per_token, item_bytes(a.ext) / int64_t(sizeof(Store)) * int64_t(sizeof(In)),
+    ex.for_each_item(a.tokens, lanes_per_token, item_bytes<In>(a.ext),
                      [a] KVF_HD(int64_t t, int lane, int lanes) {
                        if (a.status->code) return;
                        const auto h = heads(a.ext);
