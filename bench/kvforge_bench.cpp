@@ -651,6 +651,8 @@ int main(int argc, char** argv) {
                   ->UseRealTime();
     if (cold) r->Iterations(40);
   }
+  // Which of the kernels' builds runs here (report.py prints it in the header).
+  benchmark::AddCustomContext("kvforge_cpu_level", cpu_level_name(cpu_level()));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();

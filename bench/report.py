@@ -82,7 +82,8 @@ def fmt(x, digits=2):
 def markdown(rows, memory, copies, context, simulations=()):
     out = []
     out.append(f"Machine: {context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz; "
-               f"caches {', '.join(str(c.get('size', '?')) for c in context.get('caches', []))} bytes.\n")
+               f"caches {', '.join(str(c.get('size', '?')) for c in context.get('caches', []))} bytes; "
+               f"CPU kernels built for {context.get('kvforge_cpu_level', 'an unreported level')}.\n")
     out.append(BYTES_RULE + "\n")
     out.append(BASELINES + "\n")
     if rows:

@@ -111,6 +111,14 @@ function(kvforge_generate)
   set(sources ${outputs})
   list(FILTER sources EXCLUDE REGEX "\\.(hpp|md|txt)$")  # every backend's kernel files, whatever their extension
   target_sources(${KG_TARGET} PRIVATE ${sources})
+  # A variant's CPU kernels for a wider x86-64 level (<variant>.cpu_v<level>.cpp) are built with that
+  # level's -march; source options come after the target's, so they override the base level's.
+  foreach(source IN LISTS sources)
+    if(source MATCHES "\\.cpu_v([0-9]+)\\.cpp$")
+      set_source_files_properties("${source}" TARGET_DIRECTORY ${KG_TARGET}
+                                  PROPERTIES COMPILE_OPTIONS "-march=x86-64-v${CMAKE_MATCH_1}")
+    endif()
+  endforeach()
   target_include_directories(${KG_TARGET} PUBLIC "${KG_OUTPUT_DIR}")
   target_link_libraries(${KG_TARGET} PUBLIC kvforge_runtime)
 endfunction()

@@ -6,6 +6,13 @@
 
 template class kvforge::TypedCache<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits>;
 
+// The kernels for wider x86-64 levels are built in files of their own, with their -march; cpu_ops()
+// picks one at run time. Declared, so that this file, built for the base level, instantiates none.
+extern template kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits>
+kvforge::detail::cpu_kernels<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits, 3>();
+extern template kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits>
+kvforge::detail::cpu_kernels<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits, 4>();
+
 template <>
 const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits>&
 kvforge::detail::op_table<kvforge::variants::flashinfer_paged_hnd__tiny__bf16_traits, kvforge::Device::cpu>() {

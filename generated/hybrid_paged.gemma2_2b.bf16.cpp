@@ -7,6 +7,17 @@
 template class kvforge::TypedCache<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>;
 template class kvforge::TypedCache<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>;
 
+// The kernels for wider x86-64 levels are built in files of their own, with their -march; cpu_ops()
+// picks one at run time. Declared, so that this file, built for the base level, instantiates none.
+extern template kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>
+kvforge::detail::cpu_kernels<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, 3>();
+extern template kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>
+kvforge::detail::cpu_kernels<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, 4>();
+extern template kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>
+kvforge::detail::cpu_kernels<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits, 3>();
+extern template kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits>
+kvforge::detail::cpu_kernels<kvforge::variants::hybrid_paged__gemma2_2b__bf16__global_traits, 4>();
+
 template <>
 const kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>&
 kvforge::detail::op_table<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, kvforge::Device::cpu>() {

@@ -23,6 +23,8 @@ const char* kUsage =
     "        registered variant) through prefill,\n"
     "        decode steps, commit and gather on the CPU backend, and check what comes back against\n"
     "        the input: exactly for float storage, within the documented bound for int8 and fp8\n"
+    "  cpu   the x86-64 level the CPU kernels run at, and the widest this CPU supports; the\n"
+    "        environment variable KVFORGE_CPU_LEVEL=2|3|4 runs a narrower one\n"
     "  help  this text\n";
 
 std::string option(int argc, char** argv, const char* name) {
@@ -195,6 +197,12 @@ int demo(int argc, char** argv) {
   return failed ? 1 : 0;
 }
 
+int cpu() {
+  std::printf("running: %s\nsupported: %s\n", kvforge::cpu_level_name(kvforge::cpu_level()).c_str(),
+              kvforge::cpu_level_name(kvforge::cpu_level_supported()).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +210,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "list") return list(argc, argv);
     if (cmd == "demo") return demo(argc, argv);
+    if (cmd == "cpu") return cpu();
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

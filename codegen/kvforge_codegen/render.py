@@ -12,9 +12,12 @@ from .plan import Variant
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
 
-# (file-name pattern, template, the backend it instantiates or None) per variant; {name} is the variant name.
-PER_VARIANT = (("{name}.hpp", "variant.hpp.j2", None),) + tuple(
-    (b["file"], b["template"], name) for name, b in vocab.BACKENDS.items())
+# (file-name pattern, template, the backend it instantiates or None, extra template arguments) per
+# variant; {name} is the variant name. The CPU backend also has one file per wider x86-64 level.
+PER_VARIANT = (("{name}.hpp", "variant.hpp.j2", None, {}),) + tuple(
+    (b["file"], b["template"], name, {}) for name, b in vocab.BACKENDS.items()) + tuple(
+    (vocab.CPU_LEVEL_FILE.replace("{level}", str(level)), "variant_cpu_level.cpp.j2", "cpu", {"level": level})
+    for level in vocab.CPU_WIDE_LEVELS)
 PER_SET = (("registry.cpp", "registry.cpp.j2"), ("MANIFEST.md", "MANIFEST.md.j2"))
 # The spec files an expansion was made from, one "<kind> <path>" a line: `check --listed-specs` expands
 # exactly these, so files a user adds beside them do not make a committed expansion look stale.
@@ -22,7 +25,7 @@ SOURCES = "SOURCES.txt"
 
 
 def output_names(variants: List[Variant], built: Sequence[str] = tuple(vocab.BACKENDS)) -> List[str]:
-    names = [pattern.format(name=v.name) for v in variants for pattern, _, backend in PER_VARIANT
+    names = [pattern.format(name=v.name) for v in variants for pattern, _, backend, _ in PER_VARIANT
              if backend is None or backend in built]
     return names + [pattern for pattern, _ in PER_SET] + [SOURCES]
 
@@ -37,12 +40,13 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
     """Every file of the expansion, for the backends `built` (the committed generated/ has them all)."""
     env = _environment()
     common = {"version": VERSION, "dtypes": vocab.DTYPES, "registry_function": registry_function,
-              "backends": tuple(vocab.BACKENDS), "built": tuple(built)}
+              "backends": tuple(vocab.BACKENDS), "built": tuple(built),
+              "cpu_wide_levels": vocab.CPU_WIDE_LEVELS}
     files: Dict[str, str] = {}
     for v in variants:
-        for pattern, template, backend in PER_VARIANT:
+        for pattern, template, backend, extra in PER_VARIANT:
             if backend is None or backend in built:
-                files[pattern.format(name=v.name)] = env.get_template(template).render(v=v, **common)
+                files[pattern.format(name=v.name)] = env.get_template(template).render(v=v, **common, **extra)
     for name, template in PER_SET:
         files[name] = env.get_template(template).render(variants=variants, **common)
     files[SOURCES] = sources_text(variants)
@@ -106,4 +110,5 @@ def render_vocab_header() -> str:
               ("kMaxHeadDim", vocab.MAX_HEAD_DIM), ("kMaxSeqLen", vocab.MAX_SEQ_LEN)]
     return _environment().get_template("vocab.hpp.j2").render(
         version=VERSION, enums=vocab.CPP_ENUMS, axes=vocab.AXES, limits=limits, tunables=vocab.TUNABLES,
-        warp=vocab.WARP, backends=tuple(vocab.BACKENDS))
+        warp=vocab.WARP, backends=tuple(vocab.BACKENDS), cpu_base_level=vocab.CPU_BASE_LEVEL,
+        cpu_max_level=max(vocab.CPU_WIDE_LEVELS))

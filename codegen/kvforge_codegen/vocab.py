@@ -7,6 +7,13 @@ BACKENDS = {
     "cpu": {"file": "{name}.cpp", "template": "variant.cpp.j2"},  # also the variant's host-side class
     "cuda": {"file": "{name}.cu", "template": "variant.cu.j2"},
 }
+# x86-64 microarchitecture levels of the CPU kernels. The variant's own file builds them for the base
+# level, which every x86-64 machine kvforge supports runs; each wider level gets a file of its own,
+# built with that level's -march, and cpu_level.hpp picks the widest this CPU has, once, at run time.
+CPU_BASE_LEVEL = 2
+CPU_WIDE_LEVELS = (3, 4)
+CPU_LEVEL_FILE = "{name}.cpu_v{level}.cpp"
+assert CPU_WIDE_LEVELS == tuple(range(CPU_BASE_LEVEL + 1, max(CPU_WIDE_LEVELS) + 1)), "levels run without gaps"
 ADDRESSING = ("contiguous", "ring", "paged")
 UPDATE_MODES = ("eager", "lazy")
 

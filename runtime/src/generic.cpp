@@ -39,9 +39,9 @@ template <class Store, class In, Addressing A> struct RuntimeTraits {
   std::shared_ptr<const OwnedDescriptor> owned;
   const VariantDescriptor& descriptor() const { return owned->d; }
 
-  // The CPU's table only: the generic path runs on the CPU.
+  // The CPU's table only, built for the base x86-64 level: the generic path is the fallback.
   static detail::OpTables<RuntimeTraits> op_tables() {
-    static const detail::OpTable<RuntimeTraits> cpu = detail::cpu_ops<RuntimeTraits>();
+    static const detail::OpTable<RuntimeTraits> cpu = detail::cpu_kernels<RuntimeTraits, kCpuBaseLevel>();
     return {&cpu, nullptr};
   }
 };

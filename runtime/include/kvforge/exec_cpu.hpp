@@ -1,5 +1,9 @@
 // The CPU executor: items run on OpenMP threads; each body moves whole rows with memcpy, which the
 // compiler turns into vector loads and stores for the compile-time row length.
+//
+// `Level` is the x86-64 level the enclosing file is compiled for (cpu_ops.hpp). It is part of every
+// kernel's type, so the kernels built for different levels never share a symbol: the linker cannot
+// swap an AVX-512 body in where the SSE4.2 one was meant.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +15,7 @@
 
 namespace kvforge::detail {
 
-struct CpuExec {
+template <int Level> struct CpuExec {
   int64_t parallel_bytes;  // Tuning::cpu_parallel_bytes: below this much data an operation runs on one thread
   int chunk_items;         // Tuning::cpu_chunk_items; 0: one even chunk per thread
 

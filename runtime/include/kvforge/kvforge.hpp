@@ -3,6 +3,7 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/cache.hpp"
+#include "kvforge/cpu_level.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/generic.hpp"

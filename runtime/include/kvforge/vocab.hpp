@@ -60,4 +60,9 @@ inline constexpr Range cuda_block_threads{256, 32, 1024};
 inline constexpr int kWarp = 32;
 }  // namespace tunables
 
+// x86-64 levels the CPU kernels are built for: the base level in every variant's own file, each level
+// above it up to the max in a <variant>.cpu_v<level>.cpp of its own (cpu_level.hpp picks one).
+inline constexpr int kCpuBaseLevel = 2;
+inline constexpr int kCpuMaxLevel = 4;
+
 }  // namespace kvforge
