@@ -30,6 +30,9 @@ struct CudaExec {
   cudaStream_t stream;
   int block_threads;  // Tuning::cuda_block_threads
 
+  // An item is one token: its lanes already cover all heads, coalesced along head_dim.
+  static constexpr int kTileItems = 1;
+
   static CudaExec from(const Launch& l) {
     return CudaExec{static_cast<cudaStream_t>(l.stream), l.tuning.cuda_block_threads};
   }

@@ -79,6 +79,27 @@ template <class T, class = void> struct has_runtime_extents : std::false_type {}
 template <class T>
 struct has_runtime_extents<T, std::void_t<decltype(T::runtime_extents)>> : std::bool_constant<T::runtime_extents> {};
 
+// Whether a page stores each of its heads' slots as one run ([page, .., head, slot, dim], FlashInfer's
+// HND). A token's heads are then `heads` scattered rows, but a tile of tokens of one page is one block
+// of the pool, as it is one block of the input: an executor that takes several tokens at once (the
+// CPU) walks such a tile head by head, and both sides stream. Where heads lie outside the page or row
+// ([head, page, slot, dim]) or a row holds a whole sequence per head ([row, head, seq, dim]), a tile's
+// heads stay far apart in any order, and token order keeps the input contiguous; measured on both
+// kinds, token order wins there and head order wins here (bench/RESULTS.md, section 8).
+template <class Traits> constexpr bool page_holds_head_runs() {
+  if constexpr (has_runtime_extents<Traits>::value || Traits::addressing != Addressing::paged) {
+    return false;
+  } else {
+    int page = -1, head = -1, slot = -1;
+    for (int i = 0; i < int(sizeof(Traits::axes) / sizeof(Traits::axes[0])); ++i) {
+      if (Traits::axes[i] == Axis::page) page = i;
+      if (Traits::axes[i] == Axis::head) head = i;
+      if (Traits::axes[i] == Axis::slot) slot = i;
+    }
+    return page < head && head < slot;
+  }
+}
+
 template <class Traits> constexpr Extents fixed_extents() {
   if constexpr (has_runtime_extents<Traits>::value) {
     return Extents{};
@@ -105,6 +126,9 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H);
   // Runtime-sized traits run on the CPU, where an item is one lane.
   static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
+  // Tokens one work item of write and gather takes: a tile, head by head, where a page keeps each
+  // head's slots as a run and the executor takes tiles; otherwise one token, all heads.
+  static constexpr int kTile = page_holds_head_runs<Traits>() ? Exec::kTileItems : 1;
 
   // The sizes an op loops over: Fixed constants for generated traits, the args' Extents otherwise.
   KVF_HD static KVF_INLINE auto heads(const Extents& e) {
@@ -192,43 +216,115 @@ template <class Traits, class Exec> struct Ops {
         if (r >= 0 && p >= 0) Exec::atomic_max(&a.row_length[r], p + 1);
       });
     }
+    if constexpr (kTile > 1) {
+      const int64_t tiles = (items + kTile - 1) / kTile;
+      ex.for_each_item(tiles, 1, item_bytes(a.ext) * kTile, [a, items](int64_t tile, int, int) {
+        if (a.status->code) return;
+        Store* dst[kTile];
+        const In* src[2][kTile];
+        Scale* scale[2][kTile];
+        int n = 0;
+        for (int64_t i = tile * kTile; i < items && i < (tile + 1) * kTile; ++i) {
+          int64_t unit, slot;
+          int layer;
+          if (!write_target(a, i, 0, unit, slot, layer, src[0][n], src[1][n])) continue;
+          dst[n] = a.pool + element_offset(a.s, layer, 0, unit, slot);
+          if constexpr (kQuantized) {
+            scale[0][n] = scale_at(a.scales, layer, 0, unit, slot);
+            scale[1][n] = scale_at(a.scales, layer, 1, unit, slot);
+          }
+          ++n;
+        }
+        for (int kv = 0; kv < 2; ++kv) {
+          const int64_t in_head = kv ? a.v.head_stride : a.k.head_stride;
+          if constexpr (kQuantized) {
+            quantize_tile(dst, kv * a.s.kv, a.s.head, scale[kv], a.scales.s.head, src[kv], in_head, n);
+          } else {
+            for (int h = 0; h < H; ++h)
+              for (int j = 0; j < n; ++j)
+                Exec::copy_row(dst[j] + kv * a.s.kv + h * a.s.head, src[kv][j] + h * in_head, head_dim(a.ext));
+          }
+        }
+      });
+      return;
+    }
     ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
-      const int l = int(i / a.tokens);
-      const int64_t t = i - l * a.tokens;
-      const int64_t target = l * a.target_layer_stride + t;
       int64_t unit, slot;
-      if constexpr (kAddressing == Addressing::paged) {
-        const int64_t s = a.slots[target];
-        if (s < 0) return;
-        unit = s / page_size(a.ext);
-        slot = s % page_size(a.ext);
-      } else {
-        const int32_t r = a.rows[target];
-        const int32_t p = a.positions[target];
-        if (r < 0 || p < 0) return;
-        if constexpr (kAddressing == Addressing::ring) {
-          if (p < a.row_length[r] - window(a.ext)) return;  // already out of the window: never readable
-        } else if (lane == 0 && a.row_length) {
-          Exec::atomic_max(&a.row_length[r], p + 1);
-        }
-        locate_position(a.ext, r, nullptr, p, unit, slot);
-      }
-      const int layer = a.first_layer + l;
-      const int64_t in_k = l * a.input_layer_stride + t * a.k.token_stride;
-      const int64_t in_v = l * a.input_layer_stride + t * a.v.token_stride;
+      int layer;
+      const In *k, *v;
+      if (!write_target(a, i, lane, unit, slot, layer, k, v)) return;
       Store* dst = a.pool + element_offset(a.s, layer, 0, unit, slot);
       if constexpr (kQuantized) {
-        quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, a.k.data + in_k,
-                       a.k.head_stride, lane, lanes);
-        quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head,
-                       a.v.data + in_v, a.v.head_stride, lane, lanes);
+        quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k, a.k.head_stride,
+                       lane, lanes);
+        quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head, v,
+                       a.v.head_stride, lane, lanes);
       } else {
-        Exec::copy_heads(dst, a.s.head, a.k.data + in_k, a.k.head_stride, heads(a.ext), head_dim(a.ext), lane, lanes);
-        Exec::copy_heads(dst + a.s.kv, a.s.head, a.v.data + in_v, a.v.head_stride, heads(a.ext), head_dim(a.ext), lane,
-                         lanes);
+        Exec::copy_heads(dst, a.s.head, k, a.k.head_stride, heads(a.ext), head_dim(a.ext), lane, lanes);
+        Exec::copy_heads(dst + a.s.kv, a.s.head, v, a.v.head_stride, heads(a.ext), head_dim(a.ext), lane, lanes);
       }
     });
+  }
+
+  // Where item i of a write (layer i / tokens, token i % tokens) goes, and its K and V input. False
+  // where it writes nothing: padding, or a ring position already out of its window.
+  KVF_HD static KVF_INLINE bool write_target(const WriteArgs<Store, In>& a, int64_t i, int lane, int64_t& unit,
+                                             int64_t& slot, int& layer, const In*& k, const In*& v) {
+    const int l = int(i / a.tokens);
+    const int64_t t = i - l * a.tokens;
+    const int64_t target = l * a.target_layer_stride + t;
+    if constexpr (kAddressing == Addressing::paged) {
+      const int64_t s = a.slots[target];
+      if (s < 0) return false;
+      unit = s / page_size(a.ext);
+      slot = s % page_size(a.ext);
+    } else {
+      const int32_t r = a.rows[target];
+      const int32_t p = a.positions[target];
+      if (r < 0 || p < 0) return false;
+      if constexpr (kAddressing == Addressing::ring) {
+        if (p < a.row_length[r] - window(a.ext)) return false;  // already out of the window: never readable
+      } else if (lane == 0 && a.row_length) {
+        Exec::atomic_max(&a.row_length[r], p + 1);
+      }
+      locate_position(a.ext, r, nullptr, p, unit, slot);
+    }
+    layer = a.first_layer + l;
+    k = a.k.data + l * a.input_layer_stride + t * a.k.token_stride;
+    v = a.v.data + l * a.input_layer_stride + t * a.v.token_stride;
+    return true;
+  }
+
+  // K or V of n tokens into codes, head by head (the tile path of write): each token's scale first
+  // where one scale covers all its heads, then every head's row of every token.
+  static void quantize_tile(Store* const* dst, int64_t dst_kv, int64_t dst_head, Scale* const* scale,
+                            int64_t scale_head, const In* const* src, int64_t src_head, int n) {
+    float token_scale[kTile > 1 ? kTile : 1];
+    for (int j = 0; j < n; ++j) {
+      if constexpr (kQuant == Quant::per_tensor) {
+        token_scale[j] = to_float(*scale[j]);
+      } else if constexpr (kQuant == Quant::per_token) {
+        uint32_t m = 0;
+        for (int h = 0; h < H; ++h) {
+          const uint32_t b = row_amax<D, Exec>(src[j] + h * src_head, 0, 1);
+          m = m > b ? m : b;
+        }
+        const Scale stored = dynamic_scale<Store, Scale>(m);
+        *scale[j] = stored;
+        token_scale[j] = to_float(stored);
+      }
+    }
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < n; ++j) {
+        float s = token_scale[j];
+        if constexpr (kQuant == Quant::per_token_head) {
+          const Scale stored = dynamic_scale<Store, Scale>(row_amax<D, Exec>(src[j] + h * src_head, 0, 1));
+          scale[j][h * scale_head] = stored;
+          s = to_float(stored);
+        }
+        encode_row<D, Exec>(dst[j] + dst_kv + h * dst_head, src[j] + h * src_head, s, 0, 1);
+      }
   }
 
   static void stage(const Exec& ex, const StageArgs<In>& a) {
@@ -247,6 +343,38 @@ template <class Traits, class Exec> struct Ops {
   }
 
   static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
+    if constexpr (kTile > 1) {
+      const int64_t tiles = (a.count + kTile - 1) / kTile;
+      ex.for_each_item(tiles, 1, item_bytes(a.ext) * kTile, [a](int64_t tile, int, int) {
+        if (a.status->code) return;
+        const int64_t first = tile * kTile;
+        const int n = int(a.count - first < kTile ? a.count - first : kTile);
+        const Store* src[kTile];
+        const Scale* scale[2][kTile];
+        for (int j = 0; j < n; ++j) {
+          int64_t unit, slot;
+          locate_position(a.ext, a.row, a.pages, a.begin + first + j, unit, slot);
+          src[j] = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
+          if constexpr (kQuantized) {
+            scale[0][j] = scale_at(a.scales, a.layer, 0, unit, slot);
+            scale[1][j] = scale_at(a.scales, a.layer, 1, unit, slot);
+          }
+        }
+        const Rows3<In> out[2] = {a.k, a.v};
+        for (int kv = 0; kv < 2; ++kv)
+          for (int h = 0; h < H; ++h)
+            for (int j = 0; j < n; ++j) {
+              In* o = out[kv].data + (first + j) * out[kv].token_stride + h * out[kv].head_stride;
+              const Store* row = src[j] + kv * a.s.kv + h * a.s.head;
+              if constexpr (kQuantized) {
+                decode_row<D, Exec>(o, row, to_float(scale[kv][j][h * a.scales.s.head]), 0, 1);
+              } else {
+                Exec::copy_row(o, row, head_dim(a.ext));
+              }
+            }
+      });
+      return;
+    }
     ex.for_each_item(a.count, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
       if (a.status->code) return;
       int64_t unit, slot;
