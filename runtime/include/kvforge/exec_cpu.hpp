@@ -6,6 +6,8 @@
 // swap an AVX-512 body in where the SSE4.2 one was meant.
 #pragma once
 
+#include <omp.h>
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -24,6 +26,14 @@ template <int Level> struct CpuExec {
   // 0.45x the time of token order with 64, 0.55x with 16; the tile's K and V input (256 KiB for
   // llama3-8b) stays in L2 while its heads are walked.
   static constexpr int kTileItems = 64;
+
+  // Tokens per tile for `items` tokens: kTileItems, or fewer so that every thread gets a tile (a
+  // 64-token decode step must not run on one core).
+  static int tile_for(int64_t items) {
+    const int64_t threads = omp_get_max_threads();
+    const int64_t even = (items + threads - 1) / threads;
+    return int(even < 1 ? 1 : even < kTileItems ? even : kTileItems);
+  }
 
   static CpuExec from(const Launch& l) { return CpuExec{l.tuning.cpu_parallel_bytes, l.tuning.cpu_chunk_items}; }
 

@@ -126,8 +126,9 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H);
   // Runtime-sized traits run on the CPU, where an item is one lane.
   static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
-  // Tokens one work item of write and gather takes: a tile, head by head, where a page keeps each
-  // head's slots as a run and the executor takes tiles; otherwise one token, all heads.
+  // The most tokens one work item of write and gather takes (Exec::tile_for says how many): a tile,
+  // head by head, where a page keeps each head's slots as a run and the executor takes tiles;
+  // otherwise one token, all heads.
   static constexpr int kTile = page_holds_head_runs<Traits>() ? Exec::kTileItems : 1;
 
   // The sizes an op loops over: Fixed constants for generated traits, the args' Extents otherwise.
@@ -217,14 +218,15 @@ template <class Traits, class Exec> struct Ops {
       });
     }
     if constexpr (kTile > 1) {
-      const int64_t tiles = (items + kTile - 1) / kTile;
-      ex.for_each_item(tiles, 1, item_bytes(a.ext) * kTile, [a, items](int64_t tile, int, int) {
+      const int tile_items = Exec::tile_for(items);
+      const int64_t tiles = (items + tile_items - 1) / tile_items;
+      ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, items, tile_items](int64_t tile, int, int) {
         if (a.status->code) return;
         Store* dst[kTile];
         const In* src[2][kTile];
         Scale* scale[2][kTile];
         int n = 0;
-        for (int64_t i = tile * kTile; i < items && i < (tile + 1) * kTile; ++i) {
+        for (int64_t i = tile * tile_items; i < items && i < (tile + 1) * tile_items; ++i) {
           int64_t unit, slot;
           int layer;
           if (!write_target(a, i, 0, unit, slot, layer, src[0][n], src[1][n])) continue;
@@ -344,11 +346,12 @@ template <class Traits, class Exec> struct Ops {
 
   static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
     if constexpr (kTile > 1) {
-      const int64_t tiles = (a.count + kTile - 1) / kTile;
-      ex.for_each_item(tiles, 1, item_bytes(a.ext) * kTile, [a](int64_t tile, int, int) {
+      const int tile_items = Exec::tile_for(a.count);
+      const int64_t tiles = (a.count + tile_items - 1) / tile_items;
+      ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, tile_items](int64_t tile, int, int) {
         if (a.status->code) return;
-        const int64_t first = tile * kTile;
-        const int n = int(a.count - first < kTile ? a.count - first : kTile);
+        const int64_t first = tile * tile_items;
+        const int n = int(a.count - first < tile_items ? a.count - first : tile_items);
         const Store* src[kTile];
         const Scale* scale[2][kTile];
         for (int j = 0; j < n; ++j) {
