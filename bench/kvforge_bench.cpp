@@ -23,22 +23,34 @@
 #include <vector>
 
 #include "kvforge/kvforge.hpp"
+#include "torch_peers.hpp"
 
 namespace {
 
 using namespace kvforge;
+using namespace kvforge_bench;
+
+// How the caches stand when an operation runs:
+//   hot:  the same layer and targets every iteration, so pool and inputs stay in cache;
+//   cold: the last-level cache is flushed before every iteration (outside the timed region);
+//   big:  a pool of at least 1 GiB across all layers; every iteration moves to the next layer, and
+//         after each pass over the layers to other rows, positions or pages, so neither the pool nor
+//         a gather's output is in cache, as in an engine serving a large batch.
+enum class Mode { hot, cold, big };
+const char* mode_suffix(Mode m) { return m == Mode::cold ? "/cold" : m == Mode::big ? "/big" : ""; }
 
 struct Shape {
-  const char* op;    // append_decode, append_prefill, gather
-  const char* key;   // batch, chunk, ctx
+  const char* op;   // append_decode, append_prefill, gather
+  const char* key;  // batch, chunk, ctx
   int64_t n;
-  bool cold = false;  // flush the last-level cache before every iteration
+  Mode mode = Mode::hot;
 };
 
 struct Preset {
   std::vector<Shape> shapes;
   bool (*keeps)(const VariantDescriptor&);
-  bool cold = false;  // also run every shape with a flushed cache
+  std::vector<Mode> modes = {Mode::hot};
+  bool torch = false;  // also time PyTorch's forms of each job on the same buffers (torch_peers.hpp)
 };
 
 bool llama_bf16_or_quantized(const VariantDescriptor& d) {
@@ -49,12 +61,21 @@ bool any_variant(const VariantDescriptor& d) { return !d.is_hybrid(); }
 
 const std::map<std::string, Preset>& presets() {
   static const std::map<std::string, Preset> p = {
-      // The main job's preset: every llama3-8b layout (float and quantized), decode, prefill and gather.
+      // The main job's preset: every llama3-8b layout (float and quantized), decode, prefill and gather,
+      // beside PyTorch's forms of the same jobs where this build has PyTorch.
       {"short",
        {{{"append_decode", "batch", 64}, {"append_prefill", "chunk", 512}, {"gather", "ctx", 1024}},
-        llama_bf16_or_quantized}},
+        llama_bf16_or_quantized,
+        {Mode::hot},
+        true}},
       // Quantized variants and their bf16 twins: the cost of quantizing on append and dequantizing on gather.
       {"quant", {{{"append_decode", "batch", 64}, {"gather", "ctx", 1024}}, llama_bf16_or_quantized}},
+      // kvforge beside PyTorch's forms of each job, hot, cold and out of cache.
+      {"peers",
+       {{{"append_decode", "batch", 64}, {"append_prefill", "chunk", 512}, {"gather", "ctx", 1024}},
+        llama_bf16_or_quantized,
+        {Mode::hot, Mode::cold, Mode::big},
+        true}},
       // The memory-management layer only (allocator, step metadata, offload, a synthetic trace).
       {"memory", {{}, any_variant}},
       {"full",
@@ -67,7 +88,7 @@ const std::map<std::string, Preset>& presets() {
          {"gather", "ctx", 1024},
          {"gather", "ctx", 8192}},
         any_variant,
-        true}},
+        {Mode::hot, Mode::cold, Mode::big}}},
   };
   return p;
 }
@@ -88,19 +109,38 @@ int64_t bytes_moved(const VariantDescriptor& d, const Shape& s) {
 struct Prepared {
   std::unique_ptr<Cache> cache;
   std::vector<unsigned char> k, v, k_out, v_out;
-  std::vector<int32_t> rows, positions, pages;
-  std::vector<int64_t> slots;
+  std::vector<int32_t> pages;  // every row's pages, pages_per_row each
+  int64_t pages_per_row = 0;
+  std::vector<Targets> epochs;  // hot and cold: one; big: a pass over the layers each
+  int64_t out_slice_bytes = 0;  // a gather's output; big mode rotates through slices of k_out / v_out
+  int64_t out_slices = 1;
   int64_t tokens = 0;
-  int64_t positions_per_row = 0;
+  int64_t iteration = 0;
+  std::map<TorchForm, std::shared_ptr<TorchPeer>> torch;  // PyTorch's forms on the same buffers
+
+  PeerSetup peer_setup(const Shape& s) const {
+    PeerSetup ps;
+    ps.cache = cache.get();
+    ps.gather = std::string(s.op) == "gather";
+    ps.k = k.data();
+    ps.v = v.data();
+    ps.tokens = tokens;
+    ps.epochs = &epochs;
+    ps.k_out = const_cast<unsigned char*>(k_out.data());
+    ps.v_out = const_cast<unsigned char*>(v_out.data());
+    ps.out_slice_bytes = out_slice_bytes;
+    ps.out_slices = out_slices;
+    ps.count = s.n;
+    ps.pages = pages.data();
+    ps.pages_per_row = pages_per_row;
+    return ps;
+  }
 };
 
 // Which implementation serves the descriptor: the generated variant, the generic runtime-strided
-// path, or a naive engine's per-token memcpy scatter (appends only).
+// path, a naive engine's per-token memcpy scatter (appends only), or PyTorch.
 // `untuned`: the generated variant with the default launch parameters, against its tuned ones.
-enum class Impl { generated, generic, naive, untuned };
-const char* impl_suffix(Impl i) {
-  return i == Impl::generic ? "/generic" : i == Impl::naive ? "/naive" : i == Impl::untuned ? "/untuned" : "";
-}
+enum class Impl { generated, generic, naive, untuned, torch };
 
 bool is_tuned(const VariantDescriptor& d) {
   const Tuning t = d.tuning, def{};
@@ -108,20 +148,37 @@ bool is_tuned(const VariantDescriptor& d) {
          t.cuda_block_threads != def.cuda_block_threads;
 }
 
+constexpr int64_t kBigPoolBytes = int64_t(1) << 30;
+
 std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl impl) {
   const VariantDescriptor& d = *e.descriptor;
   auto p = std::make_unique<Prepared>();
   const bool gather = std::string(s.op) == "gather";
   const bool decode = std::string(s.op) == "append_decode";
+  const bool big = s.mode == Mode::big;
   // Decode: one token for each of n rows. Prefill: n tokens of one row. Gather: n positions of one row.
-  const int64_t rows = decode ? s.n : 1;
-  const int64_t per_row = decode ? 16 : s.n;
-  p->positions_per_row = per_row;
+  // Big mode makes rows longer (decode) or adds rows (prefill, gather) until the pool holds 1 GiB.
+  int64_t rows = decode ? s.n : 1;
+  int64_t per_row = decode ? 16 : s.n;
+  if (big) {
+    if (d.addressing == Addressing::ring) return nullptr;  // a ring holds one window per row: never 1 GiB of a row
+    const int64_t cap = d.addressing == Addressing::contiguous ? d.max_seq_len : (int64_t(1) << 20);
+    if (decode) {
+      per_row = std::min(cap, std::max<int64_t>(16, (kBigPoolBytes / d.bytes_per_token + rows - 1) / rows));
+    } else {
+      per_row = std::min(cap, std::max<int64_t>(s.n, 8192)) / s.n * s.n;
+      if (per_row < s.n) return nullptr;
+      rows = std::max<int64_t>(1, (kBigPoolBytes / d.bytes_per_token + per_row - 1) / per_row);
+    }
+  }
   CacheConfig cfg;
   cfg.rows = rows;
   cfg.max_seq_len = d.addressing == Addressing::contiguous ? per_row : 0;
-  cfg.pages = d.paged() ? rows * ((per_row + d.page_size - 1) / d.page_size) : 0;
-  cfg.max_staged_tokens = decode ? rows : per_row;
+  if (d.paged()) {
+    p->pages_per_row = (per_row + d.page_size - 1) / d.page_size;
+    cfg.pages = rows * p->pages_per_row;
+  }
+  cfg.max_staged_tokens = decode ? rows : std::max(s.n, rows);
   if (d.addressing == Addressing::ring && per_row > d.window) return nullptr;  // a ring cannot hold it
   // A ring holds a whole window per row whatever the shape; keep every cache within 4 GiB of this
   // 24 GiB machine (mistral's 4096-token ring at batch 256 would need 128 GiB).
@@ -132,8 +189,9 @@ std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl im
   } catch (const Error&) {
     return nullptr;  // the shape does not fit the model (a 512-token chunk of a 64-token model)
   }
-  p->tokens = gather ? 0 : (decode ? rows : per_row);
-  const int64_t in_bytes = (gather ? per_row : p->tokens) * d.heads * d.head_dim * dtype_size(d.input);
+  p->tokens = gather ? 0 : (decode ? rows : s.n);
+  const int64_t row_bytes = int64_t(d.heads) * d.head_dim * dtype_size(d.input);
+  const int64_t in_bytes = (gather ? s.n : p->tokens) * row_bytes;
   std::mt19937 rng(1);
   p->k.resize(size_t(in_bytes));
   p->v.resize(size_t(in_bytes));
@@ -143,36 +201,68 @@ std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl im
     std::memcpy(&p->k[i], &bits, 2);
     std::memcpy(&p->v[i], &bits, 2);
   }
-  const int64_t pages_per_row = d.paged() ? (per_row + d.page_size - 1) / d.page_size : 0;
   // Pages handed out in a shuffled order, as an allocator under churn would.
-  for (int64_t i = 0; i < rows * pages_per_row; ++i) p->pages.push_back(int32_t(i));
+  for (int64_t i = 0; i < rows * p->pages_per_row; ++i) p->pages.push_back(int32_t(i));
   std::shuffle(p->pages.begin(), p->pages.end(), rng);
   auto slot_of = [&](int64_t row, int64_t pos) {
-    return int64_t(p->pages[size_t(row * pages_per_row + pos / d.page_size)]) * d.page_size + pos % d.page_size;
+    return int64_t(p->pages[size_t(row * p->pages_per_row + pos / d.page_size)]) * d.page_size + pos % d.page_size;
   };
-  if (gather) {
-    // Fill the row once; the benchmark reads it back.
-    std::vector<int32_t> r(static_cast<size_t>(per_row), 0), pos(static_cast<size_t>(per_row));
-    std::vector<int64_t> sl(static_cast<size_t>(per_row));
-    for (int64_t t = 0; t < per_row; ++t) {
-      pos[size_t(t)] = int32_t(t);
-      if (d.paged()) sl[size_t(t)] = slot_of(0, t);
-    }
-    const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(sl.data(), per_row))
-                                      : TokenTargets::row_positions(IndexView::of(r.data(), per_row),
-                                                                    IndexView::of(pos.data(), per_row));
-    p->cache->append(0, TensorView::contiguous(p->k.data(), d.input, Device::cpu, per_row, d.heads, d.head_dim),
-                     TensorView::contiguous(p->v.data(), d.input, Device::cpu, per_row, d.heads, d.head_dim), tt);
+  auto append_all = [&](const Targets& t, int64_t count) {
+    const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(t.slots.data(), count))
+                                      : TokenTargets::row_positions(IndexView::of(t.rows.data(), count),
+                                                                    IndexView::of(t.positions.data(), count));
+    for (int layer = 0; layer < d.layers; ++layer)
+      p->cache->append(layer, TensorView::contiguous(p->k.data(), d.input, Device::cpu, count, d.heads, d.head_dim),
+                       TensorView::contiguous(p->v.data(), d.input, Device::cpu, count, d.heads, d.head_dim), tt);
     p->cache->commit();
-    p->k_out.resize(size_t(in_bytes));
-    p->v_out.resize(size_t(in_bytes));
-  } else {
-    for (int64_t t = 0; t < p->tokens; ++t) {
-      const int64_t row = decode ? t : 0, pos = decode ? 0 : t;
-      p->rows.push_back(int32_t(row));
-      p->positions.push_back(int32_t(pos));
-      if (d.paged()) p->slots.push_back(slot_of(row, pos));
+  };
+  auto targets_at = [&](int64_t row, int64_t first_pos, int64_t count, bool one_per_row) {
+    Targets t;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = one_per_row ? i : row, pos = one_per_row ? first_pos : first_pos + i;
+      t.rows.push_back(int32_t(r));
+      t.positions.push_back(int32_t(pos));
+      if (d.paged()) t.slots.push_back(slot_of(r, pos));
     }
+    return t;
+  };
+  if (big) {
+    // Every page of the pool touched, so that no read comes from the kernel's shared zero page.
+    std::memset(const_cast<void*>(p->cache->storage()), 1,
+                size_t(p->cache->geometry().total_elems * dtype_size(d.storage)));
+  }
+  const int64_t runs_per_row = big && !decode ? per_row / s.n : 1;
+  const int64_t epochs = !big ? 1 : decode ? std::min<int64_t>(per_row, 16) : std::min<int64_t>(rows * runs_per_row, 64);
+  for (int64_t e = 0; e < epochs; ++e) {
+    if (decode) {
+      p->epochs.push_back(targets_at(0, e * (per_row / epochs), rows, true));
+    } else {
+      const int64_t row = e % rows, first = (e / rows % runs_per_row) * s.n;
+      if (gather) {
+        Targets t;
+        t.row = row;
+        t.begin = first;
+        p->epochs.push_back(t);
+      } else {
+        p->epochs.push_back(targets_at(row, first, s.n, false));
+      }
+    }
+  }
+  if (gather) {
+    // Fill what is read once (in big mode, the last position of every row, so that its whole
+    // length is readable); the benchmark reads it back.
+    if (big) {
+      p->k.resize(size_t(std::max(in_bytes, rows * row_bytes)));
+      p->v.resize(p->k.size());
+      const int64_t last = d.addressing == Addressing::contiguous ? per_row - 1 : 0;
+      append_all(targets_at(0, last, rows, true), rows);
+    } else {
+      append_all(targets_at(0, 0, s.n, false), s.n);
+    }
+    p->out_slice_bytes = in_bytes;
+    p->out_slices = big ? std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(1, in_bytes)) : 1;
+    p->k_out.resize(size_t(in_bytes * p->out_slices));
+    p->v_out.resize(size_t(in_bytes * p->out_slices));
   }
   return p;
 }
@@ -188,54 +278,71 @@ void flush_caches(benchmark::State& state) {
 
 // What a naive engine does: one memcpy per token, K or V and head, on one thread, through the
 // layout's strides. Same dtype in and out only.
-void naive_scatter(Prepared& p, const VariantDescriptor& d) {
+void naive_scatter(Prepared& p, const VariantDescriptor& d, int layer, const Targets& t) {
   const Strides& st = p.cache->geometry().strides;
   auto* pool = static_cast<unsigned char*>(const_cast<void*>(p.cache->storage()));
   const int64_t es = dtype_size(d.storage), row = int64_t(d.head_dim) * es;
   const unsigned char* in[2] = {p.k.data(), p.v.data()};
-  for (int64_t t = 0; t < p.tokens; ++t) {
+  for (int64_t i = 0; i < p.tokens; ++i) {
     int64_t unit, slot;
     if (d.paged()) {
-      unit = p.slots[size_t(t)] / d.page_size;
-      slot = p.slots[size_t(t)] % d.page_size;
+      unit = t.slots[size_t(i)] / d.page_size;
+      slot = t.slots[size_t(i)] % d.page_size;
     } else {
-      unit = p.rows[size_t(t)];
-      slot = d.addressing == Addressing::ring ? p.positions[size_t(t)] % d.window : p.positions[size_t(t)];
+      unit = t.rows[size_t(i)];
+      slot = d.addressing == Addressing::ring ? t.positions[size_t(i)] % d.window : t.positions[size_t(i)];
     }
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < d.heads; ++h)
-        std::memcpy(pool + (st.kv * kv + st.row_or_page * unit + st.seq_or_slot * slot + st.head * h) * es,
-                    in[kv] + (t * d.heads + h) * row, size_t(row));
+        std::memcpy(pool + (st.layer * layer + st.kv * kv + st.row_or_page * unit + st.seq_or_slot * slot + st.head * h) * es,
+                    in[kv] + (i * d.heads + h) * row, size_t(row));
   }
 }
 
-// One step of the shape's operation: a gather of the prepared row, or an append (every layer, then
-// commit, for a lazy variant).
-void run_once(Prepared& p, const VariantDescriptor& d, const Shape& s, Impl impl) {
-  if (std::string(s.op) == "gather") {
+// One step of the shape's operation: a gather, or an append (every layer, then commit, for a lazy
+// variant). Hot and cold steps repeat layer 0 and the first targets; big steps move to the next layer
+// and, after a pass over the layers, to the next targets and output slice.
+void run_once(Prepared& p, const VariantDescriptor& d, const Shape& s, Impl impl, TorchPeer* peer = nullptr) {
+  const int64_t it = s.mode == Mode::big ? p.iteration++ : 0;
+  const int passes = layers_per_append(d) == 1 ? d.layers : 1;
+  const int layer = int(it % passes);
+  const int64_t epoch = (it / passes) % int64_t(p.epochs.size());
+  const int64_t slice = (it / passes) % p.out_slices;
+  const Targets& t = p.epochs[size_t(epoch)];
+  if (peer) {
+    run_torch_peer(*peer, layer, epoch, slice);
+  } else if (std::string(s.op) == "gather") {
     GatherRange g;
-    g.end = p.positions_per_row;
-    g.pages = IndexView::of(p.pages.data(), int64_t(p.pages.size()));
-    p.cache->gather(0, g, TensorView::contiguous(p.k_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim),
-                    TensorView::contiguous(p.v_out.data(), d.input, Device::cpu, d.heads, s.n, d.head_dim));
+    g.row = t.row;
+    g.begin = t.begin;
+    g.end = t.begin + s.n;
+    g.pages = IndexView::of(p.pages.data() + t.row * p.pages_per_row, p.pages_per_row);
+    unsigned char* k_out = p.k_out.data() + slice * p.out_slice_bytes;
+    unsigned char* v_out = p.v_out.data() + slice * p.out_slice_bytes;
+    p.cache->gather(layer, g, TensorView::contiguous(k_out, d.input, Device::cpu, d.heads, s.n, d.head_dim),
+                    TensorView::contiguous(v_out, d.input, Device::cpu, d.heads, s.n, d.head_dim));
   } else if (impl == Impl::naive) {
-    naive_scatter(p, d);
+    naive_scatter(p, d, layer, t);
   } else {
-    const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(p.slots.data(), p.tokens))
-                                      : TokenTargets::row_positions(IndexView::of(p.rows.data(), p.tokens),
-                                                                    IndexView::of(p.positions.data(), p.tokens));
-    for (int layer = 0; layer < layers_per_append(d); ++layer)
-      p.cache->append(layer, TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
+    const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(t.slots.data(), p.tokens))
+                                      : TokenTargets::row_positions(IndexView::of(t.rows.data(), p.tokens),
+                                                                    IndexView::of(t.positions.data(), p.tokens));
+    for (int l = 0; l < layers_per_append(d); ++l)
+      p.cache->append(layers_per_append(d) == 1 ? layer : l,
+                      TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
                       TensorView::contiguous(p.v.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim), tt);
     p.cache->commit();
   }
 }
 
-void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl impl) {
+void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl impl, TorchForm form) {
   static std::unique_ptr<Prepared> current;
   static std::string current_key;
   const VariantDescriptor& d = *e->descriptor;
-  const std::string key = std::string(d.name) + s.op + std::to_string(s.n) + (impl == Impl::generic ? "/generic" : "");
+  // The generated variant, its baselines and torch's forms share one prepared cache; the generic path
+  // needs its own.
+  const std::string key = std::string(d.name) + s.op + std::to_string(s.n) + mode_suffix(s.mode) +
+                          (impl == Impl::generic ? "/generic" : "");
   if (key != current_key) {
     current.reset();  // free the previous benchmark's cache before allocating this one
     current = prepare(*e, s, impl);
@@ -246,10 +353,21 @@ void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl i
     return;
   }
   Prepared& p = *current;
+  TorchPeer* peer = nullptr;
+  if (impl == Impl::torch) {
+    auto& slot = p.torch[form];
+    if (!slot) slot = make_torch_peer(p.peer_setup(s), form);
+    peer = slot.get();
+    if (!peer) {
+      state.SkipWithError("this torch form cannot serve the layout");
+      return;
+    }
+  }
   if (impl != Impl::generic) p.cache->set_tuning(impl == Impl::untuned ? Tuning{} : d.tuning);
+  p.iteration = 0;
   for (auto _ : state) {
-    if (s.cold) flush_caches(state);
-    run_once(p, d, s, impl);
+    if (s.mode == Mode::cold) flush_caches(state);
+    run_once(p, d, s, impl, peer);
     benchmark::ClobberMemory();
   }
   const int64_t bytes = bytes_moved(d, s);
@@ -258,23 +376,27 @@ void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl i
   state.counters["bytes_per_token"] = double(d.bytes_per_token);
 }
 
-// The roofline: a streaming copy of bytes/2 with every core, so that `bytes` cross the bus.
-void run_copy(benchmark::State& state, int64_t bytes, bool cold) {
+// The roofline: a streaming copy of bytes/2 with every core, so that `bytes` cross the bus. In big
+// mode it walks through 512 MiB source and destination buffers, so that neither is in cache.
+void run_copy(benchmark::State& state, int64_t bytes, Mode mode) {
   const int64_t half = bytes / 2;
+  const int64_t span = mode == Mode::big ? std::max(half, int64_t(512) << 20) / half * half : half;
   static std::vector<unsigned char> src, dst;
-  if (int64_t(src.size()) < half) {
-    src.assign(size_t(half), 1);
-    dst.assign(size_t(half), 0);
+  if (int64_t(src.size()) < span) {
+    src.assign(size_t(span), 1);
+    dst.assign(size_t(span), 0);
   }
+  int64_t offset = 0;
   for (auto _ : state) {
-    if (cold) flush_caches(state);
+    if (mode == Mode::cold) flush_caches(state);
 #pragma omp parallel
     {
       const int threads = omp_get_num_threads(), t = omp_get_thread_num();
       const int64_t chunk = (half + threads - 1) / threads, begin = std::min(half, t * chunk),
                     end = std::min(half, begin + chunk);
-      std::memcpy(dst.data() + begin, src.data() + begin, size_t(end - begin));
+      std::memcpy(dst.data() + offset + begin, src.data() + offset + begin, size_t(end - begin));
     }
+    offset = (offset + half) % span;
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * bytes);
@@ -613,7 +735,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Preset& preset = it->second;
-  std::set<std::pair<int64_t, bool>> copies;  // (bytes, cold)
+  std::set<std::pair<int64_t, Mode>> copies;
   for (const auto& e : registry().variants()) {
     if (!preset.keeps(*e.descriptor)) continue;
     for (const Shape& shape : preset.shapes) {
@@ -621,21 +743,43 @@ int main(int argc, char** argv) {
       // that needs a cache of its own (the others share the generated variant's prepared cache).
       const VariantDescriptor& d = *e.descriptor;
       const bool append = std::string(shape.op) != "gather";
-      std::vector<Impl> impls{Impl::generated};
+      std::vector<std::pair<Impl, TorchForm>> impls{{Impl::generated, TorchForm{}}};
       if (append && d.storage == d.input && !d.quantized() && d.update == UpdateMode::eager && d.stacked() == false)
-        impls.push_back(Impl::naive);
-      if (is_tuned(d)) impls.push_back(Impl::untuned);
-      if (generic_unsupported_reason(d, CacheConfig{}).empty()) impls.push_back(Impl::generic);
-      for (Impl impl : impls)
-        for (bool cold : {false, true}) {
-          if (cold && !preset.cold) continue;
+        impls.push_back({Impl::naive, TorchForm{}});
+      if (is_tuned(d)) impls.push_back({Impl::untuned, TorchForm{}});
+      if (preset.torch) {
+        // The forms torch has for this layout and op, read off a cache of the tiny shape: which ones
+        // serve depends on the layout, not the capacity.
+        PeerSetup probe;
+        CacheConfig small;
+        small.rows = 1;
+        small.max_seq_len = d.addressing == Addressing::contiguous ? 1 : 0;
+        small.pages = d.paged() ? 1 : 0;
+        std::unique_ptr<Cache> c;
+        try {
+          c = e.create(small);
+        } catch (const Error&) {
+        }
+        probe.cache = c.get();
+        probe.gather = !append;
+        if (c)
+          for (TorchForm f : torch_forms(probe)) impls.push_back({Impl::torch, f});
+      }
+      if (generic_unsupported_reason(d, CacheConfig{}).empty()) impls.push_back({Impl::generic, TorchForm{}});
+      for (const auto& [impl, form] : impls)
+        for (Mode mode : preset.modes) {
           Shape s = shape;
-          s.cold = cold;
+          s.mode = mode;
+          const std::string suffix = impl == Impl::generic   ? "/generic"
+                                     : impl == Impl::naive   ? "/naive"
+                                     : impl == Impl::untuned ? "/untuned"
+                                     : impl == Impl::torch   ? std::string("/torch_") + torch_form_name(form)
+                                                             : "";
           const std::string name = std::string(s.op) + "/" + d.name + "/" + s.key + ":" + std::to_string(s.n) +
-                                   (cold ? "/cold" : "") + impl_suffix(impl);
-          auto* b = benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s, impl)->UseRealTime();
-          if (cold) b->Iterations(40);  // each iteration also flushes 64 MiB, untimed
-          copies.insert({bytes_moved(d, s), cold});
+                                   mode_suffix(mode) + suffix;
+          auto* b = benchmark::RegisterBenchmark(name.c_str(), run_variant, &e, s, impl, form)->UseRealTime();
+          if (mode == Mode::cold) b->Iterations(40);  // each iteration also flushes 64 MiB, untimed
+          copies.insert({bytes_moved(d, s), mode});
         }
     }
   }
@@ -643,16 +787,21 @@ int main(int argc, char** argv) {
     register_memory_benchmarks();
     register_simulations();
     const VariantEntry& e = registry().at(kMemoryVariant);
-    copies.insert({2 * 64 * e.descriptor->bytes_per_token * e.descriptor->page_size, false});
+    copies.insert({2 * 64 * e.descriptor->bytes_per_token * e.descriptor->page_size, Mode::hot});
   }
-  for (const auto& [b, cold] : copies) {
-    auto* r = benchmark::RegisterBenchmark(("copy/bytes:" + std::to_string(b) + (cold ? "/cold" : "")).c_str(), run_copy,
-                                           b, cold)
+  for (const auto& [b, mode] : copies) {
+    auto* r = benchmark::RegisterBenchmark(("copy/bytes:" + std::to_string(b) + mode_suffix(mode)).c_str(), run_copy, b,
+                                           mode)
                   ->UseRealTime();
-    if (cold) r->Iterations(40);
+    if (mode == Mode::cold) r->Iterations(40);
   }
+  if (preset.torch && torch_version().empty())
+    std::fprintf(stderr, "kvforge_bench: PyTorch was not found when this bench was built, so the report has no "
+                         "torch column (tools/setup installs it; then reconfigure)\n");
   // Which of the kernels' builds runs here (report.py prints it in the header).
   benchmark::AddCustomContext("kvforge_cpu_level", cpu_level_name(cpu_level()));
+  benchmark::AddCustomContext("torch_version", torch_version().empty() ? "not built" : torch_version());
+  benchmark::AddCustomContext("torch_threads", std::to_string(omp_get_max_threads()));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();

@@ -25,9 +25,21 @@ BYTES_RULE = (
     "the K and V input, the 8-byte target of each token, and the codes and scales written (a lazy variant "
     "stages every layer and commits once, so its step counts every layer); for a gather, the codes and "
     "scales read and the K and V output written. `copy` is a streaming copy of half that many bytes with "
-    "every core, so the same bytes cross the memory bus.")
+    "every core, so the same bytes cross the memory bus. Caches: `hot` repeats one layer and target; `cold` "
+    "flushes the last-level cache before every iteration; `big` holds a pool of at least 1 GiB and moves to "
+    "the next layer every iteration and to other rows, positions or pages after each pass, so neither the "
+    "pool nor a gather's output is in cache (its copy walks 512 MiB buffers).")
 
-NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)(?P<cold>/cold)?(?P<impl>/generic|/naive|/untuned)?$")
+NAME = re.compile(r"^(?P<op>[a-z_]+)/(?P<variant>[^/]+)/(?P<shape>[a-z]+:\d+)(?P<mode>/cold|/big)?"
+                  r"(?P<impl>/generic|/naive|/untuned|/torch_[a-z_]+)?$")
+
+PEERS = (
+    "`÷ torch` divides by the fastest of PyTorch's forms of the same job (named beside it), timed in the same "
+    "process on the same pool and input buffers through ATen, PyTorch's C++ library: vLLM's paged write "
+    "(`index_put`), `index_copy_` (over whole-page slots, or HF StaticCache's `index_copy_(2, pos, k)`), "
+    "DeepSpeed's slice `copy_`, and for gathers a slice `copy_` or `index_select` of the sequence's pages; "
+    "quantized layouts quantize (amax, divide, round, clamp, cast) or dequantize in torch ops too. Above 1, "
+    "kvforge is faster.")
 
 
 def load(path):
@@ -49,7 +61,8 @@ def build(runs):
     for b in runs:
         name = re.sub(r"/(real_time|iterations:\d+)", "", b["name"])
         if name.startswith("copy/bytes:"):
-            copies[(int(float(b["bytes_moved"])), name.endswith("/cold"))] = gbps(b)
+            mode = "cold" if name.endswith("/cold") else "big" if name.endswith("/big") else "hot"
+            copies[(int(float(b["bytes_moved"])), mode)] = gbps(b)
         elif name.startswith("memory/"):
             memory.append((name, b))
         elif name.startswith("simulate/"):
@@ -57,7 +70,7 @@ def build(runs):
         else:
             m = NAME.match(name)
             if m:
-                rows.append(dict(m.groupdict(), cache="cold" if m.group("cold") else "hot", gbps=gbps(b),
+                rows.append(dict(m.groupdict(), cache=(m.group("mode") or "/hot")[1:], gbps=gbps(b),
                                  bytes=int(float(b["bytes_moved"])),
                                  bytes_per_token=int(float(b.get("bytes_per_token", 0)))))
     baselines = {(r["op"], r["variant"], r["shape"], r["cache"], r["impl"]): r for r in rows if r["impl"]}
@@ -67,7 +80,12 @@ def build(runs):
         for impl in ("generic", "naive", "untuned"):
             b = baselines.get((r["op"], r["variant"], r["shape"], r["cache"], "/" + impl))
             r["to_" + impl] = r["gbps"] / b["gbps"] if b else None
-        copy = copies.get((r["bytes"], r["cache"] == "cold"))
+        copy = copies.get((r["bytes"], r["cache"]))
+        peers = [(b["gbps"], impl[len("/torch_"):]) for (op, v, shape, cache, impl), b in baselines.items()
+                 if (op, v, shape, cache) == (r["op"], r["variant"], r["shape"], r["cache"]) and impl.startswith("/torch_")]
+        best = max(peers) if peers else None
+        r["to_torch"] = r["gbps"] / best[0] if best else None
+        r["torch_form"] = best[1] if best else ""
         r["to_copy"] = r["gbps"] / copy if copy else None
         layout, model, dtype = r["variant"].split(".")
         twin = by_key.get((r["op"], f"{layout}.{model}.bf16", r["shape"], r["cache"]))
@@ -86,14 +104,19 @@ def markdown(rows, memory, copies, context, simulations=()):
                f"CPU kernels built for {context.get('kvforge_cpu_level', 'an unreported level')}.\n")
     out.append(BYTES_RULE + "\n")
     out.append(BASELINES + "\n")
+    torch = context.get("torch_version", "not built")
+    out.append((PEERS + f" PyTorch {torch}, {context.get('torch_threads', '?')} threads.\n") if torch != "not built" else
+               "PyTorch was not found when this bench was built, so there is no `÷ torch` column "
+               "(`tools/setup` installs it; reconfigure after).\n")
     if rows:
-        out.append("| op | variant | shape | cache | GB/s | ÷ copy | ÷ generic | ÷ naive | tuned ÷ default | ÷ bf16 twin "
-                   "| bytes/token |")
-        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("| op | variant | shape | cache | GB/s | ÷ copy | ÷ torch (form) | ÷ generic | ÷ naive | tuned ÷ default "
+                   "| ÷ bf16 twin | bytes/token |")
+        out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in sorted(rows, key=lambda r: (r["op"], r["shape"], r["cache"], r["variant"])):
+            peer = f"{fmt(r['to_torch'])} ({r['torch_form']})" if r["to_torch"] is not None else ""
             out.append(f"| {r['op']} | `{r['variant']}` | {r['shape']} | {r['cache']} | {r['gbps']:.1f} | {fmt(r['to_copy'])} | "
-                       f"{fmt(r['to_generic'])} | {fmt(r['to_naive'])} | {fmt(r['to_untuned'])} | {fmt(r['to_bf16'])} | "
-                       f"{r['bytes_per_token']} |")
+                       f"{peer} | {fmt(r['to_generic'])} | {fmt(r['to_naive'])} | {fmt(r['to_untuned'])} | "
+                       f"{fmt(r['to_bf16'])} | {r['bytes_per_token']} |")
         out.append("")
     if memory:
         out.append("| memory benchmark | time | figure |")
@@ -103,7 +126,7 @@ def markdown(rows, memory, copies, context, simulations=()):
             if "items_per_second" in b:
                 figure.append(f"{b['items_per_second'] / 1e6:.1f} M items/s")
             if "bytes_per_second" in b:
-                copy = copies.get((int(float(b.get("bytes_moved", 0))), False))
+                copy = copies.get((int(float(b.get("bytes_moved", 0))), "hot"))
                 figure.append(f"{gbps(b):.2f} GB/s" + (f", {gbps(b) / copy:.2f}× copy" if copy else ""))
             for key in ("utilization", "prefix_hit_blocks", "evictions"):
                 if key in b:

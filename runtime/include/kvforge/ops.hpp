@@ -79,24 +79,26 @@ template <class T, class = void> struct has_runtime_extents : std::false_type {}
 template <class T>
 struct has_runtime_extents<T, std::void_t<decltype(T::runtime_extents)>> : std::bool_constant<T::runtime_extents> {};
 
-// Whether a page stores each of its heads' slots as one run ([page, .., head, slot, dim], FlashInfer's
-// HND). A token's heads are then `heads` scattered rows, but a tile of tokens of one page is one block
-// of the pool, as it is one block of the input: an executor that takes several tokens at once (the
-// CPU) walks such a tile head by head, and both sides stream. Where heads lie outside the page or row
-// ([head, page, slot, dim]) or a row holds a whole sequence per head ([row, head, seq, dim]), a tile's
-// heads stay far apart in any order, and token order keeps the input contiguous; measured on both
-// kinds, token order wins there and head order wins here (bench/RESULTS.md, section 8).
+// Where a layout keeps one head's consecutive positions adjacent ([.., head, seq|slot, dim]), and
+// whether a page holds all its heads so ([page, .., head, slot, dim], FlashInfer's HND).
+template <class Traits> constexpr int axis_index(Axis a) {
+  for (int i = 0; i < int(sizeof(Traits::axes) / sizeof(Traits::axes[0])); ++i)
+    if (Traits::axes[i] == a) return i;
+  return -1;
+}
+template <class Traits> constexpr bool positions_inside_heads() {
+  if constexpr (has_runtime_extents<Traits>::value) {
+    return false;
+  } else {
+    const int head = axis_index<Traits>(Axis::head);
+    return axis_index<Traits>(Axis::seq) > head || axis_index<Traits>(Axis::slot) > head;
+  }
+}
 template <class Traits> constexpr bool page_holds_head_runs() {
   if constexpr (has_runtime_extents<Traits>::value || Traits::addressing != Addressing::paged) {
     return false;
   } else {
-    int page = -1, head = -1, slot = -1;
-    for (int i = 0; i < int(sizeof(Traits::axes) / sizeof(Traits::axes[0])); ++i) {
-      if (Traits::axes[i] == Axis::page) page = i;
-      if (Traits::axes[i] == Axis::head) head = i;
-      if (Traits::axes[i] == Axis::slot) slot = i;
-    }
-    return page < head && head < slot;
+    return axis_index<Traits>(Axis::page) < axis_index<Traits>(Axis::head) && positions_inside_heads<Traits>();
   }
 }
 
@@ -126,10 +128,24 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H);
   // Runtime-sized traits run on the CPU, where an item is one lane.
   static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
-  // The most tokens one work item of write and gather takes (Exec::tile_for says how many): a tile,
-  // head by head, where a page keeps each head's slots as a run and the executor takes tiles;
-  // otherwise one token, all heads.
-  static constexpr int kTile = page_holds_head_runs<Traits>() ? Exec::kTileItems : 1;
+  // The most tokens one work item of write and gather takes when it walks a tile head by head
+  // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1.
+  static constexpr int kTile = positions_inside_heads<Traits>() ? Exec::kTileItems : 1;
+
+  // The loop order, from both sides' strides: walk a tile of tokens head by head where the pool
+  // keeps a head's positions adjacent and so does the other side ([H, T, D] tensors: a gather's output
+  // for attention), or where a page holds all its heads that way (the tile is then one block of the
+  // pool, as it is one block of a [T, H, D] input). Otherwise token by token, which keeps a [T, H, D]
+  // side contiguous: with heads far apart in the pool ([row, head, seq, dim] from [T, H, D]), a tile
+  // walked by heads measured slower. The innermost loop then always runs along the longer
+  // contiguous run of the two sides (bench/RESULTS.md, section 8).
+  template <class T> static bool walk_heads_outside(const Rows3<T>& other_side) {
+    return page_holds_head_runs<Traits>() || other_side.head_stride > other_side.token_stride;
+  }
+  // A tile spans at most four pages: a head's run in the pool ends with its page, and pages lie
+  // anywhere, so longer tiles only lengthen the other side's runs. Measured on FlashInfer's HND
+  // (16-slot pages): 64-token tiles beat 16 on a prefill and 256 on a gather from a 1 GiB pool.
+  static constexpr int kLongestTile = kAddressing == Addressing::paged && 4 * P < kTile ? 4 * P : kTile;
 
   // The sizes an op loops over: Fixed constants for generated traits, the args' Extents otherwise.
   KVF_HD static KVF_INLINE auto heads(const Extents& e) {
@@ -217,38 +233,40 @@ template <class Traits, class Exec> struct Ops {
         if (r >= 0 && p >= 0) Exec::atomic_max(&a.row_length[r], p + 1);
       });
     }
-    if constexpr (kTile > 1) {
-      const int tile_items = Exec::tile_for(items);
-      const int64_t tiles = (items + tile_items - 1) / tile_items;
-      ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, items, tile_items](int64_t tile, int, int) {
-        if (a.status->code) return;
-        Store* dst[kTile];
-        const In* src[2][kTile];
-        Scale* scale[2][kTile];
-        int n = 0;
-        for (int64_t i = tile * tile_items; i < items && i < (tile + 1) * tile_items; ++i) {
-          int64_t unit, slot;
-          int layer;
-          if (!write_target(a, i, 0, unit, slot, layer, src[0][n], src[1][n])) continue;
-          dst[n] = a.pool + element_offset(a.s, layer, 0, unit, slot);
-          if constexpr (kQuantized) {
-            scale[0][n] = scale_at(a.scales, layer, 0, unit, slot);
-            scale[1][n] = scale_at(a.scales, layer, 1, unit, slot);
+    if constexpr (kTile > 1) {  // only an executor that takes tiles compiles this loop nest
+      if (walk_heads_outside(a.k)) {
+        const int tile_items = Exec::tile_for(items, kLongestTile);
+        const int64_t tiles = (items + tile_items - 1) / tile_items;
+        ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, items, tile_items](int64_t tile, int, int) {
+          if (a.status->code) return;
+          Store* dst[kTile];
+          const In* src[2][kTile];
+          Scale* scale[2][kTile];
+          int n = 0;
+          for (int64_t i = tile * tile_items; i < items && i < (tile + 1) * tile_items; ++i) {
+            int64_t unit, slot;
+            int layer;
+            if (!write_target(a, i, 0, unit, slot, layer, src[0][n], src[1][n])) continue;
+            dst[n] = a.pool + element_offset(a.s, layer, 0, unit, slot);
+            if constexpr (kQuantized) {
+              scale[0][n] = scale_at(a.scales, layer, 0, unit, slot);
+              scale[1][n] = scale_at(a.scales, layer, 1, unit, slot);
+            }
+            ++n;
           }
-          ++n;
-        }
-        for (int kv = 0; kv < 2; ++kv) {
-          const int64_t in_head = kv ? a.v.head_stride : a.k.head_stride;
-          if constexpr (kQuantized) {
-            quantize_tile(dst, kv * a.s.kv, a.s.head, scale[kv], a.scales.s.head, src[kv], in_head, n);
-          } else {
-            for (int h = 0; h < H; ++h)
-              for (int j = 0; j < n; ++j)
-                Exec::copy_row(dst[j] + kv * a.s.kv + h * a.s.head, src[kv][j] + h * in_head, head_dim(a.ext));
+          for (int kv = 0; kv < 2; ++kv) {
+            const int64_t in_head = kv ? a.v.head_stride : a.k.head_stride;
+            if constexpr (kQuantized) {
+              quantize_tile(dst, kv * a.s.kv, a.s.head, scale[kv], a.scales.s.head, src[kv], in_head, n);
+            } else {
+              for (int h = 0; h < H; ++h)
+                for (int j = 0; j < n; ++j)
+                  Exec::copy_row(dst[j] + kv * a.s.kv + h * a.s.head, src[kv][j] + h * in_head, head_dim(a.ext));
+            }
           }
-        }
-      });
-      return;
+        });
+        return;
+      }
     }
     ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
@@ -345,38 +363,40 @@ template <class Traits, class Exec> struct Ops {
   }
 
   static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
-    if constexpr (kTile > 1) {
-      const int tile_items = Exec::tile_for(a.count);
-      const int64_t tiles = (a.count + tile_items - 1) / tile_items;
-      ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, tile_items](int64_t tile, int, int) {
-        if (a.status->code) return;
-        const int64_t first = tile * tile_items;
-        const int n = int(a.count - first < tile_items ? a.count - first : tile_items);
-        const Store* src[kTile];
-        const Scale* scale[2][kTile];
-        for (int j = 0; j < n; ++j) {
-          int64_t unit, slot;
-          locate_position(a.ext, a.row, a.pages, a.begin + first + j, unit, slot);
-          src[j] = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
-          if constexpr (kQuantized) {
-            scale[0][j] = scale_at(a.scales, a.layer, 0, unit, slot);
-            scale[1][j] = scale_at(a.scales, a.layer, 1, unit, slot);
-          }
-        }
-        const Rows3<In> out[2] = {a.k, a.v};
-        for (int kv = 0; kv < 2; ++kv)
-          for (int h = 0; h < H; ++h)
-            for (int j = 0; j < n; ++j) {
-              In* o = out[kv].data + (first + j) * out[kv].token_stride + h * out[kv].head_stride;
-              const Store* row = src[j] + kv * a.s.kv + h * a.s.head;
-              if constexpr (kQuantized) {
-                decode_row<D, Exec>(o, row, to_float(scale[kv][j][h * a.scales.s.head]), 0, 1);
-              } else {
-                Exec::copy_row(o, row, head_dim(a.ext));
-              }
+    if constexpr (kTile > 1) {  // only an executor that takes tiles compiles this loop nest
+      if (walk_heads_outside(a.k)) {
+        const int tile_items = Exec::tile_for(a.count, kLongestTile);
+        const int64_t tiles = (a.count + tile_items - 1) / tile_items;
+        ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, tile_items](int64_t tile, int, int) {
+          if (a.status->code) return;
+          const int64_t first = tile * tile_items;
+          const int n = int(a.count - first < tile_items ? a.count - first : tile_items);
+          const Store* src[kTile];
+          const Scale* scale[2][kTile];
+          for (int j = 0; j < n; ++j) {
+            int64_t unit, slot;
+            locate_position(a.ext, a.row, a.pages, a.begin + first + j, unit, slot);
+            src[j] = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
+            if constexpr (kQuantized) {
+              scale[0][j] = scale_at(a.scales, a.layer, 0, unit, slot);
+              scale[1][j] = scale_at(a.scales, a.layer, 1, unit, slot);
             }
-      });
-      return;
+          }
+          const Rows3<In> out[2] = {a.k, a.v};
+          for (int kv = 0; kv < 2; ++kv)
+            for (int h = 0; h < H; ++h)
+              for (int j = 0; j < n; ++j) {
+                In* o = out[kv].data + (first + j) * out[kv].token_stride + h * out[kv].head_stride;
+                const Store* row = src[j] + kv * a.s.kv + h * a.s.head;
+                if constexpr (kQuantized) {
+                  decode_row<D, Exec>(o, row, to_float(scale[kv][j][h * a.scales.s.head]), 0, 1);
+                } else {
+                  Exec::copy_row(o, row, head_dim(a.ext));
+                }
+              }
+        });
+        return;
+      }
     }
     ex.for_each_item(a.count, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
       if (a.status->code) return;
