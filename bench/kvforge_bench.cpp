@@ -766,8 +766,9 @@ int main(int argc, char** argv) {
           for (TorchForm f : torch_forms(probe)) impls.push_back({Impl::torch, f});
       }
       if (generic_unsupported_reason(d, CacheConfig{}).empty()) impls.push_back({Impl::generic, TorchForm{}});
-      for (const auto& [impl, form] : impls)
-        for (Mode mode : preset.modes) {
+      // Mode outside, so that the implementations of one mode share one prepared cache in turn.
+      for (Mode mode : preset.modes)
+        for (const auto& [impl, form] : impls) {
           Shape s = shape;
           s.mode = mode;
           const std::string suffix = impl == Impl::generic   ? "/generic"
