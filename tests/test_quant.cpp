@@ -41,6 +41,11 @@ template <class Code> void check_codec(DType t) {
   for (int i = 0; i < 20000; ++i)
     probes.push_back(std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng),
                                 std::uniform_int_distribution<int>(-30, 20)(rng)));
+  // Every bf16 and every fp16 value, as a quantizer meets them divided by a scale of 1.
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    probes.push_back(to_float(bf16{uint16_t(bits)}));
+    probes.push_back(to_float(fp16{uint16_t(bits)}));
+  }
   for (float p : probes)
     for (float x : {p, -p}) {
       ASSERT_EQ(code_byte(detail::Codec<Code>::encode(x)), ref_encode(t, x)) << dtype_name(t) << " encoding " << x;

@@ -79,11 +79,18 @@ using E5M2 = Fp8Format<5, 2, 15, 0x7b, 0x7f, true>;
 template <class Code> struct Codec;
 template <> struct Codec<int8_t> {
   static constexpr float qmax = 127.0f;
+  // Rounds first and saturates in integers: a float clamp to +-2^22 keeps the rounding trick in range
+  // (NaN comes out of it as 2^22), the integer clamp to +-qmax is two vector min/max, and NaN is
+  // masked to 0 last. The same codes as clamping to +-qmax in floats (tests/test_quant.cpp checks
+  // every bf16 and fp16 input), in about 3/4 of the vector instructions.
   KVF_HD static KVF_INLINE int8_t encode(float v) {
-    v = v == v ? v : 0.0f;  // NaN -> 0
-    v = v > qmax ? qmax : v;
-    v = v < -qmax ? -qmax : v;
-    return int8_t(int(round_half_even_small(v)));
+    constexpr float kRoundable = 4194304.0f;  // 2^22: round_half_even_small's range
+    float c = v < kRoundable ? v : kRoundable;
+    c = c > -kRoundable ? c : -kRoundable;
+    int r = int(round_half_even_small(c));
+    r = r < int(qmax) ? r : int(qmax);
+    r = r > -int(qmax) ? r : -int(qmax);
+    return int8_t(v == v ? r : 0);
   }
   KVF_HD static KVF_INLINE float decode(int8_t c) { return float(c); }
 };
