@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kvforge/config.hpp"
 #include "kvforge/dtype.hpp"
@@ -30,6 +31,17 @@ KVF_HD KVF_INLINE uint32_t magnitude_bits(float x) {
   const uint32_t a = float_bits(x) & 0x7fffffffu;
   return a & (0u - uint32_t(a < 0x7f800000u));  // a mask, not a select: GCC 12 vectorizes only this form
 }
+
+// For 16-bit float inputs: the bits of +infinity. Magnitude bits below it are finite and ordered as
+// integers, so an amax over 16-bit lanes (twice as many per vector) then one conversion of the
+// maximum gives magnitude_bits of the largest finite |x|, as the 32-bit loop does.
+template <class T> struct Half16 : std::false_type {};
+template <> struct Half16<bf16> : std::true_type {
+  static constexpr uint16_t kInfinityBits = 0x7f80;
+};
+template <> struct Half16<fp16> : std::true_type {
+  static constexpr uint16_t kInfinityBits = 0x7c00;
+};
 
 // Rounds a float of magnitude below 2^22 to the nearest integer, ties to even, by adding and
 // subtracting 1.5 * 2^23 (IEEE round-to-nearest does the rounding); unlike rintf it vectorizes
