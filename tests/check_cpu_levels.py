@@ -16,8 +16,12 @@ KERNEL_LEVEL = re.compile(r"CpuExec<(\d+)>|cpu_kernels<.*, (\d+)>\(\)")
 
 
 def defined_symbols(obj):
+    """The code an object defines for the linker to see: global and weak functions (nm types T, W, i).
+    Weak data such as DW.ref.__gxx_personality_v0 (the exception personality's address, type V) is the
+    same bytes in every object, so the linker keeping any one of them is harmless."""
     out = subprocess.run(["nm", "-C", "--defined-only", "-g", obj], check=True, capture_output=True, text=True).stdout
-    return [line.split(" ", 2)[2] for line in out.splitlines() if line.count(" ") >= 2]
+    fields = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
+    return [name for _, kind, name in fields if kind in ("T", "W", "i")]
 
 
 def levels_named(symbol):

@@ -1,9 +1,11 @@
 #include "kvforge/cpu_level.hpp"
 
 #include <cpuid.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "kvforge/errors.hpp"
@@ -66,6 +68,41 @@ int cpu_level_supported() {
 int cpu_level() {
   static const int level = chosen();
   return level;
+}
+
+long long cpu_last_level_cache_bytes() {
+  static const long long bytes = [] {
+    // The cache this CPU's core shares, as sysfs describes it (the highest level listed). glibc's
+    // sysconf reports the whole socket's L3 on some EPYC VMs (384 MiB where a core sees 32 MiB).
+    long long found = 0;
+    for (int index = 0; index < 8; ++index) {
+      std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+      std::string text;
+      if (!(f >> text) || text.empty()) continue;
+      long long value = std::atoll(text.c_str());
+      const char unit = text.back();
+      value *= unit == 'K' ? 1024LL : unit == 'M' ? 1024LL * 1024 : 1LL;
+      if (value > found) found = value;
+    }
+    if (found > 0) return found;
+    const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return v > 0 ? (long long)v : 32LL << 20;
+  }();
+  return bytes;
+}
+
+bool cpu_streams_pool(long long pool_bytes) {
+  static const int forced = [] {
+    const char* asked = std::getenv("KVFORGE_CPU_STREAM_STORES");
+    if (asked == nullptr || *asked == '\0') return -1;
+    const std::string text = asked;
+    if (text != "0" && text != "1")
+      throw UnsupportedError("KVFORGE_CPU_STREAM_STORES=" + text +
+                             ": not a choice (allowed: 1, stream every pool's writes; 0, none; unset, pools of 8x the "
+                             "largest cache or more)");
+    return text == "1" ? 1 : 0;
+  }();
+  return forced >= 0 ? forced == 1 : pool_bytes >= 8 * cpu_last_level_cache_bytes();
 }
 
 std::string cpu_level_name(int level) {

@@ -13,6 +13,7 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/cache.hpp"
+#include "kvforge/cpu_level.hpp"
 #include "kvforge/checks.hpp"
 #include "kvforge/op_table.hpp"
 #include "kvforge/ops.hpp"
@@ -91,6 +92,8 @@ template <class Traits> class TypedCache final : public Cache {
   detail::Extents extents() const { return {heads(), head_dim(), page_size(), window()}; }
   bool on_cpu() const { return config_.device == Device::cpu; }
   detail::Launch launch() const { return detail::Launch{config_.stream, tuning_}; }
+  // For the operations that write the pool: past the caches where the pool dwarfs them.
+  detail::Launch launch_pool_writes() const { return detail::Launch{config_.stream, tuning_, pool_dwarfs_cache_}; }
   void check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
                      int32_t code);
   void check_row(int64_t row) const;
@@ -104,6 +107,7 @@ template <class Traits> class TypedCache final : public Cache {
   Tuning tuning_ = desc().tuning;
   Capacity capacity_;
   Geometry geometry_;
+  bool pool_dwarfs_cache_ = false;  // cpu_streams_pool(): a CPU pool far larger than the caches
   Backend* backend_;
   Buffer pool_;
   Buffer scales_;      // separate dynamic scales, or the per-tensor scales
@@ -131,6 +135,7 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config, Traits traits) : trait
   capacity_ = detail::capacity_of(d, config_);
   geometry_ = make_geometry(d, capacity_);
   pool_ = Buffer(*backend_, geometry_.total_elems * int64_t(sizeof(storage_t)));
+  pool_dwarfs_cache_ = on_cpu() && cpu_streams_pool(geometry_.total_elems * int64_t(sizeof(storage_t)));
   if (geometry_.scale_elems > 0) {
     scales_ = Buffer(*backend_, geometry_.scale_elems * int64_t(sizeof(scale_t)));
     if constexpr (quant == Quant::per_tensor) {
@@ -242,7 +247,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
                                            row_length_.as<int32_t>(),
                                            status()};
     a.ext = extents();
-    ops_->write(launch(), a);
+    ops_->write(launch_pool_writes(), a);
   }
 }
 
@@ -267,7 +272,7 @@ template <class Traits> void TypedCache<Traits>::commit() {
                                            row_length_.as<int32_t>(),
                                            status()};
     a.ext = extents();
-    ops_->write(launch(), a);
+    ops_->write(launch_pool_writes(), a);
     for (Buffer* b : {&stage_rows_, &stage_positions_, &stage_slots_})
       if (b->data()) backend_->fill(b->data(), 0xff, b->bytes(), config_.stream);
     std::fill(staged_.begin(), staged_.end(), 0);
@@ -392,7 +397,7 @@ template <class Traits> void TypedCache<Traits>::copy_blocks(const IndexView& pa
   detail::CopyPagesArgs<storage_t> a{pool_.as<storage_t>(), geometry_.strides, scale_ref(),
                                     static_cast<const int32_t*>(pairs.data), pairs.size / 2, layers(), status()};
   a.ext = extents();
-  ops_->copy_pages(launch(), a);
+  ops_->copy_pages(launch_pool_writes(), a);
 }
 
 template <class Traits> int64_t TypedCache<Traits>::packed_page_bytes() const {

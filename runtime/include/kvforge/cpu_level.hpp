@@ -15,6 +15,16 @@ int cpu_level_supported();
 // above what this CPU supports, throws UnsupportedError naming the allowed range.
 int cpu_level();
 
+// The size in bytes of the largest cache this CPU's first core has (sysfs; else sysconf; else 32 MiB).
+long long cpu_last_level_cache_bytes();
+
+// Whether a CPU pool of `pool_bytes` is written with non-temporal stores (op_table.hpp,
+// Launch::stream_stores): when it is at least 8x cpu_last_level_cache_bytes(), so that its rows would
+// be evicted before the next step reads them anyway. KVFORGE_CPU_STREAM_STORES=1 or 0 decides for
+// every pool instead (an engine that knows its access pattern, or a test); another value throws
+// UnsupportedError naming the allowed ones.
+bool cpu_streams_pool(long long pool_bytes);
+
 // For reports: "x86-64-v4 (AVX-512)".
 std::string cpu_level_name(int level);
 

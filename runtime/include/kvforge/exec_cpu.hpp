@@ -6,6 +6,7 @@
 // swap an AVX-512 body in where the SSE4.2 one was meant.
 #pragma once
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <cstdint>
@@ -20,6 +21,21 @@ namespace kvforge::detail {
 template <int Level> struct CpuExec {
   int64_t parallel_bytes;  // Tuning::cpu_parallel_bytes: below this much data an operation runs on one thread
   int chunk_items;         // Tuning::cpu_chunk_items; 0: one even chunk per thread
+  bool stream_stores;      // Launch::stream_stores: rows go to memory past the caches (copy_row)
+
+  // Whether this thread's row copies use non-temporal stores: set for one parallel region of an
+  // operation whose Launch asks for it, and fenced at its end, before the threads join.
+  static bool& streaming() {
+    static thread_local bool on = false;
+    return on;
+  }
+  struct StreamingScope {
+    explicit StreamingScope(bool on) { streaming() = on; }
+    ~StreamingScope() {
+      if (streaming()) _mm_sfence();
+      streaming() = false;
+    }
+  };
 
   // Tokens a thread takes at once when an operation walks a tile head by head (ops.hpp,
   // walk_heads_outside): up to 256, 64 KiB runs of one head at head_dim 128 in bf16. A 1k-token
@@ -34,16 +50,22 @@ template <int Level> struct CpuExec {
     return int(even < 1 ? 1 : even < longest ? even : longest);
   }
 
-  static CpuExec from(const Launch& l) { return CpuExec{l.tuning.cpu_parallel_bytes, l.tuning.cpu_chunk_items}; }
+  static CpuExec from(const Launch& l) {
+    return CpuExec{l.tuning.cpu_parallel_bytes, l.tuning.cpu_chunk_items, l.stream_stores};
+  }
 
   template <class Body> void for_each_item(int64_t items, int /*lanes*/, int64_t item_bytes, Body body) const {
     const bool parallel = items * item_bytes >= parallel_bytes;
-    if (chunk_items > 0) {
-#pragma omp parallel for schedule(dynamic, chunk_items) if (parallel)
-      for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
-    } else {
-#pragma omp parallel for schedule(static) if (parallel)
-      for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+#pragma omp parallel if (parallel)
+    {
+      const StreamingScope scope(stream_stores);
+      if (chunk_items > 0) {
+#pragma omp for schedule(dynamic, chunk_items) nowait
+        for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+      } else {
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+      }
     }
   }
 
@@ -60,6 +82,7 @@ template <int Level> struct CpuExec {
   template <class DExt, class Dst, class Src> static KVF_INLINE void copy_row(Dst* dst, const Src* src, DExt d) {
     if constexpr (std::is_same_v<Dst, Src>) {
       const size_t bytes = size_t(int(d)) * sizeof(Dst);
+      if (streaming() && stream_row(dst, src, bytes)) return;
       if constexpr (Level >= 4) {
         // Rows move in 16-byte pieces, as GCC moves them for v2 and v3: with AVX-512 on it moves them
         // in 64- and 32-byte ones, which ran a decode append into [row, head, seq, dim] (rows 4 KiB
@@ -75,6 +98,25 @@ template <int Level> struct CpuExec {
     } else {
       for (int i = 0; i < int(d); ++i) dst[i] = convert<Dst>(src[i]);
     }
+  }
+
+  // A row written with non-temporal stores of the level's widest vector, where it is aligned to one
+  // and a whole number of them; false (nothing written) otherwise.
+  static KVF_INLINE bool stream_row(void* dst, const void* src, size_t bytes) {
+    constexpr size_t kVector = Level >= 4 ? 64 : Level >= 3 ? 32 : 16;
+    if (reinterpret_cast<uintptr_t>(dst) % kVector != 0 || bytes % kVector != 0) return false;
+    char* out = static_cast<char*>(dst);
+    const char* in = static_cast<const char*>(src);
+    for (size_t i = 0; i < bytes; i += kVector) {
+      if constexpr (Level >= 4) {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), _mm512_loadu_si512(in + i));
+      } else if constexpr (Level >= 3) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+      } else {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+      }
+    }
+    return true;
   }
 
   // All heads of one item, each a row of head_dim elements, converting types where they differ.

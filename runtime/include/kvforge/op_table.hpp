@@ -19,6 +19,10 @@ namespace kvforge::detail {
 struct Launch {
   void* stream;   // cudaStream_t on CUDA; unused on the CPU
   Tuning tuning;  // the cache's launch parameters now in force
+  // The CPU writes pool rows with non-temporal stores: set for the operations that write the pool
+  // when the pool is far larger than the last-level cache, where keeping its rows cached would only
+  // evict what is used next (a write then also skips reading the line it replaces).
+  bool stream_stores = false;
 };
 
 template <class Traits> struct OpTable {
