@@ -59,7 +59,7 @@ def build(runs):
     memory = []
     simulations = []
     for b in runs:
-        name = re.sub(r"/(real_time|iterations:\d+)", "", b["name"])
+        name = re.sub(r"/(real_time|manual_time|iterations:\d+)", "", b["name"])
         if name.startswith("copy/bytes:"):
             mode = "cold" if name.endswith("/cold") else "big" if name.endswith("/big") else "hot"
             copies[(int(float(b["bytes_moved"])), mode)] = gbps(b)
