@@ -374,7 +374,27 @@ template <class Traits, class Exec> struct Ops {
   }
 
   static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
-    if constexpr (kTile > 1) {  // only an executor that takes tiles compiles this loop nest
+    if constexpr (kTile > 1) {  // only an executor that takes tiles compiles these loop nests
+      if constexpr (kAddressing == Addressing::contiguous && !kQuantized) {
+        // A row's range read into [H, T, D] from a pool that keeps each head's positions as one run
+        // ([row, head, seq, dim]): every head's range is one run on both sides, copied whole in
+        // pieces of 64 KiB, as a slice copy_ does, rather than row by row.
+        if (a.s.seq_or_slot == D && a.k.token_stride == D && a.v.token_stride == D) {
+          const int64_t run = a.count * D;
+          const int64_t piece = (int64_t(64) << 10) / int64_t(sizeof(In));
+          const int64_t pieces = (run + piece - 1) / piece;
+          ex.for_each_item(2 * H * pieces, 1, piece * int64_t(sizeof(In)), [a, run, piece, pieces](int64_t i, int, int) {
+            if (a.status->code) return;
+            const int kv = int(i / (H * pieces));
+            const int64_t h = (i / pieces) % H, first = (i % pieces) * piece;
+            const Rows3<In>& out = kv ? a.v : a.k;
+            Exec::copy_row(out.data + h * out.head_stride + first,
+                           a.pool + element_offset(a.s, a.layer, kv, a.row, a.begin) + h * a.s.head + first,
+                           int(run - first < piece ? run - first : piece));
+          });
+          return;
+        }
+      }
       if (walk_heads_outside(a.k)) {
         const int tile_items = Exec::tile_for(a.count, kLongestTile);
         const int64_t tiles = (a.count + tile_items - 1) / tile_items;
