@@ -521,7 +521,48 @@ template <class Traits, class Exec> struct Ops {
     return int64_t(layers) * 2 * int(page_size(e)) * int(heads(e)) * int(head_dim(e)) * int64_t(sizeof(Store));
   }
 
+  // Page operations on an executor that takes whole blocks (the CPU): where one page's rows of one
+  // (layer, K or V) are a dense [slot, head, dim] or [head, slot, dim] block of the pool, the block is
+  // copied whole (its scales, few, slot by slot) rather than row by row.
+  static constexpr bool kPageBlocks = Exec::kTileItems > 1 && !kRuntime && kAddressing == Addressing::paged;
+  static constexpr int64_t kPageBlock = int64_t(H) * P * D;  // elements of one such block
+  static bool slots_outside_heads_dense(const Strides& s) { return s.head == D && s.seq_or_slot == int64_t(H) * D; }
+  static bool page_block_dense(const Strides& s) {
+    return kPageBlock <= (int64_t(1) << 28) &&
+           (slots_outside_heads_dense(s) || (s.seq_or_slot == D && s.head == int64_t(P) * D));
+  }
+
   static void move_pages(const Exec& ex, const MovePagesArgs<Store>& a) {
+    if constexpr (kPageBlocks) {
+      // The packed form is [slot, head, dim] per (layer, K or V), so only that pool order moves whole.
+      if (slots_outside_heads_dense(a.s) && page_block_dense(a.s)) {
+        ex.for_each_item(a.count * a.layers * 2, 1, kPageBlock * int64_t(sizeof(Store)), [a](int64_t i, int, int) {
+          if (a.status->code) return;
+          const int64_t kv = i % 2, layer = (i / 2) % a.layers, j = i / (2 * a.layers);
+          unsigned char* packed = a.packed + j * a.packed_page_bytes;
+          Store* packed_codes = reinterpret_cast<Store*>(packed) + (layer * 2 + kv) * kPageBlock;
+          Store* pooled = a.pool + element_offset(a.s, layer, kv, a.pages[j], 0);
+          if (a.to_packed) {
+            Exec::copy_row(packed_codes, pooled, int(kPageBlock));
+          } else {
+            Exec::copy_row(pooled, packed_codes, int(kPageBlock));
+          }
+          if constexpr (kScalesPerToken > 0) {
+            for (int slot = 0; slot < P; ++slot) {
+              Scale* packed_scales = reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.ext, a.layers)) +
+                                     ((layer * 2 + kv) * P + slot) * kScalesPerToken;
+              Scale* pooled_scales = scale_at(a.scales, layer, kv, a.pages[j], slot);
+              if (a.to_packed) {
+                copy_scales(packed_scales, 1, pooled_scales, a.scales.s.head, 0);
+              } else {
+                copy_scales(pooled_scales, a.scales.s.head, packed_scales, 1, 0);
+              }
+            }
+          }
+        });
+        return;
+      }
+    }
     if constexpr (kAddressing == Addressing::paged) {
       const int64_t items = a.count * a.layers * 2 * int(page_size(a.ext));
       ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
@@ -555,6 +596,22 @@ template <class Traits, class Exec> struct Ops {
   }
 
   static void copy_pages(const Exec& ex, const CopyPagesArgs<Store>& a) {
+    if constexpr (kPageBlocks) {
+      if (page_block_dense(a.s)) {
+        ex.for_each_item(a.count * a.layers * 2, 1, kPageBlock * int64_t(sizeof(Store)), [a](int64_t i, int, int) {
+          if (a.status->code) return;
+          const int64_t kv = i % 2, layer = (i / 2) % a.layers, pair = i / (2 * a.layers);
+          const int64_t from = a.pairs[2 * pair], to = a.pairs[2 * pair + 1];
+          Exec::copy_row(a.pool + element_offset(a.s, layer, kv, to, 0), a.pool + element_offset(a.s, layer, kv, from, 0),
+                         int(kPageBlock));
+          if constexpr (kScalesPerToken > 0)
+            for (int slot = 0; slot < P; ++slot)
+              copy_scales(scale_at(a.scales, layer, kv, to, slot), a.scales.s.head,
+                          scale_at(a.scales, layer, kv, from, slot), a.scales.s.head, 0);
+        });
+        return;
+      }
+    }
     if constexpr (kAddressing == Addressing::paged) {  // only paged layouts have pages to copy
       const int64_t items = a.count * a.layers * 2 * int(page_size(a.ext));
       ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
