@@ -547,18 +547,9 @@ template <class Traits, class Exec> struct Ops {
           } else {
             Exec::copy_row(pooled, packed_codes, int(kPageBlock));
           }
-          if constexpr (kScalesPerToken > 0) {
-            for (int slot = 0; slot < P; ++slot) {
-              Scale* packed_scales = reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.ext, a.layers)) +
-                                     ((layer * 2 + kv) * P + slot) * kScalesPerToken;
-              Scale* pooled_scales = scale_at(a.scales, layer, kv, a.pages[j], slot);
-              if (a.to_packed) {
-                copy_scales(packed_scales, 1, pooled_scales, a.scales.s.head, 0);
-              } else {
-                copy_scales(pooled_scales, a.scales.s.head, packed_scales, 1, 0);
-              }
-            }
-          }
+          if constexpr (kScalesPerToken > 0)
+            for (int slot = 0; slot < P; ++slot)
+              move_scales(a, packed, (layer * 2 + kv) * P + slot, layer, kv, a.pages[j], slot, 0);
         });
         return;
       }
@@ -581,17 +572,21 @@ template <class Traits, class Exec> struct Ops {
         } else {
           Exec::copy_heads(pooled, a.s.head, packed_codes, int(d), h, d, lane, lanes);
         }
-        if constexpr (kScalesPerToken > 0) {
-          Scale* packed_scales =
-              reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.ext, a.layers)) + row * kScalesPerToken;
-          Scale* pooled_scales = scale_at(a.scales, layer, kv, page, slot);
-          if (a.to_packed) {
-            copy_scales(packed_scales, 1, pooled_scales, a.scales.s.head, lane);
-          } else {
-            copy_scales(pooled_scales, a.scales.s.head, packed_scales, 1, lane);
-          }
-        }
+        if constexpr (kScalesPerToken > 0) move_scales(a, packed, row, layer, kv, page, slot, lane);
       });
+    }
+  }
+
+  // The dynamic scales of packed row `row` ((layer * 2 + kv) * page_size + slot, after the packed
+  // page's codes) to or from their place in the pool.
+  KVF_HD static KVF_INLINE void move_scales(const MovePagesArgs<Store>& a, unsigned char* packed, int64_t row,
+                                            int64_t layer, int64_t kv, int64_t page, int64_t slot, int lane) {
+    Scale* packed_scales = reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.ext, a.layers)) + row * kScalesPerToken;
+    Scale* pooled_scales = scale_at(a.scales, layer, kv, page, slot);
+    if (a.to_packed) {
+      copy_scales(packed_scales, 1, pooled_scales, a.scales.s.head, lane);
+    } else {
+      copy_scales(pooled_scales, a.scales.s.head, packed_scales, 1, lane);
     }
   }
 
