@@ -108,6 +108,8 @@ template <class Traits> std::unique_ptr<Cache> make_hybrid_cache(const CacheConf
 class HybridSequenceManager {
  public:
   explicit HybridSequenceManager(Cache& cache, SequenceManagerOptions options = {});
+  HybridSequenceManager(const HybridSequenceManager&) = delete;  // its managers hold pages of one cache
+  HybridSequenceManager& operator=(const HybridSequenceManager&) = delete;
   int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {});
   void append(int64_t seq, const std::vector<int32_t>& tokens);
   void fork(int64_t parent, int64_t child);

@@ -1,0 +1,51 @@
+"""kvforge from Python: the generated KV-cache variants, their operations and memory management.
+
+Arrays go in and out through DLPack, so torch tensors, numpy arrays and any other `__dlpack__`
+producer work, with no copy: strides are honoured and only the last dimension must be contiguous.
+Shapes, per operation (H = heads, D = head_dim, L = layers, P = page_size of the descriptor):
+
+    cache = kvforge.create("vllm_paged_nhd.tiny.fp32", pages=64)
+    cache.append(layer, k, v, slots=slots)          # k, v [T, H, D]; slots int64 [T] (paged)
+    cache.append(layer, k, v, rows=r, positions=p)  # r, p int32 [T] (contiguous, ring)
+    cache.commit()                                   # lazy variants write what append staged
+    cache.gather(layer, k_out, v_out, row=0, pages=pages, begin=0, end=n)  # k_out, v_out [H, n, D]
+    cache.view(layer)   # {"k", "v"[, "k_scales", "v_scales"]}: the cache's own memory, zero-copy,
+                        # [rows or pages, positions or slots, H, D] with the layout's strides
+
+Every argument is checked before anything is written; a refused call raises one of the classes in
+kvforge.errors with the runtime's message. The GIL is released while an operation runs. On a CUDA
+build, `create(..., device="cuda", stream=<cudaStream_t as int>)` queues every operation on that
+stream. torch custom ops are in kvforge.ops, a transformers Cache in kvforge.hf, spec validation in
+kvforge.specs.
+"""
+
+from . import errors
+from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, cpu_level, cuda_available,
+                      describe, nearest, plan_memory, variant_name)
+from ._native import create as _create
+from ._native import variants as _variants
+from .errors import *  # noqa: F401,F403  (the exception classes, at the top level too)
+
+__all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "create", "variants", "describe",
+           "nearest", "plan_memory", "variant_name", "cpu_level", "cuda_available", "errors"] + \
+    [name for name in dir(errors) if name.endswith("Error") or name == "Error"]
+
+
+def variants(layout=None, model=None, storage=None, input=None):
+    """The registered variants matching every given field, as Descriptors (sorted by name).
+
+    layout, model: spec names; storage, input: dtype names (fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2).
+    """
+    return [describe(name) for name in _variants(layout, model, storage, input)]
+
+
+def create(name=None, *, layout=None, model=None, storage=None, input=None, device="cpu", rows=1, max_seq_len=0,
+           pages=0, max_staged_tokens=0, stream=0):
+    """A new cache of the variant `name` (layout.model.dtype), or of the one variant a query matches.
+
+    A query that names a layout, a model and a float storage dtype no variant was generated for is
+    served by the generic runtime-strided path (CPU, eager non-ring layouts; descriptor.generic).
+    Capacity, as CacheConfig (docs/contract.md): rows (contiguous, ring), max_seq_len (contiguous; 0:
+    the model's), pages (paged), max_staged_tokens (lazy; 0: a default). stream: a cudaStream_t as int.
+    """
+    return _create(name, layout, model, storage, input, device, rows, max_seq_len, pages, max_staged_tokens, stream)
