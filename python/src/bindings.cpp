@@ -403,6 +403,9 @@ NB_MODULE(_native, m) {
   using namespace kvforge;
   m.doc() = "kvforge's runtime over DLPack (see kvforge/__init__.py for the Python API)";
   nb::register_exception_translator(translate);
+  // Descriptors are references to static data, often still held by module globals at exit, which
+  // nanobind would report as leaks.
+  nb::set_leak_warnings(false);
 
   m.def("variants", [](std::optional<std::string> layout, std::optional<std::string> model,
                        std::optional<std::string> storage, std::optional<std::string> input) {

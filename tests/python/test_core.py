@@ -1,0 +1,305 @@
+"""kvforge._native through its Python API: every non-hybrid default variant of the tiny model round-trips
+strided torch and numpy input against a reference kept in logical coordinates; views are the cache's
+own memory; a refused call raises the mapped exception and changes no byte."""
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+from conftest import TORCH_DTYPE, quantization_bound, strided_tokens, variants_where
+
+import kvforge
+
+TINY = variants_where(model="tiny")
+assert TINY, "no variant of the tiny model is registered"
+
+
+class Driver:
+    """Appends one sequence per row (contiguous, ring) or per page list (paged), and keeps the
+    reference: ref[(layer, seq, position)] = (k [H, D], v [H, D]) as appended."""
+
+    def __init__(self, d, sequences=3, generator=None):
+        self.d, self.sequences, self.g = d, sequences, generator
+        if d.addressing == "paged":
+            self.pages_per_seq = -(-d.max_seq_len // d.page_size)
+            self.cache = kvforge.create(d.name, pages=sequences * self.pages_per_seq)
+            perm = torch.randperm(sequences * self.pages_per_seq, generator=generator).to(torch.int32)
+            self.page_list = [perm[s * self.pages_per_seq:(s + 1) * self.pages_per_seq].contiguous()
+                              for s in range(sequences)]
+        else:
+            self.cache = kvforge.create(d.name, rows=sequences, max_staged_tokens=64)
+        if d.quant == "per_tensor":
+            for layer in range(d.layers):
+                self.cache.set_tensor_scale(layer, 0.05, 0.07)
+        self.length = [0] * sequences
+        self.ref = {}
+
+    def append(self, layer, seq, count, order):
+        d = self.d
+        dtype = TORCH_DTYPE[d.input]
+        k = strided_tokens(count, d.heads, d.head_dim, dtype, self.g, order)
+        v = strided_tokens(count, d.heads, d.head_dim, dtype, self.g, order)
+        positions = list(range(self.length[seq], self.length[seq] + count))
+        if d.addressing == "paged":
+            slots = torch.tensor([int(self.page_list[seq][p // d.page_size]) * d.page_size + p % d.page_size
+                                  for p in positions], dtype=torch.int64)
+            self.cache.append(layer, k, v, slots=slots)
+        else:
+            self.cache.append(layer, k, v, rows=np.full(count, seq, dtype=np.int32),
+                              positions=np.array(positions, dtype=np.int32))
+        for i, p in enumerate(positions):
+            self.ref[(layer, seq, p)] = (k[i].float().clone(), v[i].float().clone())
+
+    def expected(self, layer, seq, begin, end):
+        k = torch.stack([self.ref[(layer, seq, p)][0] for p in range(begin, end)], dim=1)
+        v = torch.stack([self.ref[(layer, seq, p)][1] for p in range(begin, end)], dim=1)
+        return k, v
+
+    def gather(self, layer, seq, begin, end):
+        d = self.d
+        dtype = TORCH_DTYPE[d.input]
+        k_out = torch.empty(d.heads, end - begin, d.head_dim, dtype=dtype)
+        v_out = torch.empty(d.heads, end - begin, d.head_dim, dtype=dtype)
+        if d.addressing == "paged":
+            self.cache.gather(layer, k_out, v_out, pages=self.page_list[seq], begin=begin, end=end)
+        else:
+            self.cache.gather(layer, k_out, v_out, row=seq, begin=begin, end=end)
+        return k_out.float(), v_out.float()
+
+    def readable(self, seq):
+        end = self.length[seq]
+        begin = max(0, end - self.d.window) if self.d.addressing == "ring" else 0
+        return begin, end
+
+
+@pytest.mark.parametrize("d", [d for d in TINY if not d.hybrid], ids=lambda d: d.name)
+def test_round_trip_against_logical_reference(d, generator):
+    drv = Driver(d, generator=generator)
+    chunks = [5, 1, 1, 9, 2] if d.addressing != "ring" else [5, 1, 13, 1, 7]
+    for step, count in enumerate(chunks):
+        order = "heads_outside" if step % 2 else "padded"
+        for seq in range(drv.sequences):
+            if drv.length[seq] + count > d.max_seq_len:
+                continue
+            for layer in range(d.layers):
+                drv.append(layer, seq, count, order)
+            drv.length[seq] += count
+        drv.cache.commit()
+    for seq in range(drv.sequences):
+        begin, end = drv.readable(seq)
+        for layer in range(d.layers):
+            got_k, got_v = drv.gather(layer, seq, begin, end)
+            want_k, want_v = drv.expected(layer, seq, begin, end)
+            if d.quantized:
+                assert ((got_k - want_k).abs() <= quantization_bound(d, want_k)).all()
+                assert ((got_v - want_v).abs() <= quantization_bound(d, want_v)).all()
+            else:
+                assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
+def pool_bytes(cache):
+    return [np.from_dlpack(b).copy() for b in cache.buffers()]
+
+
+@pytest.mark.parametrize("d", variants_where(model="tiny", addressing="paged", quantized=False, hybrid=False,
+                                             storage="fp32"), ids=lambda d: d.name)
+def test_view_is_the_cache_memory(d, generator):
+    drv = Driver(d, generator=generator)
+    for layer in range(d.layers):
+        drv.append(layer, 0, 4, "padded")
+    drv.length[0] = 4
+    view = drv.cache.view(1)
+    k = torch.from_dlpack(view["k"])
+    pool = torch.from_dlpack(drv.cache.buffers()[0])
+    assert k.shape == (drv.cache.config["pages"], d.page_size, d.heads, d.head_dim)
+    # Zero-copy: the view points into the pool itself.
+    assert pool.data_ptr() <= k.data_ptr() < pool.data_ptr() + pool.numel()
+    # A write through the exported tensor is what gather reads (position 2 of sequence 0, head 1).
+    page, offset = int(drv.page_list[0][0]), 2
+    k[page, offset, 1] = torch.arange(d.head_dim, dtype=k.dtype)
+    got_k, _ = drv.gather(1, 0, 0, 4)
+    assert torch.equal(got_k[1, 2], torch.arange(d.head_dim, dtype=torch.float32))
+    assert torch.equal(got_k[0, 2], drv.ref[(1, 0, 2)][0][0])
+    # The exported tensor keeps the cache alive.
+    del view, drv
+    gc.collect()
+    assert torch.equal(k[page, offset, 1], torch.arange(d.head_dim, dtype=k.dtype))
+
+
+@pytest.mark.parametrize("d", variants_where(model="tiny", quantized=True, hybrid=False), ids=lambda d: d.name)
+def test_quantized_view_exports_codes_and_scales(d, generator):
+    drv = Driver(d, generator=generator)
+    drv.append(0, 0, 3, "padded")
+    drv.cache.commit()
+    view = drv.cache.view(0)
+    codes = torch.from_dlpack(view["k"])
+    assert codes.dtype == (torch.int8 if d.storage == "int8" else torch.uint8)
+    scales = torch.from_dlpack(view["k_scales"])
+    assert scales.dtype == TORCH_DTYPE[d.scale_dtype]
+    assert scales.shape == codes.shape[:3]
+    # value = code * scale, read through the exported views at the coordinates the reference used.
+    if d.storage == "int8":
+        loc = (int(drv.page_list[0][0]), 1) if d.addressing == "paged" else (0, 1)
+        got = codes[loc].float() * scales[loc].float()[..., None]
+        want = drv.ref[(0, 0, 1)][0]
+        assert ((got - want).abs() <= want.abs().amax() / 127.0 + 1e-2).all()
+
+
+def test_refused_calls_raise_the_mapped_class_and_write_nothing(generator):
+    d = variants_where(model="tiny", addressing="paged", storage="fp32", hybrid=False)[0]
+    drv = Driver(d, generator=generator)
+    drv.append(0, 0, 3, "padded")
+    before = pool_bytes(drv.cache)
+    k = torch.randn(2, d.heads, d.head_dim)
+    bad = [
+        (kvforge.OutOfRangeError, IndexError, dict(slots=torch.tensor([0, 10 ** 6]))),
+        (kvforge.DtypeError, TypeError, dict(slots=torch.tensor([0, 1], dtype=torch.int32))),
+        (kvforge.ShapeError, ValueError, dict(slots=torch.tensor([[0, 1]]))),
+        (kvforge.ShapeError, ValueError, dict(slots=torch.tensor([0, 1, 2]))),
+    ]
+    for cls, builtin, targets in bad:
+        with pytest.raises(cls) as caught:
+            drv.cache.append(0, k, k, **targets)
+        assert isinstance(caught.value, builtin) and caught.value.argument.startswith("targets.slots")
+    with pytest.raises(kvforge.DtypeError) as caught:
+        drv.cache.append(0, k.double(), k, slots=torch.tensor([0, 1]))
+    assert caught.value.argument == "k" and "float64" not in str(caught.value)  # names DLPack's code
+    with pytest.raises(kvforge.ShapeError, match="3 dimensions"):
+        drv.cache.append(0, k[0], k[0], slots=torch.tensor([0]))
+    with pytest.raises(kvforge.ArgumentError, match="__dlpack__"):
+        drv.cache.append(0, [[0.0]], k, slots=torch.tensor([0, 1]))
+    with pytest.raises(kvforge.OutOfRangeError) as caught:
+        drv.cache.append(d.layers, k, k, slots=torch.tensor([0, 1]))
+    assert caught.value.argument == "layer" and (caught.value.lo, caught.value.hi) == (0, d.layers)
+    with pytest.raises(kvforge.UnsupportedError):
+        drv.cache.reorder(torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(kvforge.ShapeError, match="packed"):
+        drv.cache.pack_pages(torch.tensor([0, 1], dtype=torch.int32), torch.empty(10, dtype=torch.uint8))
+    assert all(np.array_equal(a, b) for a, b in zip(before, pool_bytes(drv.cache)))
+
+
+def test_registry_and_creation_errors():
+    with pytest.raises(kvforge.UnknownVariantError) as caught:
+        kvforge.create("vllm_paged_nhd.tiny.fp33", pages=4)
+    assert isinstance(caught.value, LookupError) and "vllm_paged_nhd.tiny.fp32" in caught.value.nearest
+    with pytest.raises(kvforge.OutOfRangeError, match="pages"):
+        kvforge.create("vllm_paged_nhd.tiny.fp32", pages=0)
+    with pytest.raises(kvforge.ArgumentError, match="device"):
+        kvforge.create("vllm_paged_nhd.tiny.fp32", pages=4, device="tpu")
+    with pytest.raises(kvforge.ArgumentError, match="storage"):
+        kvforge.variants(storage="fp64")
+    names = [d.name for d in kvforge.variants(layout="vllm_paged_nhd", model="tiny")]
+    assert names == sorted(names) and all(n.startswith("vllm_paged_nhd.tiny.") for n in names)
+    d = kvforge.describe("vllm_paged_nhd.tiny.fp32")
+    assert d.bytes_per_token == 2 * d.layers * d.heads * d.head_dim * 4
+    # A layout and a model that were never expanded together are served by the generic path.
+    eager = {d.layout: d for d in kvforge.variants() if d.update == "eager" and d.addressing == "contiguous"}
+    models = {d.model: d.storage for d in kvforge.variants() if not d.hybrid and not d.quantized}
+    expanded = {(d.layout, d.model) for d in kvforge.variants()}
+    pairs = [(layout, model) for layout in eager for model in models if (layout, model) not in expanded]
+    assert pairs, "the default matrix has no unexpanded layout x model pair to serve generically"
+    layout, model = pairs[0]
+    generic = kvforge.create(layout=layout, model=model, storage=models[model], max_seq_len=16)
+    assert generic.descriptor.generic and generic.descriptor.name.startswith(f"{layout}.{model}")
+
+
+def test_plan_memory():
+    name = "vllm_paged_nhd.tiny.fp32"
+    d = kvforge.describe(name)
+    plan = kvforge.plan_memory(name, mode="reserve", budget_bytes=1 << 20, reserve_bytes=1 << 18)
+    assert plan["page_bytes"] == d.bytes_per_token * d.page_size
+    assert plan["pages"] == ((1 << 20) - (1 << 18)) // plan["page_bytes"]
+    with pytest.raises(kvforge.ArgumentError, match="budget_bytes"):
+        kvforge.plan_memory(name, mode="reserve")
+    with pytest.raises(kvforge.UnsupportedError):
+        kvforge.plan_memory("jetstream_contiguous.tiny.fp32", pages=4)
+
+
+def test_sequence_manager_batch_arrays_and_offload(generator):
+    d = kvforge.describe("vllm_paged_nhd.tiny.fp32")
+    cache = kvforge.create(d.name, pages=12)
+    manager = kvforge.SequenceManager(cache, host_blocks=8)
+    prompt = list(range(100, 140))
+    assert manager.add(1, prompt) == 0
+    batch = manager.step([1])
+    pages = manager.pages(1)
+    # Slots from plain page arithmetic over the page list.
+    assert batch["slots"].tolist() == [pages[p // d.page_size] * d.page_size + p % d.page_size for p in range(40)]
+    assert batch["page_table"].shape == (1, batch["max_pages"]) and batch["indptr"].tolist() == [0, len(pages)]
+    assert batch["last_page_len"].tolist() == [40 - (len(pages) - 1) * d.page_size]
+    k = torch.randn(40, d.heads, d.head_dim, generator=generator)
+    for layer in range(d.layers):
+        cache.append(layer, k, k + 1, slots=batch["slots"])
+    # A second prompt sharing two full blocks is served from the prefix cache.
+    assert manager.add(2, prompt[:32] + [7, 8]) == 32
+    assert manager.stats["prefix_hits"] == 2
+    manager.offload(1)
+    with pytest.raises(kvforge.StateError):
+        manager.append(1, [5])
+    manager.restore(1)
+    r = manager.range(1, 0, 40)
+    k_out, v_out = torch.empty(d.heads, 40, d.head_dim), torch.empty(d.heads, 40, d.head_dim)
+    cache.gather(1, k_out, v_out, pages=r["pages"], begin=0, end=40)
+    assert torch.equal(k_out, k.transpose(0, 1)) and torch.equal(v_out, (k + 1).transpose(0, 1))
+    with pytest.raises(kvforge.CapacityError) as caught:
+        manager.add(3, list(range(12 * d.page_size)))
+    assert caught.value.needed > caught.value.available
+    manager.check_invariants()
+
+
+def test_hybrid_sequence_manager():
+    d = variants_where(hybrid=True, model="tiny_hybrid")[0]
+    cache = kvforge.create(d.name, pages=16)
+    assert cache.num_groups == len(d.groups) == 2
+    manager = kvforge.HybridSequenceManager(cache)
+    manager.add(7, list(range(30)))
+    steps = manager.step([7])
+    assert len(steps) == 2 and all(len(s["slots"]) == 30 for s in steps)
+    k = torch.randn(30, d.heads, d.head_dim).to(torch.bfloat16)
+    for layer in range(d.layers):
+        cache.append(layer, k, k, slots=steps[cache.group_of(layer)]["slots"])
+    window = d.groups[0]["sliding_window"]
+    local = d.groups[0]["layers"][0]
+    r = manager.range(local, 7, 30 - window, 30)
+    out = torch.empty(d.heads, window, d.head_dim, dtype=torch.bfloat16)
+    cache.gather(local, out, out.clone(), pages=r["pages"], begin=r["begin"], end=r["end"])
+    assert torch.equal(out, k[30 - window:].transpose(0, 1))
+
+
+def test_pack_and_unpack_round_trip(generator):
+    d = kvforge.describe("flashinfer_paged_hnd.tiny.int8_in_bf16")
+    cache = kvforge.create(d.name, pages=4)
+    k = torch.randn(2 * d.page_size, d.heads, d.head_dim, generator=generator).to(torch.bfloat16)
+    slots = torch.arange(2 * d.page_size)
+    for layer in range(d.layers):
+        cache.append(layer, k, k, slots=slots)
+    packed = torch.empty(2 * cache.packed_page_bytes(), dtype=torch.uint8)
+    cache.pack_pages(torch.tensor([0, 1], dtype=torch.int32), packed)
+    cache.unpack_pages(packed, torch.tensor([3, 2], dtype=torch.int32))
+    a, b = (torch.empty(d.heads, d.page_size, d.head_dim, dtype=torch.bfloat16) for _ in range(2))
+    c, e = (torch.empty_like(a) for _ in range(2))
+    cache.gather(1, a, b, pages=torch.tensor([0], dtype=torch.int32), begin=0, end=d.page_size)
+    cache.gather(1, c, e, pages=torch.tensor([3], dtype=torch.int32), begin=0, end=d.page_size)
+    assert torch.equal(a, c) and torch.equal(b, e)
+
+
+def test_spec_validation_reports_every_error(tmp_path):
+    import kvforge.specs
+    layouts, models = tmp_path / "layouts", tmp_path / "models"
+    layouts.mkdir()
+    models.mkdir()
+    (models / "m.yaml").write_text("name: m\nlayers: 2\nkv_heads: 2\nhead_dim: 16\nmax_seq_len: 64\n")
+    (layouts / "ok.yaml").write_text("name: ok\naddressing: paged\npage_size: 8\naxes: [page, slot, head, dim]\n"
+                                     "update: eager\nexpand:\n  - models: [m]\n    dtypes: [fp32]\n")
+    assert kvforge.specs.validate([str(layouts)], [str(models)], root=str(tmp_path)) == ["ok.m.fp32"]
+    (layouts / "bad.yaml").write_text("name: bad\naddressing: pages\npage_size: thirty\naxes: [page, slot, head, dim]\n"
+                                      "update: eager\nexpand:\n  - models: [m]\n    dtypes: [fp32]\n")
+    with pytest.raises(kvforge.SpecError) as caught:
+        kvforge.specs.validate([str(layouts)], [str(models)], root=str(tmp_path))
+    errors = caught.value.errors
+    assert any(e.startswith("layouts/bad.yaml:2: addressing:") and "allowed:" in e for e in errors)
+    assert any(e.startswith("layouts/bad.yaml:3: page_size:") for e in errors)
+    (layouts / "bad.yaml").write_bytes(b"\xff\xfe\x00garbage: [")
+    with pytest.raises(kvforge.SpecError, match="bad.yaml:1"):
+        kvforge.specs.validate([str(layouts)], [str(models)], root=str(tmp_path))
