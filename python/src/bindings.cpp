@@ -19,6 +19,7 @@
 
 #include "kvforge/kvforge.hpp"
 #include "kvforge/memory_plan.hpp"
+#include "kvforge/quant.hpp"
 #include "kvforge/sequence_manager.hpp"
 
 namespace nb = nanobind;
@@ -333,6 +334,8 @@ nb::list layer_groups(const VariantDescriptor& d) {
       gi["layers"] = std::vector<int>(info.layers, info.layers + info.num_layers);
       gi["sliding_window"] = info.sliding_window;
       gi["member"] = info.member->name;
+      gi["member_layout"] = info.member->layout;
+      gi["page_size"] = info.member->page_size;
       groups.append(gi);
     }
   return groups;
@@ -638,6 +641,14 @@ NB_MODULE(_native, m) {
       .def_prop_ro("num_groups", &HybridSequenceManager::num_groups)
       .def("group", &HybridSequenceManager::group, "g"_a, nb::rv_policy::reference_internal);
 
+  m.def("quant_max", [](const std::string& storage) -> float {
+    switch (*dtype_named(storage, "storage")) {
+      case DType::i8: return detail::Codec<int8_t>::qmax;
+      case DType::f8e4m3: return detail::Codec<fp8_e4m3>::qmax;
+      case DType::f8e5m2: return detail::Codec<fp8_e5m2>::qmax;
+      default: throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2)");
+    }
+  }, "storage"_a, "The largest code magnitude of a quantized storage dtype (docs/quantization.md)");
   m.def("cpu_level", [] { return cpu_level(); });
   m.def("cuda_available", [] { return cuda_available(); });
 }

@@ -1,0 +1,254 @@
+"""A transformers `Cache` over any kvforge variant, so HF models generate through kvforge's layouts.
+
+    cache = kvforge.hf.KvforgeCache("vllm_paged_nhd.tiny.fp32", model.config, batch_size=2)
+    model.generate(input_ids, attention_mask=mask, cache=cache, max_new_tokens=20)
+
+Row b of the batch is row b of a contiguous or ring cache, or sequence b of a paged one, whose pages a
+kvforge SequenceManager (HybridSequenceManager for hybrid variants) allocates as the batch grows, and
+frees as they leave a sliding window. Each layer's `update` reads the layer's cached positions back
+from kvforge (dequantized, for int8 and fp8 storage), appends the new tokens, and returns
+[batch, heads, cached + new, head_dim] as transformers' own DynamicCache does: every position for a
+full-attention layer, and the last `sliding_window - 1` cached positions plus the new ones for a
+sliding layer. The new tokens join the returned keys and values as computed; they are read back from
+the cache from the next step on.
+
+The variant must match the model: layers, key/value heads and head_dim of the config. Sequences are
+all in step (HF pads a batch to one length); `KvforgeCache.sequence_manager` exposes the manager for
+prefix sharing and forks outside `generate`.
+"""
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+import kvforge
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class KvforgeLayer(CacheLayerMixin):
+    """One model layer's view of a KvforgeCache (transformers' per-layer cache interface)."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, owner, layer_idx, sliding_window=None):
+        super().__init__()
+        self.owner, self.layer_idx, self.sliding_window = owner, layer_idx, sliding_window
+        self.is_sliding = sliding_window is not None
+
+    def lazy_initialization(self, key_states, value_states):
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        return self.owner._update(self, key_states, value_states)
+
+    def visible_from(self, cached):
+        """The first cached position the next query still sees (transformers' sliding rule)."""
+        return max(cached - self.sliding_window + 1, 0) if self.is_sliding else 0
+
+    def get_mask_sizes(self, query_length):
+        cached = self.owner.past_length()
+        offset = self.visible_from(cached)
+        return cached - offset + query_length, offset
+
+    def get_seq_length(self):
+        return self.owner.past_length()
+
+    def get_max_length(self):
+        return self.sliding_window if self.is_sliding else -1
+
+    def reset(self):
+        pass  # KvforgeCache.reset resets the kvforge cache and its sequences once for every layer
+
+
+class KvforgeCache(Cache):
+    """transformers' Cache over a kvforge variant (a name, layout.model.dtype, of kvforge.variants()).
+
+    config: the model's config. batch_size: the rows of a contiguous or ring cache, and the sequences
+    `generate` serves by default (ids 0 .. batch_size - 1). pages: a paged cache's pool (default: every
+    one of batch_size sequences can reach the variant's max_seq_len). prefix_caching: paged variants
+    share the full pages of prompts added with `add` (token ids known). tensor_scales: per_tensor
+    quantized variants, {layer: (k_scale, v_scale)}; a layer without one is calibrated on its first
+    tokens as vLLM does, to twice their amax over the format's largest code (headroom for later
+    tokens; larger values saturate). device: where the kvforge cache lives.
+
+    Beyond `generate`, a paged cache serves sequences over one pool at different times (continuous
+    batching): `add(seq, prompt)` returns how many prompt tokens the prefix cache already holds,
+    `extend(seq, tokens)` registers the tokens the next forward feeds, `fork(parent, child)` shares
+    every page, `free(seq)` gives them back, and `serve(seqs)` names the sequences of the next
+    forward's batch rows, which must all hold the same number of tokens.
+    """
+
+    def __init__(self, variant, config, batch_size=1, pages=None, prefix_caching=False, tensor_scales=None,
+                 device="cpu"):
+        d = kvforge.describe(variant)
+        text = config.get_text_config(decoder=True)
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        model_shape = (text.num_hidden_layers, text.num_key_value_heads, head_dim)
+        if model_shape != (d.layers, d.heads, d.head_dim):
+            raise kvforge.ArgumentError(f"variant: {variant} stores (layers, kv heads, head_dim) = "
+                                        f"{(d.layers, d.heads, d.head_dim)}, the model has {model_shape}")
+        self.descriptor, self.rows = d, batch_size  # (Cache.batch_size is a read-only property)
+        self.dtype = _DTYPES[d.input]
+        windows = self._layer_windows(text)
+        if d.addressing == "ring" and any(w is None or w > d.window for w in windows):
+            raise kvforge.ArgumentError(f"variant: {variant} keeps a window of {d.window} positions; every layer of "
+                                        f"the model must attend within it (sliding windows: {windows})")
+        if d.paged:
+            # A hybrid variant's members each have this many pages, at their own page sizes.
+            page_size = min(g["page_size"] for g in d.groups) if d.hybrid else d.page_size
+            pages = pages or batch_size * -(-d.max_seq_len // page_size)
+            self.kv = kvforge.create(variant, pages=pages, device=device)
+            if d.hybrid:
+                self.sequence_manager = kvforge.HybridSequenceManager(self.kv, prefix_caching=prefix_caching)
+            else:
+                # A model whose every layer slides frees the pages that leave the window.
+                window = windows[0] if len(set(windows)) == 1 and windows[0] is not None else 0
+                self.sequence_manager = kvforge.SequenceManager(self.kv, prefix_caching=prefix_caching, window=window)
+        else:
+            self.kv = kvforge.create(variant, rows=batch_size, device=device,
+                                     max_staged_tokens=batch_size * d.max_seq_len if d.lazy else 0)
+            self.sequence_manager = None
+        self.lengths = {}   # sequence -> tokens its K/V hold in every layer
+        self.pending = {}   # sequence -> tokens registered for the next forward (paged)
+        self.active = list(range(batch_size))
+        self._slots = None  # per layer group: this forward's append slots, sequence by sequence
+        self.tensor_scales = dict(tensor_scales or {})
+        for layer, (k_scale, v_scale) in self.tensor_scales.items():
+            self.kv.set_tensor_scale(layer, k_scale, v_scale)
+        super().__init__(layers=[KvforgeLayer(self, i, w) for i, w in enumerate(windows)])
+
+    @staticmethod
+    def _layer_windows(text):
+        """Each layer's sliding window, or None for global attention (transformers' layer types)."""
+        types = getattr(text, "layer_types", None)
+        window = getattr(text, "sliding_window", None)
+        if types is None:
+            types = ["sliding_attention" if window is not None else "full_attention"] * text.num_hidden_layers
+        return [window if t == "sliding_attention" else None for t in types]
+
+    # -- sequences ---------------------------------------------------------------------------------
+
+    def _paged_only(self, what):
+        if self.sequence_manager is None:
+            raise kvforge.UnsupportedError(f"{what}: {self.descriptor.name} is not paged; its sequences are its rows")
+
+    def add(self, seq, prompt):
+        """Starts `seq` with prompt token ids; returns how many the prefix cache covers. Feed the rest."""
+        self._paged_only("add")
+        covered = self.sequence_manager.add(seq, list(prompt))
+        self.lengths[seq], self.pending[seq] = covered, len(prompt) - covered
+        return covered
+
+    def extend(self, seq, tokens):
+        """Registers the token ids the next forward feeds for `seq` (else placeholders are registered)."""
+        self._paged_only("extend")
+        self.sequence_manager.append(seq, list(tokens))
+        self.pending[seq] += len(tokens)
+
+    def fork(self, parent, child):
+        self._paged_only("fork")
+        self.sequence_manager.fork(parent, child)
+        self.lengths[child], self.pending[child] = self.lengths[parent], 0
+
+    def free(self, seq):
+        self._paged_only("free")
+        self.sequence_manager.free(seq)
+        del self.lengths[seq], self.pending[seq]
+
+    def serve(self, seqs):
+        """The sequences the next forward's batch rows are, in order; all must hold the same length."""
+        seqs = list(seqs)
+        held = {self.lengths.get(s, 0) for s in seqs}
+        if len(held) > 1:
+            raise kvforge.ArgumentError(f"seqs: a forward serves sequences of one length; these hold {sorted(held)}")
+        if self.sequence_manager is None and any(not 0 <= s < self.rows for s in seqs):
+            raise kvforge.OutOfRangeError(f"seqs: a row of this cache lies in [0, {self.rows})")
+        self.active = seqs
+
+    def past_length(self):
+        return self.lengths.get(self.active[0], 0) if self.active else 0
+
+    # -- one forward -------------------------------------------------------------------------------
+
+    def _begin_step(self, new_tokens):
+        """Registers the new tokens of every served sequence and takes their slots (paged variants)."""
+        manager = self.sequence_manager
+        for seq in self.active:
+            if seq not in self.lengths:
+                manager.add(seq, [0] * new_tokens)  # placeholder ids: only prefix hashing reads them
+                self.lengths[seq], self.pending[seq] = 0, new_tokens
+            elif self.pending[seq] == 0:
+                manager.append(seq, [0] * new_tokens)
+                self.pending[seq] = new_tokens
+            if self.pending[seq] != new_tokens:
+                raise kvforge.ArgumentError(f"seqs: sequence {seq} registered {self.pending[seq]} new tokens, "
+                                            f"the forward feeds {new_tokens}")
+        steps = manager.step(self.active)
+        self._slots = [torch.from_numpy(s["slots"]) for s in (steps if isinstance(steps, list) else [steps])]
+
+    def _update(self, layer, key_states, value_states):
+        """key_states, value_states: [batch, heads, new, head_dim] -> the same over visible + new positions."""
+        d, index = self.descriptor, layer.layer_idx
+        batch, heads, new, head_dim = key_states.shape
+        if batch != len(self.active):
+            raise kvforge.ShapeError(f"key_states: batch of {batch} rows, the cache serves {len(self.active)} "
+                                     f"sequences (serve() names them)")
+        key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
+        if d.paged and index == 0:
+            self._begin_step(new)
+        if d.quant == "per_tensor" and index not in self.tensor_scales:
+            self._calibrate(index, key_states, value_states)
+        end = self.past_length()
+        begin = layer.visible_from(end)
+        keys = key_states.new_empty(batch, heads, end - begin + new, head_dim)
+        values = torch.empty_like(keys)
+        for row, seq in enumerate(self.active):
+            # Read the cached positions straight into this row's part of the result (strided output).
+            if end > begin:
+                k_out, v_out = keys[row, :, :end - begin], values[row, :, :end - begin]
+                if d.paged:
+                    r = self._range(index, seq, begin, end)
+                    self.kv.gather(index, k_out, v_out, pages=r["pages"], begin=begin, end=end)
+                else:
+                    self.kv.gather(index, k_out, v_out, row=seq, begin=begin, end=end)
+            # [heads, new, head_dim] of the batch tensor, viewed as the [new, heads, head_dim] append
+            # takes: strided, no copy.
+            k_new, v_new = key_states[row].transpose(0, 1), value_states[row].transpose(0, 1)
+            if d.paged:
+                slots = self._slots[self.kv.group_of(index)][row * new:(row + 1) * new]
+                self.kv.append(index, k_new, v_new, slots=slots)
+            else:
+                positions = torch.arange(end, end + new, dtype=torch.int32)
+                self.kv.append(index, k_new, v_new, rows=torch.full((new,), seq, dtype=torch.int32),
+                               positions=positions)
+        if index == len(self.layers) - 1:  # the forward's last layer: its tokens are now held
+            if d.lazy:
+                self.kv.commit()
+            for seq in self.active:
+                self.lengths[seq] = end + new
+                self.pending[seq] = 0
+        keys[:, :, end - begin:] = key_states
+        values[:, :, end - begin:] = value_states
+        return keys, values
+
+    def _calibrate(self, layer, key_states, value_states):
+        qmax = kvforge.quant_max(self.descriptor.storage)
+        scale = lambda x: max(2.0 * float(x.float().abs().amax()) / qmax, 1e-12)  # noqa: E731
+        self.tensor_scales[layer] = (scale(key_states), scale(value_states))
+        self.kv.set_tensor_scale(layer, *self.tensor_scales[layer])
+
+    def _range(self, layer, seq, begin, end):
+        if self.descriptor.hybrid:
+            return self.sequence_manager.range(layer, seq, begin, end)
+        return self.sequence_manager.range(seq, begin, end)
+
+    def reset(self):
+        self.kv.reset()
+        if self.sequence_manager is not None:
+            for seq in list(self.lengths):
+                self.sequence_manager.free(seq)
+        self.lengths, self.pending = {}, {}
+        self.active = list(range(self.rows))

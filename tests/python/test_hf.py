@@ -1,0 +1,262 @@
+"""HF transformers' own models generate through kvforge caches (kvforge.hf.KvforgeCache).
+
+Tiny configs with random weights and fixed seeds, built here; nothing is downloaded. Every default
+variant of the tiny models generates a batch of two prompts of different lengths (left padding), and
+its tokens and logits are held to transformers' own cache:
+  - float storage: the same tokens as DynamicCache, logits within rounding of the storage dtype
+    (LOGIT_BOUND; fp32 within fp32 rounding);
+  - int8 and fp8 storage: the same tokens and logits (QUANTIZED_LOGIT_BOUND) as DynamicCache layers
+    that apply docs/quantization.md's rule, written here independently, to every token they keep; so
+    the documented per-element bound is carried to the logits exactly. Against DynamicCache's own
+    unquantized run, teacher-forced on its tokens, the logits move by at most DEVIATION_BOUND: the
+    storage error flips near-tied tokens of a random-weight model, so tokens are not compared there.
+Generation is cross-checked against recomputation of the whole sequence, with no cache, by PyTorch's
+scaled_dot_product_attention (Gemma-2: transformers' eager attention, its softcapping has no SDPA path); and a paged cache serves sequences at different times over one pool,
+with a shared prefix and a fork, against the same recomputation.
+"""
+
+import pytest
+import torch
+from conftest import TORCH_DTYPE, variants_where
+from transformers import (DynamicCache, Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, StaticCache)
+from transformers.cache_utils import Cache, DynamicLayer
+
+import kvforge
+import kvforge.hf
+
+# |logits - DynamicCache's logits| <= bound * max |logits|, per storage dtype (observed: 0 for each).
+LOGIT_BOUND = {"fp32": 1e-6, "fp16": 2 ** -10, "bf16": 2 ** -7}
+QUANTIZED_LOGIT_BOUND = 2 ** -7  # against the reference quantizer, bf16 rounding of the logits (observed: 0)
+# Teacher-forced against unquantized DynamicCache, relative to max |logits|: what the storage's error
+# (docs/quantization.md) costs this model; measured values are in docs/quantization.md.
+DEVIATION_BOUND = {"int8": 0.02, "fp8_e4m3": 0.1, "fp8_e5m2": 0.1}
+VOCAB, PROMPT, NEW = 128, 9, 30
+
+
+def shared(d):
+    return dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=d.heads, head_dim=d.head_dim, num_hidden_layers=d.layers,
+                max_position_embeddings=d.max_seq_len, attn_implementation="sdpa")
+
+
+def model_for(d, seed=0):
+    """The transformers model whose attention the variant serves: Gemma-2 for a hybrid variant (its
+    local groups' window), Mistral for a ring (the ring's window), Llama otherwise."""
+    torch.manual_seed(seed)
+    if d.hybrid:
+        windows = {g["sliding_window"] for g in d.groups if g["sliding_window"]}
+        layer_types = ["full_attention"] * d.layers
+        for g in d.groups:
+            for layer in g["layers"]:
+                layer_types[layer] = "sliding_attention" if g["sliding_window"] else "full_attention"
+        # Gemma-2's attention softcapping has no SDPA path in transformers: its eager attention.
+        config = Gemma2Config(sliding_window=windows.pop(), layer_types=layer_types, query_pre_attn_scalar=d.head_dim,
+                              **{**shared(d), "attn_implementation": "eager"})
+        model = Gemma2ForCausalLM(config)
+    elif d.addressing == "ring":
+        model = MistralForCausalLM(MistralConfig(sliding_window=d.window, **shared(d)))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shared(d)))
+    return model.eval().to(TORCH_DTYPE[d.input])
+
+
+def prompts(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (2, PROMPT), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # the second prompt is 3 tokens shorter, padded on the left
+    return ids, mask
+
+
+def generate(model, cache, new=NEW):
+    ids, mask = prompts()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, cache=cache,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences, torch.stack(out.logits).float()
+
+
+def teacher_forced(model, cache, tokens):
+    """The logits of each step when the cache is fed `tokens` (prompt, then one token a step):
+    [steps, batch, vocab], as generate() reports them."""
+    ids, mask = prompts()
+    out = []
+    with torch.no_grad():
+        for end in range(PROMPT, PROMPT + NEW):
+            step = tokens[:, :end] if end == PROMPT else tokens[:, end - 1:end]
+            full_mask = torch.cat([mask, torch.ones(2, end - PROMPT, dtype=mask.dtype)], 1)
+            out.append(model(step, attention_mask=full_mask, cache=cache).logits[:, -1].float())
+    return torch.stack(out)
+
+
+def next_bf16_up(s):
+    """The smallest bf16 >= s (positive s): a bf16 scale is rounded up (docs/quantization.md, rule 2)."""
+    b = s.to(torch.bfloat16)
+    above = (b.view(torch.int16) + 1).view(torch.bfloat16)
+    return torch.where(b.float() >= s, b.float(), above.float())
+
+
+def quantize_dequantize(x, d, tensor_scale):
+    """docs/quantization.md's rules on x [batch, heads, tokens, head_dim], written from the text."""
+    xf = x.float()
+    if d.storage == "int8":
+        group = (1, 3) if d.quant == "per_token" else (3,)  # a token over all heads, or one head
+        s = xf.abs().amax(dim=group, keepdim=True) / 127.0
+        if d.scale_dtype == "bf16":
+            s = next_bf16_up(s)
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        return (torch.clamp(torch.round(xf / s), -127, 127) * s).to(x.dtype)  # torch.round: half to even
+    fp8 = torch.float8_e4m3fn if d.storage == "fp8_e4m3" else torch.float8_e5m2
+    return ((xf / tensor_scale).to(fp8).float() * tensor_scale).to(x.dtype)
+
+
+class QuantizedReferenceLayer(DynamicLayer):
+    """DynamicCache's layer, keeping each token as the quantization rule would read it back."""
+
+    def __init__(self, d, scales, layer, window=None):
+        super().__init__()
+        self.d, self.scales, self.layer, self.window = d, scales, layer, window
+        self.seen = 0  # tokens ever cached (a sliding layer keeps fewer)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)
+        k_scale, v_scale = self.scales.get(self.layer, (None, None))
+        self.seen += key_states.shape[-2]
+        self.keys = torch.cat([self.keys, quantize_dequantize(key_states, self.d, k_scale)], -2)
+        self.values = torch.cat([self.values, quantize_dequantize(value_states, self.d, v_scale)], -2)
+        if self.window:  # DynamicSlidingWindowLayer keeps the last window - 1 positions
+            self.keys, self.values = self.keys[:, :, 1 - self.window:], self.values[:, :, 1 - self.window:]
+        return keys, values
+
+    def get_mask_sizes(self, query_length):
+        if not self.window:
+            return super().get_mask_sizes(query_length)
+        cached = self.seen
+        return min(cached, self.window - 1) + query_length, max(cached - self.window + 1, 0)
+
+    def get_seq_length(self):
+        return self.seen if self.window else super().get_seq_length()
+
+
+TINY = variants_where(model=lambda m: m in ("tiny", "tiny_hybrid"))
+
+
+@pytest.mark.parametrize("d", [d for d in TINY if not d.quantized], ids=lambda d: d.name)
+def test_generates_what_dynamic_cache_generates(d):
+    model = model_for(d)
+    want_tokens, want_logits = generate(model, DynamicCache(config=model.config))
+    cache = kvforge.hf.KvforgeCache(d.name, model.config, batch_size=2)
+    got_tokens, got_logits = generate(model, cache)
+    assert torch.equal(got_tokens, want_tokens)
+    assert (got_logits - want_logits).abs().max() <= LOGIT_BOUND[d.storage] * want_logits.abs().max()
+    assert cache.get_seq_length() == PROMPT + NEW - 1
+
+
+@pytest.mark.parametrize("d", [d for d in TINY if d.quantized], ids=lambda d: d.name)
+def test_quantized_generates_what_the_documented_rule_gives(d):
+    model = model_for(d)
+    cache = kvforge.hf.KvforgeCache(d.name, model.config, batch_size=2)
+    got_tokens, got_logits = generate(model, cache)
+    window = d.window if d.addressing == "ring" else None
+    reference = Cache(layers=[QuantizedReferenceLayer(d, cache.tensor_scales, i, window) for i in range(d.layers)])
+    want_tokens, want_logits = generate(model, reference)
+    assert torch.equal(got_tokens, want_tokens)
+    assert (got_logits - want_logits).abs().max() <= QUANTIZED_LOGIT_BOUND * want_logits.abs().max()
+    # Teacher-forced on DynamicCache's own tokens: how far quantized storage moves the logits.
+    plain_tokens, plain_logits = generate(model, DynamicCache(config=model.config))
+    logits = teacher_forced(model, kvforge.hf.KvforgeCache(d.name, model.config, batch_size=2), plain_tokens)
+    deviation = (logits - plain_logits).abs().max() / plain_logits.abs().max()
+    assert deviation <= DEVIATION_BOUND[d.storage], float(deviation)
+
+
+def test_static_cache_agrees():
+    d = kvforge.describe("jetstream_contiguous.tiny.fp32")
+    model = model_for(d)
+    want, _ = generate(model, StaticCache(config=model.config, max_cache_len=d.max_seq_len))
+    got, _ = generate(model, kvforge.hf.KvforgeCache(d.name, model.config, batch_size=2))
+    assert torch.equal(got, want)
+
+
+def recompute_logits(model, tokens, mask):
+    """Logits of every position from the whole sequence, no cache: scaled_dot_product_attention."""
+    with torch.no_grad():
+        return model(tokens, attention_mask=mask, use_cache=False).logits.float()
+
+
+@pytest.mark.parametrize("d", [kvforge.describe(n) for n in ("flashinfer_paged_hnd.tiny.fp32", "jetstream_ring.tiny.fp32",
+                                                              "hybrid_paged.tiny_hybrid.bf16")], ids=lambda d: d.name)
+def test_generation_equals_full_recomputation(d):
+    model = model_for(d)
+    tokens, logits = generate(model, kvforge.hf.KvforgeCache(d.name, model.config, batch_size=2))
+    _, mask = prompts()
+    full_mask = torch.cat([mask, torch.ones(2, NEW, dtype=mask.dtype)], 1)
+    full = recompute_logits(model, tokens, full_mask)[:, PROMPT - 1:-1]
+    # bf16 activations round differently when a whole sequence is one GEMM: a few bf16 steps.
+    bound = 1e-4 if d.input == "fp32" else 2 ** -5
+    assert (full - logits.transpose(0, 1)).abs().max() <= bound * full.abs().max()
+
+
+def test_sliding_window_frees_pages_of_a_paged_cache():
+    ring = kvforge.describe("jetstream_ring.tiny.fp32")
+    model = model_for(ring)  # Mistral, every layer sliding over the tiny model's window
+    want, _ = generate(model, DynamicCache(config=model.config))
+    cache = kvforge.hf.KvforgeCache("vllm_paged_nhd.tiny.fp32", model.config, batch_size=2)
+    got, _ = generate(model, cache)
+    assert torch.equal(got, want)
+    assert -1 in cache.sequence_manager.pages(0)  # pages wholly before the window went back to the pool
+
+
+def test_continuous_batching_with_a_shared_prefix_and_a_fork():
+    d = kvforge.describe("vllm_paged_nhd.tiny.fp32")
+    model = model_for(d)
+    cache = kvforge.hf.KvforgeCache(d.name, model.config, pages=12, prefix_caching=True)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(1, VOCAB, (d.page_size + 4,), generator=g).tolist()
+    held = {}  # sequence -> every token fed so far
+
+    def feed(seq, tokens):
+        """One forward of `seq` alone over its new tokens; checks the logits against recomputation."""
+        cache.serve([seq])
+        with torch.no_grad():
+            logits = model(torch.tensor([tokens]), cache=cache).logits.float()[0]
+        held[seq] = held.get(seq, []) + tokens
+        full = recompute_logits(model, torch.tensor([held[seq]]), None)[0, -len(tokens):]
+        assert (logits - full).abs().max() <= 1e-4 * full.abs().max()
+        return int(logits[-1].argmax())
+
+    def start(seq, prompt):
+        covered = cache.add(seq, prompt)
+        held[seq] = prompt[:covered]
+        return feed(seq, prompt[covered:]), covered
+
+    a_next, a_covered = start(0, prefix + [3, 4, 5])
+    b_next, b_covered = start(1, prefix + [9])  # arrives later, shares the prefix's full page
+    assert (a_covered, b_covered) == (0, d.page_size)
+    assert cache.sequence_manager.stats["prefix_hits"] == 1
+    for _ in range(3):  # decode both, one at a time, over one pool
+        cache.extend(0, [a_next])
+        a_next = feed(0, [a_next])
+        cache.extend(1, [b_next])
+        b_next = feed(1, [b_next])
+    cache.fork(0, 2)
+    held[2] = list(held[0])
+    cache.extend(2, [7])  # the fork takes another token and diverges: copy-on-write of the last page
+    feed(2, [7])
+    cache.extend(0, [a_next])
+    feed(0, [a_next])
+    assert cache.sequence_manager.stats["copies_on_write"] >= 1
+    cache.free(1)
+    cache.sequence_manager.check_invariants()
+
+
+def test_mismatched_model_is_refused():
+    d = kvforge.describe("vllm_paged_nhd.tiny.fp32")
+    config = LlamaConfig(**{**shared(d), "num_key_value_heads": 4})
+    with pytest.raises(kvforge.ArgumentError, match="kv heads"):
+        kvforge.hf.KvforgeCache(d.name, config)
+    ring = kvforge.describe("jetstream_ring.tiny.fp32")
+    with pytest.raises(kvforge.ArgumentError, match="window"):
+        kvforge.hf.KvforgeCache(ring.name, LlamaConfig(**shared(ring)))
