@@ -29,8 +29,9 @@ import kvforge.hf
 LOGIT_BOUND = {"fp32": 1e-6, "fp16": 2 ** -10, "bf16": 2 ** -7}
 QUANTIZED_LOGIT_BOUND = 2 ** -7  # against the reference quantizer, bf16 rounding of the logits (observed: 0)
 # Teacher-forced against unquantized DynamicCache, relative to max |logits|: what the storage's error
-# (docs/quantization.md) costs this model; measured values are in docs/quantization.md.
-DEVIATION_BOUND = {"int8": 0.02, "fp8_e4m3": 0.1, "fp8_e5m2": 0.1}
+# (docs/quantization.md) costs this model. Measured: int8 0.0064 (one bf16 step of the logits), fp8
+# e4m3 and e5m2 0.022.
+DEVIATION_BOUND = {"int8": 0.01, "fp8_e4m3": 0.05, "fp8_e5m2": 0.05}
 VOCAB, PROMPT, NEW = 128, 9, 30
 
 
@@ -166,7 +167,8 @@ def test_quantized_generates_what_the_documented_rule_gives(d):
     assert torch.equal(got_tokens, want_tokens)
     assert (got_logits - want_logits).abs().max() <= QUANTIZED_LOGIT_BOUND * want_logits.abs().max()
     # Teacher-forced on DynamicCache's own tokens: how far quantized storage moves the logits.
-    plain_tokens, plain_logits = generate(model, DynamicCache(config=model.config))
+    plain_tokens, _ = generate(model, DynamicCache(config=model.config))
+    plain_logits = teacher_forced(model, DynamicCache(config=model.config), plain_tokens)
     logits = teacher_forced(model, kvforge.hf.KvforgeCache(d.name, model.config, batch_size=2), plain_tokens)
     deviation = (logits - plain_logits).abs().max() / plain_logits.abs().max()
     assert deviation <= DEVIATION_BOUND[d.storage], float(deviation)
