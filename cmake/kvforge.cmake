@@ -11,7 +11,11 @@
 # spec, template or codegen file changes, and rewrites only files whose content changed.
 include_guard(GLOBAL)
 
-set(KVFORGE_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." CACHE INTERNAL "kvforge source root")
+# The spec compiler lives at ${KVFORGE_ROOT}/codegen: the source tree's, or the installed copy
+# (kvforge-config.cmake sets KVFORGE_ROOT before including this file).
+if(NOT KVFORGE_ROOT)
+  set(KVFORGE_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." CACHE INTERNAL "kvforge source root")
+endif()
 find_package(Python3 3.9 REQUIRED COMPONENTS Interpreter)
 # Cached, because a downstream project that adds kvforge with add_subdirectory() calls kvforge_generate()
 # from its own scope, where the variables find_package set here are not visible.
@@ -120,5 +124,5 @@ function(kvforge_generate)
     endif()
   endforeach()
   target_include_directories(${KG_TARGET} PUBLIC "${KG_OUTPUT_DIR}")
-  target_link_libraries(${KG_TARGET} PUBLIC kvforge_runtime)
+  target_link_libraries(${KG_TARGET} PUBLIC kvforge::runtime)
 endfunction()

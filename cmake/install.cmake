@@ -1,0 +1,37 @@
+# `cmake --install <build> --prefix <prefix>` installs kvforge as a CMake package:
+#   <prefix>/include/kvforge/                    the runtime's headers
+#   <prefix>/lib/libkvforge_runtime.a            the runtime (exported as kvforge::runtime)
+#   <prefix>/lib/cmake/kvforge/                  kvforge-config.cmake, the exported targets, kvforge.cmake
+#   <prefix>/share/kvforge/codegen/              the spec compiler and its templates
+#   <prefix>/share/kvforge/specs/                the default specs, to expand or to learn from
+#   <prefix>/<KVFORGE_PYTHON_INSTALL_DIR>/kvforge/  the Python package, where KVFORGE_PYTHON is on
+# find_package(kvforge) then gives kvforge::runtime and kvforge_generate() for the project's own specs.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+set(KVFORGE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kvforge")
+set(KVFORGE_INSTALL_DATADIR "${CMAKE_INSTALL_DATADIR}/kvforge")
+
+install(TARGETS kvforge_runtime EXPORT kvforgeTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+install(DIRECTORY runtime/include/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(EXPORT kvforgeTargets NAMESPACE kvforge:: DESTINATION "${KVFORGE_INSTALL_CMAKEDIR}")
+install(DIRECTORY codegen/kvforge_codegen codegen/templates DESTINATION "${KVFORGE_INSTALL_DATADIR}/codegen"
+        PATTERN "__pycache__" EXCLUDE)
+install(DIRECTORY specs/ DESTINATION "${KVFORGE_INSTALL_DATADIR}/specs")
+install(FILES cmake/kvforge.cmake DESTINATION "${KVFORGE_INSTALL_CMAKEDIR}")
+
+configure_package_config_file(cmake/kvforge-config.cmake.in "${PROJECT_BINARY_DIR}/kvforge-config.cmake"
+                              INSTALL_DESTINATION "${KVFORGE_INSTALL_CMAKEDIR}"
+                              PATH_VARS KVFORGE_INSTALL_DATADIR)
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/kvforge-config-version.cmake" COMPATIBILITY SameMinorVersion)
+install(FILES "${PROJECT_BINARY_DIR}/kvforge-config.cmake" "${PROJECT_BINARY_DIR}/kvforge-config-version.cmake"
+        DESTINATION "${KVFORGE_INSTALL_CMAKEDIR}")
+
+if(KVFORGE_PYTHON)
+  set(KVFORGE_PYTHON_INSTALL_DIR "python" CACHE STRING "Where the Python package goes, under the install prefix")
+  install(TARGETS _native LIBRARY DESTINATION "${KVFORGE_PYTHON_INSTALL_DIR}/kvforge")
+  install(DIRECTORY python/kvforge/ DESTINATION "${KVFORGE_PYTHON_INSTALL_DIR}/kvforge" FILES_MATCHING PATTERN "*.py"
+          PATTERN "__pycache__" EXCLUDE)
+  # The installed package finds the installed spec compiler.
+  install(CODE "file(WRITE \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${KVFORGE_PYTHON_INSTALL_DIR}/kvforge/_paths.py\"
+                     \"CODEGEN = \\\"\${CMAKE_INSTALL_PREFIX}/${KVFORGE_INSTALL_DATADIR}/codegen\\\"\\n\")")
+endif()

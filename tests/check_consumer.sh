@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds and runs tests/consumer, a downstream project with its own spec, against kvforge:
+#   check_consumer.sh install <kvforge build dir> <work dir>  through `cmake --install` + find_package
+#   check_consumer.sh subdirectory <work dir>                 through add_subdirectory of this tree
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+mode="$1"
+if [ "$mode" = install ]; then
+  build="$2" work="$3"
+  rm -rf "$work" && mkdir -p "$work"
+  cmake --install "$build" --prefix "$work/prefix" >/dev/null
+  cmake -S "$here/consumer" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+else
+  work="$2"
+  rm -rf "$work" && mkdir -p "$work"
+  cmake -S "$here/consumer" -B "$work/build" -G Ninja -DKVFORGE_SOURCE="$here/.." >/dev/null
+fi
+cmake --build "$work/build" >/dev/null
+"$work/build/consumer"
