@@ -17,3 +17,12 @@ else
 fi
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer"
+if [ "$mode" = install ] && [ -d "$work/prefix/python/kvforge" ]; then
+  # The installed Python package: its module, and spec validation through the installed spec compiler.
+  (cd "$work" && PYTHONPATH="$work/prefix/python" python3 -c '
+import sys, kvforge, kvforge.specs
+names = kvforge.specs.validate([sys.argv[1] + "/layouts"], [sys.argv[1] + "/models"])
+assert names == ["consumer_paged.odd_model.bf16", "consumer_paged.odd_model.fp32"], names
+assert kvforge.variants(), "the installed module registers no variant"
+print("installed Python package: ok")' "$here/consumer/specs")
+fi
