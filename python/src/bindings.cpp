@@ -12,6 +12,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -649,6 +650,16 @@ NB_MODULE(_native, m) {
       default: throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2)");
     }
   }, "storage"_a, "The largest code magnitude of a quantized storage dtype (docs/quantization.md)");
+  // For bench/python_overhead.py: the same append as Cache.append, repeated from C++ with the
+  // arguments converted once, so that the Python boundary's cost per call can be measured beside it.
+  m.def("_append_loop_seconds", [](Cache& c, int layer, nb::handle k, nb::handle v, nb::handle slots, int iterations) {
+    const TensorView kv = tensor_view(k, "k"), vv = tensor_view(v, "v");
+    const TokenTargets t = TokenTargets::paged(index_view(slots, "targets.slots"));
+    nb::gil_scoped_release unlocked;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; ++i) c.append(layer, kv, vv, t);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+  }, "cache"_a, "layer"_a, "k"_a, "v"_a, "slots"_a, "iterations"_a);
   m.def("cpu_level", [] { return cpu_level(); });
   m.def("cuda_available", [] { return cuda_available(); });
 }
