@@ -113,8 +113,9 @@ def test_view_is_the_cache_memory(d, generator):
     k = torch.from_dlpack(view["k"])
     pool = torch.from_dlpack(drv.cache.buffers()[0])
     assert k.shape == (drv.cache.config["pages"], d.page_size, d.heads, d.head_dim)
-    # Zero-copy: the view points into the pool itself.
+    # Zero-copy: the view points into the pool itself; layer 0's K starts the pool.
     assert pool.data_ptr() <= k.data_ptr() < pool.data_ptr() + pool.numel()
+    assert torch.from_dlpack(drv.cache.view(0)["k"]).data_ptr() == pool.data_ptr()
     # A write through the exported tensor is what gather reads (position 2 of sequence 0, head 1).
     page, offset = int(drv.page_list[0][0]), 2
     k[page, offset, 1] = torch.arange(d.head_dim, dtype=k.dtype)
@@ -303,3 +304,36 @@ def test_spec_validation_reports_every_error(tmp_path):
     (layouts / "bad.yaml").write_bytes(b"\xff\xfe\x00garbage: [")
     with pytest.raises(kvforge.SpecError, match="bad.yaml:1"):
         kvforge.specs.validate([str(layouts)], [str(models)], root=str(tmp_path))
+
+
+@pytest.mark.parametrize("d", variants_where(model="tiny", addressing=lambda a: a in ("contiguous", "ring"),
+                                             storage="fp32", lazy=False), ids=lambda d: d.name)
+def test_row_operations_against_the_reference(d, generator):
+    drv = Driver(d, generator=generator)
+    for seq, count in ((0, 5), (1, 3), (2, 7)):
+        for layer in range(d.layers):
+            drv.append(layer, seq, count, "padded")
+        drv.length[seq] = count
+    assert [drv.cache.row_length(r) for r in range(3)] == [5, 3, 7]
+    # New row i takes old row beam[i].
+    drv.cache.reorder(torch.tensor([2, 0, 0], dtype=torch.int32))
+    moved = {(layer, new, p): drv.ref[(layer, old, p)] for layer in range(d.layers)
+             for new, old in enumerate((2, 0, 0)) for p in range(drv.length[old])}
+    drv.ref, drv.length = moved, [7, 5, 5]
+    drv.cache.reset_row(1)
+    assert drv.cache.row_length(1) == 0 and drv.cache.row_length(2) == 5
+    for seq in (0, 2):
+        begin, end = drv.readable(seq)
+        for layer in range(d.layers):
+            got_k, got_v = drv.gather(layer, seq, begin, end)
+            want_k, want_v = drv.expected(layer, seq, begin, end)
+            assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    with pytest.raises(kvforge.OutOfRangeError, match="beam"):
+        drv.cache.reorder(torch.tensor([0, 1, 3], dtype=torch.int32))
+    tuning = drv.cache.tuning
+    drv.cache.set_tuning(cpu_chunk_items=64)
+    assert drv.cache.tuning["cpu_chunk_items"] == 64
+    with pytest.raises(kvforge.OutOfRangeError):
+        drv.cache.set_tuning(cpu_parallel_bytes=-1)
+    assert drv.cache.tuning["cpu_parallel_bytes"] == tuning["cpu_parallel_bytes"]
+    assert drv.cache.memory()["overhead_bytes"] < drv.cache.memory()["storage_bytes"]
