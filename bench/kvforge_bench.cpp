@@ -429,41 +429,62 @@ void run_allocator(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 16);
 }
 
-// step() for `batch` sequences decoding one token each: the metadata build cost per token.
-void run_step_metadata(benchmark::State& state, int64_t batch, int64_t context) {
+// How a step's batch arrays are built: on the host each step (step()), or on the cache's device from
+// the persistent block table (step_on_device()), without or with FlashInfer's `indices`.
+enum class StepPath { host, device, device_indices };
+constexpr int64_t kStepIterations = 2000;
+constexpr const char* kStepPathNames[] = {"host", "device", "device_indices"};
+
+// One steady decode step of `batch` sequences of `context` tokens, each advancing by one token: the
+// metadata build's cost per step. Only the build is timed (manual time): the appends that precede it
+// are the engine's own work.
+void run_step_metadata(benchmark::State& state, int64_t batch, int64_t context, StepPath path) {
+  // The pool is never written here, so the smallest page of the memory variant's page size stands in.
   const VariantEntry& e = registry().at(kMemoryVariant);
-  CacheConfig cfg;
   const int P = e.descriptor->page_size;
-  cfg.pages = batch * ((context + 1024) / P + 1);
-  // The pool is never written here, so a tiny-model twin of the same page size stands in for it.
-  const VariantEntry& small = registry().at("vllm_paged_nhd.tiny.bf16");
-  auto cache = small.create(cfg);
+  const VariantEntry* small = nullptr;
+  for (const auto& v : registry().variants())
+    if (v.descriptor->paged() && !v.descriptor->is_hybrid() && v.descriptor->page_size == P &&
+        (!small || v.descriptor->bytes_per_token < small->descriptor->bytes_per_token))
+      small = &v;
+  const int64_t steps_per_fill = kStepIterations;  // the pool holds every step's token: no refill while timed
+  CacheConfig cfg;
+  cfg.pages = batch * ((context + steps_per_fill) / P + 2);
+  auto cache = small->create(cfg);
   SequenceManagerOptions o;
   o.prefix_caching = false;
   SequenceManager m(*cache, o);
   std::vector<int64_t> ids;
-  for (int64_t i = 0; i < batch; ++i) {
-    m.add(i, std::vector<int32_t>(size_t(context), int32_t(i)));
-    ids.push_back(i);
-  }
-  m.step(ids);
-  int64_t steps = 0;
+  auto fill = [&] {
+    for (int64_t i = 0; i < batch; ++i) {
+      if (m.contains(i)) m.free(i);
+      m.add(i, std::vector<int32_t>(size_t(context), int32_t(i)));
+    }
+    if (path == StepPath::host) m.step(ids);
+    else m.step_on_device(ids, path == StepPath::device_indices);
+  };
+  for (int64_t i = 0; i < batch; ++i) ids.push_back(i);
+  fill();
+  int64_t steps = 0, uploaded = 0;
+  const std::vector<int32_t> token{7};
   for (auto _ : state) {
-    state.PauseTiming();
-    if (++steps * 1 >= 1000) {  // keep sequences from outgrowing the pool
-      for (int64_t i = 0; i < batch; ++i) {
-        m.free(i);
-        m.add(i, std::vector<int32_t>(size_t(context), int32_t(i)));
-      }
-      m.step(ids);
+    if (++steps >= steps_per_fill) {
+      fill();
       steps = 0;
     }
-    for (int64_t i = 0; i < batch; ++i) m.append(i, {7});
-    state.ResumeTiming();
-    benchmark::DoNotOptimize(m.step(ids));
+    for (int64_t i = 0; i < batch; ++i) m.append(i, token);
+    const auto start = std::chrono::steady_clock::now();
+    if (path == StepPath::host) {
+      benchmark::DoNotOptimize(m.step(ids));
+    } else {
+      const DeviceStep& d = m.step_on_device(ids, path == StepPath::device_indices);
+      benchmark::DoNotOptimize(d.slots.data);
+      uploaded += d.uploaded_bytes;
+    }
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   state.SetItemsProcessed(state.iterations() * batch);
-  (void)e;
+  state.counters["uploaded_B_per_step"] = double(uploaded) / double(std::max<int64_t>(1, state.iterations()));
 }
 
 // Offload one sequence of `pages` pages to the host tier and restore it, against a copy of the same
@@ -615,9 +636,14 @@ void run_serving_simulation(benchmark::State& state, const VariantEntry* e) {
 
 void register_memory_benchmarks() {
   benchmark::RegisterBenchmark("memory/allocate_free/pages:16", run_allocator);
-  for (int64_t batch : {64, 256})
-    benchmark::RegisterBenchmark(("memory/step_metadata/batch:" + std::to_string(batch) + "/context:2048").c_str(),
-                                 run_step_metadata, batch, int64_t(2048));
+  for (int64_t context : {2048, 32768})
+    for (int64_t batch : {1, 64, 256, 1024})
+      for (StepPath path : {StepPath::host, StepPath::device, StepPath::device_indices})
+        benchmark::RegisterBenchmark(("memory/step_metadata/batch:" + std::to_string(batch) + "/context:" +
+                                      std::to_string(context) + "/" + kStepPathNames[int(path)]).c_str(),
+                                     run_step_metadata, batch, context, path)
+            ->UseManualTime()
+            ->Iterations(kStepIterations - 1);
   benchmark::RegisterBenchmark("memory/offload_restore/pages:64", run_offload_restore, int64_t(64))->UseRealTime();
 }
 

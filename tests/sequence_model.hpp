@@ -155,7 +155,15 @@ class SequenceModel {
     for (const auto& [id, m] : model_)
       if (!m.offloaded && m.pending) ids.push_back(id);
     if (ids.empty()) return;
-    const BatchMetadata b = manager_->step(ids);
+    // Every other step is built on the device from the persistent block table, and held equal to
+    // the host-built arrays of the same step; the others go the host way, so the two paths mix.
+    BatchMetadata b;
+    if (++steps_ % 2) {
+      b = manager_->step(ids);
+    } else {
+      const DeviceStep& device = manager_->step_on_device(ids, true, &b);
+      check_device_step(device, b, ids);
+    }
     const int64_t T = int64_t(b.slots.size());
     std::vector<std::vector<float>> k(static_cast<size_t>(T)), v(static_cast<size_t>(T));
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -185,6 +193,36 @@ class SequenceModel {
                      TensorView::contiguous(vb.data(), d_.input, Device::cpu, T, d_.heads, d_.head_dim),
                      TokenTargets::paged(IndexView::of(b.slots.data(), T)));
     cache_->commit();
+  }
+
+  // The device-built arrays (CPU memory here) against the host-built ones, entry by entry.
+  void check_device_step(const DeviceStep& d, const BatchMetadata& h, const std::vector<int64_t>& ids) const {
+    auto same = [&](const char* what, const IndexView& got, const auto& want) {
+      using T = typename std::decay_t<decltype(want)>::value_type;
+      if (got.size != int64_t(want.size()))
+        throw ModelMismatch(std::string("device step: ") + what + " has " + std::to_string(got.size) +
+                            " entries, the host's " + std::to_string(want.size()));
+      for (size_t i = 0; i < want.size(); ++i)
+        if (static_cast<const T*>(got.data)[i] != want[i])
+          throw ModelMismatch(std::string("device step: ") + what + "[" + std::to_string(i) + "] = " +
+                              std::to_string(static_cast<const T*>(got.data)[i]) + ", the host's " + std::to_string(want[i]));
+    };
+    same("slots", d.slots, h.slots);
+    same("query_start", d.query_start, h.query_start);
+    same("seq_lens", d.seq_lens, h.lengths);
+    same("indptr", d.indptr, h.indptr);
+    same("indices", d.indices, h.indices);
+    same("last_page_len", d.last_page_len, h.last_page_len);
+    const auto* table = static_cast<const int32_t*>(d.block_table.data);
+    const auto* rows = static_cast<const int32_t*>(d.rows.data);
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (size_t j = 0; j < manager_->pages(ids[i]).size(); ++j) {
+        const int32_t got = table[int64_t(rows[i]) * d.block_table_stride + int64_t(j)];
+        const int32_t want = h.page_table[i * size_t(h.max_pages) + j];
+        if (got != want)
+          throw ModelMismatch("device step: sequence " + std::to_string(ids[i]) + " page " + std::to_string(j) + " is " +
+                              std::to_string(got) + " in the device table, " + std::to_string(want) + " on the host");
+      }
   }
 
   // Gathers every live sequence (after writing what is pending) and compares with the model.
@@ -281,6 +319,7 @@ class SequenceModel {
   std::vector<std::vector<int32_t>> system_prompts_;
   int32_t window_ = 0;
   int64_t next_id_ = 0;
+  int64_t steps_ = 0;  // step_all() calls: odd ones on the host, even ones on the device
 };
 
 }  // namespace kvtest

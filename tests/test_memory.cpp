@@ -343,6 +343,46 @@ TEST(Hybrid, RoutesLayersToGroupsAndFreesPagesThatLeaveTheWindow) {
   EXPECT_EQ(r.storage_bytes, cache->group(0).memory().storage_bytes + cache->group(1).memory().storage_bytes);
 }
 
+// A steady decode step built on the device uploads nothing but the page-table entries new pages
+// took; its arrays match the host-built ones of the same step (the model test holds them equal
+// under random traffic too).
+TEST(DeviceStep, SteadyDecodeUploadsOnlyNewPages) {
+  const VariantEntry* e = nullptr;
+  for (const auto& v : registry().variants())
+    if (v.descriptor->paged() && !v.descriptor->is_hybrid() && std::string(v.descriptor->model) == "tiny") e = &v;
+  ASSERT_NE(e, nullptr) << "no paged variant of the tiny model";
+  const int32_t P = e->descriptor->page_size;
+  CacheConfig cfg;
+  cfg.pages = 64 * 4;
+  auto cache = e->create(cfg);
+  SequenceManager m(*cache);
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; id < 64; ++id) {
+    m.add(id, std::vector<int32_t>(size_t(P / 2 + id % P), int32_t(id)));
+    ids.push_back(id);
+  }
+  BatchMetadata host;
+  m.step_on_device(ids, false, &host);  // the prefill: every row goes up
+  for (int step = 0; step < 2 * P; ++step) {
+    int64_t new_pages = 0;
+    for (int64_t id : ids) {
+      new_pages += m.length(id) % P == 0;  // the token about to come starts a page
+      m.append(id, {int32_t(step)});
+    }
+    const DeviceStep& d = m.step_on_device(ids, false, &host);
+    // The first decode step changes every sequence's new-token count (from its prompt's to 1): the
+    // batch goes up once. From then on only the new pages do.
+    const int64_t batch_bytes = step == 0 ? 2 * 64 * int64_t(sizeof(int32_t)) : 0;
+    EXPECT_EQ(d.uploaded_bytes, batch_bytes + new_pages * int64_t(sizeof(detail::TableWrite))) << "step " << step;
+    ASSERT_EQ(d.slots.size, 64);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t pos = m.length(ids[i]) - 1;
+      const int64_t want = int64_t(m.pages(ids[i])[size_t(pos / P)]) * P + pos % P;  // plain page arithmetic
+      EXPECT_EQ(static_cast<const int64_t*>(d.slots.data)[i], want);
+      EXPECT_EQ(static_cast<const int32_t*>(d.seq_lens.data)[i], pos + 1);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtest
-

@@ -598,6 +598,22 @@ NB_MODULE(_native, m) {
       .def("restore", &SequenceManager::restore, "seq"_a, Release())
       .def("step", [](SequenceManager& s, const std::vector<int64_t>& seqs) { return batch_arrays(s.step(seqs)); },
            "seqs"_a)
+      .def("step_on_device", [](nb::handle self, const std::vector<int64_t>& seqs, bool indices) {
+        const DeviceStep& d = nb::cast<SequenceManager&>(self).step_on_device(seqs, indices);
+        // Views of the manager's persistent device state (kept alive by them), valid until its next step.
+        nb::dict out;
+        auto put = [&](const char* key, const IndexView& v) {
+          out[key] = export_array(v.data, v.dtype, v.device, {size_t(v.size)}, {1}, self);
+        };
+        put("slots", d.slots), put("query_start", d.query_start), put("seq_lens", d.seq_lens), put("rows", d.rows);
+        put("indptr", d.indptr), put("last_page_len", d.last_page_len);
+        if (indices) put("indices", d.indices);
+        const size_t stride = size_t(d.block_table_stride);
+        out["block_table"] = export_array(d.block_table.data, DType::i32, d.block_table.device,
+                                          {size_t(d.block_table.size) / stride, stride}, {int64_t(stride), 1}, self);
+        out["uploaded_bytes"] = d.uploaded_bytes;
+        return out;
+      }, "seqs"_a, "indices"_a = false)
       .def("range", [](SequenceManager& s, int64_t seq, int64_t begin, int64_t end) {
         return gather_range(s.range(seq, begin, end));
       }, "seq"_a, "begin"_a, "end"_a)

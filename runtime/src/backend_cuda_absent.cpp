@@ -4,6 +4,7 @@
 
 #include "host_backend.hpp"
 #include "kvforge/errors.hpp"
+#include "step_cuda.hpp"
 
 namespace kvforge {
 
@@ -18,4 +19,13 @@ Backend& cuda_backend() {
   throw BackendError(why);
 }
 
+namespace detail {
+
+int64_t step_scan_temp_bytes_cuda(int64_t) {
+  cuda_backend();  // throws: this build has no CUDA backend
+  return 0;
+}
+void build_step_cuda(const StepBuildArgs&, void*, void*, int64_t) { cuda_backend(); }
+
+}  // namespace detail
 }  // namespace kvforge

@@ -175,6 +175,7 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
   s.chain = chain;
   s.hashed_blocks = int32_t(shared.size()) + skipped;
   drop_out_of_window(s);
+  s.row = take_row();
   sequences_.emplace(seq, std::move(s));
   return cached;
 }
@@ -186,7 +187,7 @@ void SequenceManager::drop_out_of_window(Sequence& s) {
   std::vector<int32_t> gone;
   while (int64_t(s.dropped + 1) * P <= oldest) {
     gone.push_back(s.pages[size_t(s.dropped)]);
-    s.pages[size_t(s.dropped++)] = -1;
+    set_page(s, size_t(s.dropped++), -1);
   }
   if (!gone.empty()) release(gone);
 }
@@ -207,7 +208,7 @@ void SequenceManager::append(int64_t seq, const std::vector<int32_t>& tokens) {
     const std::vector<int32_t> pair{s.pages.back(), fresh[0]};
     cache_.copy_blocks(device_index(pair, 0));
     release({s.pages.back()});
-    s.pages.back() = fresh[0];
+    set_page(s, s.pages.size() - 1, fresh[0]);
     ++stats_.copies_on_write;
   }
   allocate(needed, s.pages);
@@ -222,6 +223,8 @@ void SequenceManager::fork(int64_t parent, int64_t child) {
   if (p.pending) throw StateError("parent", "sequence " + std::to_string(parent) + " has tokens no step() has written yet");
   Sequence c = p;
   for (int32_t b : held(c)) device_.retain(b);
+  unsync(c);
+  c.row = take_row();
   sequences_.emplace(child, std::move(c));
 }
 
@@ -230,6 +233,8 @@ void SequenceManager::free(int64_t seq) {
   if (it == sequences_.end()) throw StateError("seq", "sequence " + std::to_string(seq) + " does not exist");
   if (it->second.offloaded) host_.release(it->second.host_pages);
   else release(held(it->second));
+  free_rows_.push_back(it->second.row);
+  last_batch_.clear();  // its Sequence* may be in the last batch
   sequences_.erase(it);
 }
 
@@ -281,6 +286,8 @@ void SequenceManager::offload(int64_t seq) {
   }
   release(pages);
   s.pages.assign(s.pages.size(), -1);
+  unsync(s);
+  last_batch_.clear();  // an offloaded sequence is no longer live
   s.host_pages = std::move(host_pages);
   s.offloaded = true;
   stats_.offloaded_pages += n;
@@ -312,13 +319,14 @@ void SequenceManager::restore(int64_t seq) {
   host_.release(s.host_pages);
   s.host_pages.clear();
   std::copy(pages.begin(), pages.end(), s.pages.begin() + s.dropped);
+  unsync(s);
   // The restored pages are not registered in the prefix cache; the hash chain (a function of the
   // tokens alone) stays valid, so later full pages register under the right keys.
   s.offloaded = false;
   stats_.restored_pages += n;
 }
 
-BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
+BatchMetadata SequenceManager::describe_step(const std::vector<int64_t>& seqs) {
   BatchMetadata m;
   const int32_t P = page_size();
   for (int64_t id : seqs) {  // check everything before handing anything out
@@ -328,15 +336,12 @@ BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
   m.query_start.push_back(0);
   m.indptr.push_back(0);
   for (int64_t id : seqs) {
-    Sequence& s = sequences_.at(id);
+    const Sequence& s = sequences_.at(id);
     const int64_t length = int64_t(s.tokens.size());
     for (int64_t pos = length - s.pending; pos < length; ++pos) {
       const int32_t page = s.pages[size_t(pos / P)];  // -1: the position already left the window
       m.slots.push_back(page < 0 ? -1 : int64_t(page) * P + pos % P);
     }
-    s.pending = 0;
-    // Its full pages are written by this step, so they can be shared from now on.
-    register_full_blocks(s);
     m.query_start.push_back(int32_t(m.slots.size()));
     m.lengths.push_back(int32_t(length));
     m.page_table.insert(m.page_table.end(), s.pages.begin(), s.pages.end());
@@ -346,6 +351,87 @@ BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
     m.last_page_len.push_back(length == 0 ? 0 : int32_t((length - 1) % P + 1));
   }
   return m;
+}
+
+BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
+  BatchMetadata m = describe_step(seqs);
+  for (int64_t id : seqs) {
+    Sequence& s = sequences_.at(id);
+    s.pending = 0;
+    // Its full pages are written by this step, so they can be shared from now on.
+    register_full_blocks(s);
+  }
+  return m;
+}
+
+int32_t SequenceManager::take_row() {
+  if (free_rows_.empty()) return next_row_++;
+  const int32_t row = free_rows_.back();
+  free_rows_.pop_back();
+  return row;
+}
+
+const std::vector<SequenceManager::Sequence*>& SequenceManager::batch_sequences(const std::vector<int64_t>& seqs) {
+  // A steady decode step serves the batch it served last: its sequences need no lookup. free() and
+  // offload() forget the last batch, so no pointer here outlives its sequence's life.
+  if (seqs != last_batch_) {
+    std::vector<Sequence*> found(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) found[i] = &live(seqs[i], "seqs");  // checks all before any change
+    last_batch_ = seqs;
+    last_batch_sequences_ = std::move(found);
+  }
+  return last_batch_sequences_;
+}
+
+void SequenceManager::record_changes(const std::vector<Sequence*>& batch, StepChanges& c) {
+  const size_t n = batch.size();
+  c.table.clear();
+  c.rows_reset.clear();
+  c.batch_changed = c.rows.size() != n;
+  c.rows.resize(n);
+  c.new_tokens.resize(n);
+  c.total_new_tokens = c.total_held_pages = 0;
+  c.max_pages = 0;
+  c.table_rows = next_row_;
+  for (size_t i = 0; i < n; ++i) {
+    Sequence& s = *batch[i];
+    const int32_t pending = int32_t(s.pending);
+    const int64_t length = int64_t(s.tokens.size());
+    if (s.synced_length != length - pending || s.synced_dropped != s.dropped)
+      c.rows_reset.push_back({s.row, int32_t(length - pending), s.dropped});
+    for (int32_t j : s.rewritten) c.table.push_back({s.row, j, s.pages[size_t(j)]});
+    s.rewritten.clear();
+    for (size_t j = size_t(s.synced_pages); j < s.pages.size(); ++j) c.table.push_back({s.row, int32_t(j), s.pages[j]});
+    s.synced_pages = int32_t(s.pages.size());
+    s.synced_length = length;
+    s.synced_dropped = s.dropped;
+    if (c.rows[i] != s.row || c.new_tokens[i] != pending) {
+      c.batch_changed = true;
+      c.rows[i] = s.row;
+      c.new_tokens[i] = pending;
+    }
+    c.total_new_tokens += pending;
+    c.total_held_pages += int64_t(s.pages.size()) - s.dropped;
+    c.max_pages = std::max(c.max_pages, int32_t(s.pages.size()));
+    s.pending = 0;
+    if (options_.prefix_caching && s.hashed_blocks < int32_t(length / page_size())) register_full_blocks(s);
+  }
+}
+
+const DeviceStep& SequenceManager::step_on_device(const std::vector<int64_t>& seqs, bool indices, BatchMetadata* host) {
+  if (host) *host = describe_step(seqs);
+  if (!device_state_)
+    device_state_ = std::make_unique<DeviceStepState>(cache_.config().device, cache_.config().stream, page_size());
+  const std::vector<Sequence*>& batch = batch_sequences(seqs);
+  int32_t longest = 0;
+  for (const Sequence* s : batch) longest = std::max(longest, int32_t(s->pages.size()));
+  if (!device_state_->fits(next_row_, longest)) {
+    // A new table starts empty: every sequence's row goes up again with this step.
+    device_state_->grow(next_row_, longest);
+    for (auto& [id, s] : sequences_) unsync(s);
+  }
+  record_changes(batch, changes_);
+  return device_state_->build(changes_, indices);
 }
 
 GatherRange SequenceManager::range(int64_t seq, int64_t begin, int64_t end) {

@@ -243,6 +243,17 @@ def test_sequence_manager_batch_arrays_and_offload(generator):
     k_out, v_out = torch.empty(d.heads, 40, d.head_dim), torch.empty(d.heads, 40, d.head_dim)
     cache.gather(1, k_out, v_out, pages=r["pages"], begin=0, end=40)
     assert torch.equal(k_out, k.transpose(0, 1)) and torch.equal(v_out, (k + 1).transpose(0, 1))
+    # The same step's arrays built from the persistent device table equal the host-built ones.
+    manager.append(1, [9])
+    manager.append(2, [9])
+    device = manager.step_on_device([1, 2], indices=True)
+    for seq, length in ((1, 41), (2, 35)):
+        assert np.from_dlpack(device["seq_lens"]).tolist()[seq - 1] == length
+        table = np.from_dlpack(device["block_table"])[np.from_dlpack(device["rows"])[seq - 1]]
+        assert table[:len(manager.pages(seq))].tolist() == manager.pages(seq)
+    new_positions = [(1, 40), (2, 32), (2, 33), (2, 34)]  # sequence 2's prompt tail was never stepped
+    assert np.from_dlpack(device["slots"]).tolist() == [
+        manager.pages(s)[p // d.page_size] * d.page_size + p % d.page_size for s, p in new_positions]
     with pytest.raises(kvforge.CapacityError) as caught:
         manager.add(3, list(range(12 * d.page_size)))
     assert caught.value.needed > caught.value.available

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "kvforge/block_allocator.hpp"
 #include "kvforge/cache.hpp"
 #include "kvforge/prefix_cache.hpp"
+#include "kvforge/step_state.hpp"
 
 namespace kvforge {
 
@@ -96,6 +98,11 @@ class SequenceManager {
   // The kernels' view of one step: every new token (added or appended since the last step) of the
   // given live sequences, in the order given, and their page tables (see BatchMetadata for shapes).
   BatchMetadata step(const std::vector<int64_t>& seqs);
+  // The same step, built on the cache's device from a persistent block table (step_state.hpp): the
+  // host uploads only what changed, O(sequences + changes). `indices`: also build FlashInfer's
+  // `indices` (O(held pages) on the device). `host`: also fill the host-built arrays of this same
+  // step, for tests and the bench. The views stay valid until the next call.
+  const DeviceStep& step_on_device(const std::vector<int64_t>& seqs, bool indices = false, BatchMetadata* host = nullptr);
   // A gather over positions [begin, end) of a live sequence, 0 <= begin <= end <= length(seq): its
   // page list as int32 on the cache's device (valid until the next call of range()).
   GatherRange range(int64_t seq, int64_t begin, int64_t end);
@@ -131,9 +138,31 @@ class SequenceManager {
     std::vector<int32_t> host_pages;
     bool offloaded = false;
     int32_t dropped = 0;  // leading pages freed because they left the window (entries are -1)
+    // Its row of the device block table (step_on_device), and what that row holds: the first
+    // `synced_pages` entries, except those in `rewritten`; the length and dropped count before the
+    // last device step's tokens (-1: nothing yet).
+    int32_t row = -1;
+    int32_t synced_pages = 0;
+    std::vector<int32_t> rewritten;
+    int64_t synced_length = -1;
+    int32_t synced_dropped = -1;
   };
   std::vector<int32_t> shared_prefix(const std::vector<int32_t>& prompt, uint64_t salt, uint64_t& chain) const;
   void drop_out_of_window(Sequence& s);
+  // Every write to an existing page-table entry goes through here, so the device copy learns of it.
+  static void set_page(Sequence& s, size_t index, int32_t page) {
+    s.pages[index] = page;
+    if (index < size_t(s.synced_pages)) s.rewritten.push_back(int32_t(index));
+  }
+  static void unsync(Sequence& s) {
+    s.synced_pages = 0;
+    s.rewritten.clear();
+    s.synced_length = -1;
+  }
+  int32_t take_row();
+  BatchMetadata describe_step(const std::vector<int64_t>& seqs);
+  const std::vector<Sequence*>& batch_sequences(const std::vector<int64_t>& seqs);
+  void record_changes(const std::vector<Sequence*>& batch, StepChanges& c);
   static std::vector<int32_t> held(const Sequence& s) {
     return std::vector<int32_t>(s.pages.begin() + s.dropped, s.pages.end());
   }
@@ -159,6 +188,14 @@ class SequenceManager {
   Buffer staging_;
   Buffer index_scratch_[2];
   SequenceStats stats_;
+  // The device side of step_on_device: table rows free for new sequences, the last batch (whose
+  // sequences a steady decode step finds again without a lookup), and the persistent state.
+  std::vector<int32_t> free_rows_;
+  int32_t next_row_ = 0;
+  std::vector<int64_t> last_batch_;
+  std::vector<Sequence*> last_batch_sequences_;
+  StepChanges changes_;
+  std::unique_ptr<DeviceStepState> device_state_;
 };
 
 }  // namespace kvforge
