@@ -55,8 +55,15 @@ template <int Level> struct CpuExec {
   }
 
   template <class Body> void for_each_item(int64_t items, int /*lanes*/, int64_t item_bytes, Body body) const {
-    const bool parallel = items * item_bytes >= parallel_bytes;
-#pragma omp parallel if (parallel)
+    if (items <= 0) return;
+    if (items * item_bytes < parallel_bytes) {
+      // Below the threshold the loop runs right here: even `omp parallel if (false)` enters the
+      // OpenMP runtime, which costs about half a microsecond, as much as a small decode step's work.
+      const StreamingScope scope(stream_stores);
+      for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
+      return;
+    }
+#pragma omp parallel
     {
       const StreamingScope scope(stream_stores);
       if (chunk_items > 0) {
