@@ -464,6 +464,8 @@ void run_step_metadata(benchmark::State& state, int64_t batch, int64_t context, 
     else m.step_on_device(ids, path == StepPath::device_indices);
   };
   for (int64_t i = 0; i < batch; ++i) ids.push_back(i);
+  // Sized up front, as an engine sizes it for its max batch and model length: the steady state.
+  if (path != StepPath::host) m.reserve_device_steps(int32_t(batch), context + steps_per_fill + P);
   fill();
   int64_t steps = 0, uploaded = 0;
   const std::vector<int32_t> token{7};

@@ -418,6 +418,19 @@ void SequenceManager::record_changes(const std::vector<Sequence*>& batch, StepCh
   }
 }
 
+void SequenceManager::reserve_device_steps(int32_t sequences, int64_t tokens) {
+  if (sequences < 0) throw OutOfRangeError("sequences", sequences, 0, INT32_MAX);
+  if (tokens < 0) throw OutOfRangeError("tokens", tokens, 0, INT32_MAX);
+  if (!device_state_)
+    device_state_ = std::make_unique<DeviceStepState>(cache_.config().device, cache_.config().stream, page_size());
+  const int32_t pages = int32_t((tokens + page_size() - 1) / page_size());
+  const int32_t rows = std::max(sequences, next_row_);
+  if (!device_state_->fits(rows, pages)) {
+    device_state_->grow(rows, pages);
+    for (auto& [id, s] : sequences_) unsync(s);
+  }
+}
+
 const DeviceStep& SequenceManager::step_on_device(const std::vector<int64_t>& seqs, bool indices, BatchMetadata* host) {
   if (host) *host = describe_step(seqs);
   if (!device_state_)

@@ -33,10 +33,12 @@ template <class T> T* DeviceStepState::reserve(Buffer& b, int64_t count) {
 }
 
 void DeviceStepState::grow(int32_t rows, int32_t pages) {
-  // Geometric, so that a growing batch or sequence reallocates O(log) times. The new table starts
-  // empty (allocate() zero-fills): the manager uploads every row again.
-  table_rows_ = std::max({rows, 2 * table_rows_, 16});
-  stride_ = std::max({pages, 2 * stride_, 16});
+  // Geometric, with a quarter of headroom, so that a growing batch or sequence reallocates O(log)
+  // times and not at the next page. The new table starts empty (allocate() zero-fills): the manager
+  // uploads every row again.
+  auto grown = [](int32_t need, int32_t have) { return need <= have ? have : std::max({need + need / 4, 2 * have, 16}); };
+  table_rows_ = grown(rows, table_rows_);
+  stride_ = grown(pages, stride_);
   table_ = Buffer(backend_, int64_t(table_rows_) * stride_ * int64_t(sizeof(int32_t)));
   lengths_ = Buffer(backend_, int64_t(table_rows_) * int64_t(sizeof(int32_t)));
   dropped_ = Buffer(backend_, int64_t(table_rows_) * int64_t(sizeof(int32_t)));

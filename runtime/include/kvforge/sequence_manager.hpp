@@ -103,6 +103,10 @@ class SequenceManager {
   // `indices` (O(held pages) on the device). `host`: also fill the host-built arrays of this same
   // step, for tests and the bench. The views stay valid until the next call.
   const DeviceStep& step_on_device(const std::vector<int64_t>& seqs, bool indices = false, BatchMetadata* host = nullptr);
+  // Sizes the device block table for `sequences` live sequences of up to `tokens` tokens each, as an
+  // engine knows its max batch and model length, so that no step_on_device() reallocates it (a
+  // larger step still grows it, and re-uploads every row once).
+  void reserve_device_steps(int32_t sequences, int64_t tokens);
   // A gather over positions [begin, end) of a live sequence, 0 <= begin <= end <= length(seq): its
   // page list as int32 on the cache's device (valid until the next call of range()).
   GatherRange range(int64_t seq, int64_t begin, int64_t end);
