@@ -113,7 +113,7 @@ class Filters:
 
     def keeps(self, v: Variant) -> bool:
         return ((not self.layouts or v.layout.name in self.layouts)
-                and (not self.models or v.model.name in self.models)
+                and (not self.models or (v.model.shard_of or v.model.name) in self.models)
                 and (not self.dtypes or v.storage in self.dtypes))
 
 
@@ -134,8 +134,7 @@ def plan_variants(specs: SpecSet, filters: Optional[Filters] = None) -> List[Var
     out: List[Variant] = []
     for layout in specs.layouts:
         for exp in layout.expand:
-            for model_name in exp.models:
-                model = specs.model(model_name)
+            for model in (shard for name in exp.models for shard in specs.model(name).with_shards()):
                 for storage in exp.dtypes:
                     for input_dtype in exp.input_dtypes or (storage,):
                         members = hybrid_members(specs, layout, model, storage, input_dtype) if layout.hybrid else ()

@@ -107,7 +107,8 @@ def write_changed(files: Dict[str, str], out_dir: str) -> List[str]:
 def render_vocab_header() -> str:
     """runtime/include/kvforge/vocab.hpp: vocab.py's enums, limits and tunables for C++."""
     limits = [("kMaxPageSize", vocab.MAX_PAGE_SIZE), ("kMaxLayers", vocab.MAX_LAYERS), ("kMaxKvHeads", vocab.MAX_KV_HEADS),
-              ("kMaxHeadDim", vocab.MAX_HEAD_DIM), ("kMaxSeqLen", vocab.MAX_SEQ_LEN)]
+              ("kMaxHeadDim", vocab.MAX_HEAD_DIM), ("kMaxSeqLen", vocab.MAX_SEQ_LEN),
+              ("kMaxTensorParallel", vocab.MAX_TENSOR_PARALLEL)]
     return _environment().get_template("vocab.hpp.j2").render(
         version=VERSION, enums=vocab.CPP_ENUMS, axes=vocab.AXES, limits=limits, tunables=vocab.TUNABLES,
         warp=vocab.WARP, backends=tuple(vocab.BACKENDS), cpu_base_level=vocab.CPU_BASE_LEVEL,

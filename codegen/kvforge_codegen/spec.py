@@ -32,6 +32,15 @@ class Tuning:
     source: Optional[str] = None  # the tuning file, or None for the defaults
 
 
+def shard_model_name(model: str, tp: int) -> str:
+    return f"{model}_tp{tp}"
+
+
+def tp_divides(kv_heads: int, tp: int) -> bool:
+    """Heads split evenly over the ranks, or each head is replicated on a whole number of them."""
+    return kv_heads % tp == 0 or tp % kv_heads == 0
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -43,6 +52,21 @@ class ModelSpec:
     loc: Loc
     layer_groups: Tuple[LayerGroup, ...] = ()
     tuning: Tuning = Tuning()
+    # Tensor-parallel degrees (above 1) to expand: each becomes the shard model `<name>_tp<N>`.
+    tensor_parallel: Tuple[int, ...] = ()
+    # A shard: the full model's name and KV heads, and the degree; None and 1 for a whole model.
+    shard_of: Optional[str] = None
+    model_kv_heads: int = 0
+    tp: int = 1
+
+    def shard(self, tp: int) -> "ModelSpec":
+        """One rank's model at degree tp: its slice of the KV heads, or one head where there are
+        fewer heads than ranks (replicated, as vLLM does: each head lives on tp / kv_heads ranks)."""
+        return replace(self, name=shard_model_name(self.name, tp), kv_heads=max(self.kv_heads // tp, 1),
+                       tensor_parallel=(), shard_of=self.name, model_kv_heads=self.kv_heads, tp=tp)
+
+    def with_shards(self) -> Tuple["ModelSpec", ...]:
+        return (self,) + tuple(self.shard(tp) for tp in self.tensor_parallel)
 
     def group(self, name: str) -> LayerGroup:
         return next(g for g in self.layer_groups if g.name == name)
@@ -98,7 +122,8 @@ class SpecSet:
         return next(m for m in self.models if m.name == name)
 
 
-MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window", "layer_groups")
+MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window", "layer_groups",
+                "tensor_parallel")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")
@@ -242,9 +267,40 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     groups: Tuple[LayerGroup, ...] = ()
     if r.has("layer_groups") and layers is not None and max_seq_len is not None:
         groups = _parse_layer_groups(r.fields["layer_groups"].value, layers, max_seq_len, diags)
+    tensor_parallel = _parse_tensor_parallel(r, kv_heads, bool(groups), diags)
     if len(diags.errors) != before:
         return None
-    return ModelSpec(name, layers, kv_heads, head_dim, max_seq_len, window, doc.loc, groups)
+    return ModelSpec(name, layers, kv_heads, head_dim, max_seq_len, window, doc.loc, groups,
+                     tensor_parallel=tensor_parallel)
+
+
+def _parse_tensor_parallel(r: "_Reader", kv_heads: Optional[int], hybrid: bool, diags: Diagnostics) -> Tuple[int, ...]:
+    """`tensor_parallel: [1, 2, 4, 8]`: the degrees whose per-rank shards are generated (1 is the
+    whole model, always there). A degree must divide kv_heads or be a multiple of it."""
+    if not r.has("tensor_parallel"):
+        return ()
+    v = r.fields["tensor_parallel"].value
+    allowed = f"1..{vocab.MAX_TENSOR_PARALLEL}, dividing kv_heads or a multiple of it"
+    if not isinstance(v.data, list) or not v.data:
+        diags.error(v.loc, "tensor_parallel", "expected a non-empty list of degrees", allowed)
+        return ()
+    if hybrid:
+        diags.error(v.loc, "tensor_parallel", "a model with layer_groups cannot be sharded yet", "no tensor_parallel")
+        return ()
+    out: List[int] = []
+    for item in v.data:
+        tp = item.data
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= vocab.MAX_TENSOR_PARALLEL:
+            diags.error(item.loc, "tensor_parallel", f"expected a degree, got {_shown(tp)}", allowed)
+        elif kv_heads is not None and not tp_divides(kv_heads, tp):
+            diags.error(item.loc, "tensor_parallel",
+                        f"{tp} ranks cannot share {kv_heads} KV heads: it neither divides them nor is a multiple of them",
+                        ", ".join(str(t) for t in range(1, vocab.MAX_TENSOR_PARALLEL + 1) if tp_divides(kv_heads, t)))
+        elif tp in out:
+            diags.error(item.loc, "tensor_parallel", f"{tp} is listed twice")
+        else:
+            out.append(tp)
+    return tuple(sorted(t for t in out if t > 1))
 
 
 def _parse_layer_groups(value: Value, layers: int, max_seq_len: int, diags: Diagnostics) -> Tuple[LayerGroup, ...]:
@@ -521,6 +577,11 @@ def parse_specs(layout_paths: Sequence[str], model_paths: Sequence[str], root: s
         else:
             by_name[name] = replace(by_name[name], tuning=tuning)
     models = [by_name[m.name] for m in models]
+    for m in models:  # a shard's generated name must not be another model's
+        for shard in m.with_shards()[1:]:
+            if shard.name in by_name:
+                diags.error(m.loc, "tensor_parallel", f"degree {shard.tp} names its shard model {shard.name!r}, "
+                            f"which is another model's name", "a model name without that suffix")
     layouts = _parse_all(layout_paths, _parse_layout, "layout", root, diags)
     if not layouts and not diags:
         diags.error(Loc(", ".join(layout_paths) or "(none)", 1), "layouts", "no layout spec files found",

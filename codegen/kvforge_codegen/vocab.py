@@ -58,6 +58,7 @@ MAX_LAYERS = 1024
 MAX_KV_HEADS = 1024
 MAX_HEAD_DIM = 4096
 MAX_SEQ_LEN = 1 << 24
+MAX_TENSOR_PARALLEL = 64  # ranks one model's KV heads may be sharded over
 
 # Launch parameters a model's specs/tuning/<model>.yaml may set (written by kvforge_bench --kvf_tune),
 # with the defaults every variant gets otherwise and the range each may take.

@@ -48,4 +48,14 @@ MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
   return p;
 }
 
+MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r, Transport& ranks) {
+  MemoryPlan p = plan_memory(d, r);
+  // Every rank plans, then all take the smallest, so that they schedule the same capacity.
+  const int64_t pages = ranks.all_min(p.pages);
+  p.pool_bytes -= (p.pages - pages) * p.page_bytes;
+  p.pages = pages;
+  p.tokens = pages * d.page_size;
+  return p;
+}
+
 }  // namespace kvforge

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <iterator>
+#include <type_traits>
 
 #include "kvforge/dtype.hpp"
 #include "kvforge/quant.hpp"
@@ -48,6 +49,12 @@ struct VariantDescriptor {
   const HybridDescriptor* hybrid = nullptr;  // hybrid variants: one member per layer group
   bool generic = false;                      // served by the generic runtime-strided path
   Tuning tuning = {};
+  // A shard (a model spec's tensor_parallel): one rank's slice of the model `shard_of`, whose
+  // `model_heads` KV heads are split over `tensor_parallel` ranks (shard.hpp). A whole model: 1, its
+  // own heads, null.
+  int tensor_parallel = 1;
+  int model_heads = 0;
+  const char* shard_of = nullptr;
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
@@ -70,6 +77,18 @@ constexpr int64_t bytes_per_token(int layers, int heads, int head_dim, DType sto
                                 int64_t(scales_per_token(quant, heads)) * dtype_size(scale));
 }
 
+// A shard's traits state its degree (variant.hpp.j2); a whole model's say nothing.
+template <class T, class = void> struct shard_traits {
+  static constexpr int tensor_parallel = 1;
+  static constexpr int model_heads = T::heads;
+  static constexpr const char* shard_of = nullptr;
+};
+template <class T> struct shard_traits<T, std::void_t<decltype(T::tensor_parallel)>> {
+  static constexpr int tensor_parallel = T::tensor_parallel;
+  static constexpr int model_heads = T::model_heads;
+  static constexpr const char* shard_of = T::shard_of;
+};
+
 // What every generated traits struct states, hybrid or not: names, dtypes, the model's shape and the
 // launch parameters (variant.hpp.j2's `common`).
 template <class T> constexpr VariantDescriptor describe_common() {
@@ -86,6 +105,9 @@ template <class T> constexpr VariantDescriptor describe_common() {
   d.tuning.cpu_parallel_bytes = T::cpu_parallel_bytes;
   d.tuning.cpu_chunk_items = T::cpu_chunk_items;
   d.tuning.cuda_block_threads = T::cuda_block_threads;
+  d.tensor_parallel = shard_traits<T>::tensor_parallel;
+  d.model_heads = shard_traits<T>::model_heads;
+  d.shard_of = shard_traits<T>::shard_of;
   return d;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kvforge/cache.hpp"
+#include "kvforge/transport.hpp"
 
 namespace kvforge {
 
@@ -34,5 +35,8 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r);
+// The same plan agreed across ranks: each plans its own, and all take the smallest page count (a
+// collective: every rank of `ranks` must call it), as DeepSpeed all-reduces its block count with MIN.
+MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r, Transport& ranks);
 
 }  // namespace kvforge

@@ -45,6 +45,7 @@ inline constexpr int64_t kMaxLayers = 1024;
 inline constexpr int64_t kMaxKvHeads = 1024;
 inline constexpr int64_t kMaxHeadDim = 4096;
 inline constexpr int64_t kMaxSeqLen = 16777216;
+inline constexpr int64_t kMaxTensorParallel = 64;
 }  // namespace limits
 
 // Launch parameters: the default every variant gets without a tuning file, and the range [lo, hi] a

@@ -1,0 +1,144 @@
+// Moving one sequence's K/V between processes: from a prefill group of `sender_tp` ranks to a decode
+// group of `receiver_tp` ranks, whatever the layout, page size, tensor-parallel degree or storage
+// dtype on either side. See docs/transfer.md.
+//
+// The wire format is logical: per layer, per piece of heads (shard.hpp's shard_pieces), one message
+// of [heads, K|V, tokens, head_dim] values of the model's input dtype. The sender reads it with its
+// cache's own gather (dequantizing), the receiver writes it with its cache's own append (quantizing
+// on arrival). So every layout pair, every degree pair and every dtype pair of one model works, and
+// no layout has to know another's. One message per (layer, piece): all of a sequence's pages of one
+// layer travel together, however they are scattered.
+//
+// Layers are pipelined: the sender reads layer l + 1 while layer l is in flight, and the receiver
+// writes layer l (and says so, layers_ready()) while later layers are in flight, through a ring of
+// staging buffers on each side. Both sides progress only when polled.
+//
+// Every transfer starts with a header (TransferHeader) that the receiver checks against what it
+// expects. On any mismatch, a timeout, or a sender that stops, the receiver raises TransferError, and
+// commits nothing: a paged sequence's pages go back to the pool and its id is unknown again, a row is
+// reset.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvforge/backend.hpp"
+#include "kvforge/cache.hpp"
+#include "kvforge/errors.hpp"
+#include "kvforge/sequence_manager.hpp"
+#include "kvforge/shard.hpp"
+#include "kvforge/transport.hpp"
+
+namespace kvforge {
+
+// A transfer was refused or did not complete; nothing of it was committed. `field()` names what
+// disagreed (a header field, "timeout", ...).
+class TransferError : public Error {
+ public:
+  TransferError(std::string field, const std::string& message) : Error(field + ": " + message), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+// The 64-bit hash of a sequence's token ids that both sides compute (FNV-1a over their bytes).
+uint64_t token_hash(const std::vector<int32_t>& tokens);
+
+// What travels first, from each sender to each receiver it feeds. Plain bytes, fixed size.
+struct TransferHeader {
+  uint32_t magic;
+  uint32_t version;
+  char layout[48];      // the sender's layout (for messages; any layout may feed any other)
+  int32_t page_size;    // the sender's, 0 for contiguous
+  uint8_t storage;      // the sender's storage DType
+  uint8_t input;        // the wire's element DType (the model's input dtype): must match
+  uint16_t reserved;
+  int32_t model_heads;  // the full model's KV heads, layers and head_dim: must match
+  int32_t layers;
+  int32_t head_dim;
+  int32_t sender_tp, sender_rank;
+  int32_t head_begin, head_count;  // the heads this piece carries: must be what the receiver expects
+  int32_t layer_begin, layer_count;
+  int64_t tokens;      // must match
+  int64_t request_id;  // must match
+  uint64_t token_hash;  // must match
+};
+
+// One side's view of a transfer's peers: the transport ranks of the other group, in tensor-parallel
+// rank order, and that group's degree.
+struct PeerGroup {
+  std::vector<int> ranks;
+  int tp() const { return int(ranks.size()); }
+};
+
+struct TransferOptions {
+  int ring_layers = 4;  // staging buffers per side: layers in flight at once
+  std::chrono::milliseconds timeout{30000};  // a receiver gives up after this long without progress
+};
+
+// The prefill side. `cache` is this rank's shard (descriptor().tensor_parallel ranks in its group,
+// this rank being `tp_rank`).
+class KvSender {
+ public:
+  KvSender(Cache& cache, int tp_rank, Transport& transport, TransferOptions options = {});
+  ~KvSender();
+  // Starts sending positions [0, tokens.size()) of one sequence: `range` reads it (row, or page list
+  // covering it, copied here; begin and end are set here). The sequence must stay unchanged until
+  // the transfer is done. request_id: unique among transfers in flight between
+  // these groups (its low bits tag the messages).
+  void send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens, const PeerGroup& receivers);
+  // Progress on every transfer; true when all are done (their buffers may then be reused).
+  bool poll();
+  // Stops sending `request_id` (what is in flight still goes): the receiver times out and commits
+  // nothing. For tests of a sender that dies midway.
+  void abandon(int64_t request_id);
+  // Messages posted so far (headers and layer pieces), for the bench.
+  int64_t messages() const { return messages_; }
+
+ private:
+  struct Outgoing;
+  bool progress(Outgoing& o);
+  Cache& cache_;
+  int tp_rank_;
+  Transport& transport_;
+  TransferOptions options_;
+  std::map<int64_t, std::unique_ptr<Outgoing>> outgoing_;
+  int64_t messages_ = 0;
+};
+
+// The decode side.
+class KvReceiver {
+ public:
+  KvReceiver(Cache& cache, int tp_rank, Transport& transport, TransferOptions options = {});
+  ~KvReceiver();
+  // Expects request `request_id` carrying `tokens` from the prefill group `senders`, into a paged
+  // cache through `manager` as new sequence `seq` (allocated now, all or nothing), or into row `row`
+  // of a contiguous or ring cache (manager null).
+  void expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders, SequenceManager* manager,
+              int64_t seq_or_row);
+  // Progress on every transfer. Raises TransferError for the first that failed (header mismatch,
+  // timeout), after releasing what it held; the others continue.
+  void poll();
+  // Layers of `request_id` written into the cache so far (all of them: it is complete and committed).
+  int layers_ready(int64_t request_id) const;
+  bool done(int64_t request_id) const;
+  // Forgets a completed transfer.
+  void release(int64_t request_id);
+
+ private:
+  struct Incoming;
+  void progress(Incoming& in);
+  void fail(int64_t request_id, const std::string& field, const std::string& message);
+  Cache& cache_;
+  int tp_rank_;
+  Transport& transport_;
+  TransferOptions options_;
+  std::map<int64_t, std::unique_ptr<Incoming>> incoming_;
+};
+
+}  // namespace kvforge
