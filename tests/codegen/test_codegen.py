@@ -405,3 +405,35 @@ class Naming(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TensorParallel(unittest.TestCase):
+    MODEL = """\
+    name: m
+    layers: 2
+    kv_heads: 8
+    head_dim: 16
+    max_seq_len: 64
+    tensor_parallel: {degrees}
+    """
+
+    def test_degrees_that_cannot_share_the_heads_are_refused_with_the_ones_that_can(self):
+        errors = model_errors(self.MODEL.format(degrees="[1, 3, 2, 2, 0, x]"))
+        self.assertEqual(errors, [
+            "models/m.yaml:6: tensor_parallel: 3 ranks cannot share 8 KV heads: it neither divides them nor is a "
+            "multiple of them (allowed: 1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)",
+            "models/m.yaml:6: tensor_parallel: 2 is listed twice",
+            "models/m.yaml:6: tensor_parallel: expected a degree, got 0 (allowed: 1..64, dividing kv_heads or a multiple of it)",
+            "models/m.yaml:6: tensor_parallel: expected a degree, got 'x' (allowed: 1..64, dividing kv_heads or a multiple of it)"])
+
+    def test_shards_are_generated_per_degree_with_their_slice_of_heads(self):
+        d = SpecDir({"ok.yaml": GOOD_LAYOUT.format(name="ok").replace("[tiny]", "[m]")})
+        models = os.path.join(d.tmp.name, "models")
+        os.makedirs(models)
+        with open(os.path.join(models, "m.yaml"), "w") as f:
+            f.write(textwrap.dedent(self.MODEL.format(degrees="[1, 2, 16]")))
+        variants = plan_variants(load_specs([d.layouts], [models], d.tmp.name))
+        got = {v.name: (v.model.kv_heads, v.model.tp, v.model.shard_of, v.bytes_per_token) for v in variants}
+        whole = 2 * 2 * 8 * 16 * 2
+        self.assertEqual(got, {"ok.m.bf16": (8, 1, None, whole), "ok.m_tp2.bf16": (4, 2, "m", whole // 2),
+                               "ok.m_tp16.bf16": (1, 16, "m", whole // 8)})
