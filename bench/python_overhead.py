@@ -18,6 +18,7 @@ import torch
 
 import kvforge
 import kvforge.ops
+from kvforge.torch_dtypes import TORCH_DTYPES
 from kvforge import _native
 
 
@@ -40,7 +41,7 @@ def main():
     d = kvforge.describe(args.variant)
     cache = kvforge.create(d.name, pages=256)
     tc = kvforge.ops.TorchCache(cache)
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[d.input]
+    dtype = TORCH_DTYPES[d.input]
     print(f"{d.name}, CPU level x86-64-v{kvforge.cpu_level()}, torch {torch.__version__}, "
           f"medians of {args.repeat} runs of {args.iterations} calls")
     print(f"{'tokens':>6}  {'C++ us':>8}  {'Python us':>9}  {'overhead us':>11}  {'torch op us':>11}  "

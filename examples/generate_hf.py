@@ -14,6 +14,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import kvforge
 import kvforge.hf
+from kvforge.torch_dtypes import TORCH_DTYPES
 
 
 def main(variant):
@@ -22,8 +23,7 @@ def main(variant):
                          num_hidden_layers=d.layers, num_attention_heads=4, num_key_value_heads=d.heads,
                          head_dim=d.head_dim, max_position_embeddings=d.max_seq_len)
     torch.manual_seed(0)
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[d.input]
-    model = LlamaForCausalLM(config).eval().to(dtype)
+    model = LlamaForCausalLM(config).eval().to(TORCH_DTYPES[d.input])
     prompts = torch.randint(1, 128, (2, 8))
     mask = torch.ones_like(prompts)
     mask[1, :3] = 0  # the second prompt is shorter: left padding

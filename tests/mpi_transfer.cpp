@@ -208,8 +208,9 @@ void layouts(MpiTransport& t) {
       const VariantDescriptor& db = *registry().at(b).descriptor;
       // A ring holds its window only: a transfer to or from one carries at most that many tokens.
       const bool ring = da.addressing == Addressing::ring || db.addressing == Addressing::ring;
-      const int64_t tokens = ring ? std::min(da.window ? da.window : 64, db.window ? db.window : 64) - 3 : 45;
-      transfer(t, a, b, PeerGroup{{0}}, PeerGroup{{1}}, {request, request + 1}, {tokens, tokens - 7}, a + " -> " + b);
+      const int64_t tokens = ring ? std::max(1, std::min(da.window ? da.window : 64, db.window ? db.window : 64) - 3) : 45;
+      transfer(t, a, b, PeerGroup{{0}}, PeerGroup{{1}}, {request, request + 1}, {tokens, std::max<int64_t>(1, tokens - 7)},
+               a + " -> " + b);
       request += 2;
     }
   if (t.rank() == 0) std::printf("layouts: %zu x %zu layout pairs, bitwise\n", names.size(), names.size());
@@ -338,7 +339,6 @@ void refused(MpiTransport& t) {
       std::vector<int32_t> tokens = tokens_of(request, c.tokens_expected);
       if (c.other_tokens) tokens[3] += 1;
       KvReceiver receiver(*side.cache, 0, t);
-      TransferOptions o;
       bool refused = false;
       try {
         receiver.expect(request, tokens, PeerGroup{{0}}, side.manager.get(), 0);
@@ -355,6 +355,20 @@ void refused(MpiTransport& t) {
     ++request;
     MPI_Barrier(MPI_COMM_WORLD);
   }
+  if (t.rank() == 1) {  // bad arguments: refused before anything is allocated or posted
+    Side side = make_side("vllm_paged_nhd.tiny.fp32", 1);
+    const int32_t before = side.manager->available_blocks();
+    KvReceiver receiver(*side.cache, 0, t);
+    bool refused = false;
+    try {
+      receiver.expect(request, tokens_of(request, 5), PeerGroup{{t.size()}}, side.manager.get(), 0);
+    } catch (const OutOfRangeError& e) {
+      refused = e.argument() == "senders.ranks";
+    }
+    require(refused && !side.manager->contains(0) && side.manager->available_blocks() == before,
+            "a sender rank outside the transport was not refused before allocation");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
   if (t.rank() == 0) std::printf("refused: every header mismatch, nothing committed\n");
 }
 

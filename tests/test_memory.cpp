@@ -385,6 +385,12 @@ TEST(DeviceStep, SteadyDecodeUploadsOnlyNewPages) {
       EXPECT_EQ(static_cast<const int32_t*>(d.seq_lens.data)[i], pos + 1);
     }
   }
+  // A sequence listed twice is refused before anything changes: its new token is still to be handed out.
+  m.append(0, {9});
+  EXPECT_THROW(m.step_on_device({0, 1, 0}), ArgumentError);
+  const DeviceStep& d = m.step_on_device({0}, false, &host);
+  EXPECT_EQ(d.slots.size, 1);
+  EXPECT_EQ(host.slots, std::vector<int64_t>{static_cast<const int64_t*>(d.slots.data)[0]});
 }
 
 }  // namespace

@@ -21,8 +21,8 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 import kvforge
+from kvforge.torch_dtypes import TORCH_DTYPES
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class KvforgeLayer(CacheLayerMixin):
@@ -91,7 +91,7 @@ class KvforgeCache(Cache):
             raise kvforge.ArgumentError(f"variant: {variant} stores (layers, kv heads, head_dim) = "
                                         f"{(d.layers, d.heads, d.head_dim)}, the model has {model_shape}")
         self.descriptor, self.rows = d, batch_size  # (Cache.batch_size is a read-only property)
-        self.dtype = _DTYPES[d.input]
+        self.dtype = TORCH_DTYPES[d.input]
         windows = self._layer_windows(text)
         if d.addressing == "ring" and any(w is None or w > d.window for w in windows):
             raise kvforge.ArgumentError(f"variant: {variant} keeps a window of {d.window} positions; every layer of "
@@ -102,6 +102,13 @@ class KvforgeCache(Cache):
             pages = pages or batch_size * -(-d.max_seq_len // page_size)
             self.kv = kvforge.create(variant, pages=pages, device=device)
             if d.hybrid:
+                # A layer whose group keeps a window must attend within it.
+                for layer, w in enumerate(windows):
+                    kept = d.groups[self.kv.group_of(layer)]["sliding_window"]
+                    if kept and (w is None or w > kept):
+                        raise kvforge.ArgumentError(
+                            f"variant: {variant} keeps the last {kept} positions of layer {layer}; the model's layer "
+                            f"attends to {'every position' if w is None else f'{w} positions'}")
                 self.sequence_manager = kvforge.HybridSequenceManager(self.kv, prefix_caching=prefix_caching)
             else:
                 # A model whose every layer slides frees the pages that leave the window.

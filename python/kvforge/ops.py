@@ -22,8 +22,8 @@ from typing import Optional, Tuple
 import torch
 
 from .errors import ArgumentError
+from .torch_dtypes import TORCH_DTYPES
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _caches = {}
 
 
@@ -37,7 +37,7 @@ class TorchCache:
         self.handle = f"kvforge-cache-{id(self):x}"
         self.version = torch.zeros((), dtype=torch.int64)
         d = cache.descriptor  # copied into plain attributes: compiled code reads no native object
-        self.heads, self.head_dim, self.dtype = d.heads, d.head_dim, _DTYPES[d.input]
+        self.heads, self.head_dim, self.dtype = d.heads, d.head_dim, TORCH_DTYPES[d.input]
         _caches[self.handle] = self
 
     def __del__(self):

@@ -112,7 +112,7 @@ ArrayArg array_arg(nb::handle obj, const char* argument) {
 }
 
 // The element types DLPack arrays may carry into kvforge. fp8 has no DLPack code torch exports, and
-// kvforge never takes fp8 input, so it has no entry (codes come out as uint8, see to_dlpack).
+// kvforge never takes fp8 input, so it has no entry (codes come out as uint8, see dlpack_dtype).
 struct DTypeCode {
   nb::dlpack::dtype_code code;
   uint8_t bits;
@@ -238,13 +238,22 @@ std::string name(DType t) { return std::string(dtype_name(t)); }
 
 // ---- errors ----
 
-// The Python classes of kvforge/errors.py, looked up once: each carries the C++ message and its fields.
+// Raises the class of kvforge/errors.py named `class_name`, with the C++ message and these fields.
 void raise_python(const char* class_name, const std::exception& e, nb::dict fields = {}) {
   nb::object errors = nb::module_::import_("kvforge.errors");
   nb::object cls = errors.attr(class_name);
   nb::object instance = cls(e.what());
   for (auto [key, value] : fields) nb::setattr(instance, key, value);
   PyErr_SetObject(cls.ptr(), instance.ptr());
+}
+
+// The Python class of an argument error: its most derived kvforge class.
+const char* argument_class(const ArgumentError& e) {
+  if (dynamic_cast<const ShapeError*>(&e)) return "ShapeError";
+  if (dynamic_cast<const DtypeError*>(&e)) return "DtypeError";
+  if (dynamic_cast<const DeviceError*>(&e)) return "DeviceError";
+  if (dynamic_cast<const StateError*>(&e)) return "StateError";
+  return "ArgumentError";
 }
 
 void translate(const std::exception_ptr& p, void*) {
@@ -258,26 +267,10 @@ void translate(const std::exception_ptr& p, void*) {
     nb::dict f;
     f["argument"] = e.argument(), f["needed"] = e.needed(), f["available"] = e.available();
     raise_python("CapacityError", e, f);
-  } catch (const ShapeError& e) {
-    nb::dict f;
-    f["argument"] = e.argument();
-    raise_python("ShapeError", e, f);
-  } catch (const DtypeError& e) {
-    nb::dict f;
-    f["argument"] = e.argument();
-    raise_python("DtypeError", e, f);
-  } catch (const DeviceError& e) {
-    nb::dict f;
-    f["argument"] = e.argument();
-    raise_python("DeviceError", e, f);
-  } catch (const StateError& e) {
-    nb::dict f;
-    f["argument"] = e.argument();
-    raise_python("StateError", e, f);
   } catch (const ArgumentError& e) {
     nb::dict f;
     f["argument"] = e.argument();
-    raise_python("ArgumentError", e, f);
+    raise_python(argument_class(e), e, f);
   } catch (const UnknownVariantError& e) {
     nb::dict f;
     f["name"] = e.name(), f["nearest"] = e.nearest();
@@ -669,6 +662,7 @@ NB_MODULE(_native, m) {
   // For bench/python_overhead.py: the same append as Cache.append, repeated from C++ with the
   // arguments converted once, so that the Python boundary's cost per call can be measured beside it.
   m.def("_append_loop_seconds", [](Cache& c, int layer, nb::handle k, nb::handle v, nb::handle slots, int iterations) {
+    if (iterations < 1) throw OutOfRangeError("iterations", iterations, 1, INT32_MAX);
     const TensorView kv = tensor_view(k, "k"), vv = tensor_view(v, "v");
     const TokenTargets t = TokenTargets::paged(index_view(slots, "targets.slots"));
     nb::gil_scoped_release unlocked;

@@ -326,7 +326,7 @@ void SequenceManager::restore(int64_t seq) {
   stats_.restored_pages += n;
 }
 
-BatchMetadata SequenceManager::describe_step(const std::vector<int64_t>& seqs) {
+BatchMetadata SequenceManager::describe_step(const std::vector<int64_t>& seqs, bool consume) {
   BatchMetadata m;
   const int32_t P = page_size();
   for (int64_t id : seqs) {  // check everything before handing anything out
@@ -336,11 +336,16 @@ BatchMetadata SequenceManager::describe_step(const std::vector<int64_t>& seqs) {
   m.query_start.push_back(0);
   m.indptr.push_back(0);
   for (int64_t id : seqs) {
-    const Sequence& s = sequences_.at(id);
+    Sequence& s = sequences_.at(id);
     const int64_t length = int64_t(s.tokens.size());
     for (int64_t pos = length - s.pending; pos < length; ++pos) {
       const int32_t page = s.pages[size_t(pos / P)];  // -1: the position already left the window
       m.slots.push_back(page < 0 ? -1 : int64_t(page) * P + pos % P);
+    }
+    if (consume) {
+      s.pending = 0;
+      // Its full pages are written by this step, so they can be shared from now on.
+      register_full_blocks(s);
     }
     m.query_start.push_back(int32_t(m.slots.size()));
     m.lengths.push_back(int32_t(length));
@@ -353,16 +358,7 @@ BatchMetadata SequenceManager::describe_step(const std::vector<int64_t>& seqs) {
   return m;
 }
 
-BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
-  BatchMetadata m = describe_step(seqs);
-  for (int64_t id : seqs) {
-    Sequence& s = sequences_.at(id);
-    s.pending = 0;
-    // Its full pages are written by this step, so they can be shared from now on.
-    register_full_blocks(s);
-  }
-  return m;
-}
+BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) { return describe_step(seqs, true); }
 
 int32_t SequenceManager::take_row() {
   if (free_rows_.empty()) return next_row_++;
@@ -377,6 +373,11 @@ const std::vector<SequenceManager::Sequence*>& SequenceManager::batch_sequences(
   if (seqs != last_batch_) {
     std::vector<Sequence*> found(seqs.size());
     for (size_t i = 0; i < seqs.size(); ++i) found[i] = &live(seqs[i], "seqs");  // checks all before any change
+    // A sequence listed twice would have its rows advanced twice on the device.
+    std::vector<int64_t> sorted = seqs;
+    std::sort(sorted.begin(), sorted.end());
+    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end()) throw ArgumentError("seqs", "sequence " + std::to_string(*twice) + " is listed twice");
     last_batch_ = seqs;
     last_batch_sequences_ = std::move(found);
   }
@@ -414,35 +415,32 @@ void SequenceManager::record_changes(const std::vector<Sequence*>& batch, StepCh
     c.total_held_pages += int64_t(s.pages.size()) - s.dropped;
     c.max_pages = std::max(c.max_pages, int32_t(s.pages.size()));
     s.pending = 0;
-    if (options_.prefix_caching && s.hashed_blocks < int32_t(length / page_size())) register_full_blocks(s);
+    register_full_blocks(s);
   }
 }
 
-void SequenceManager::reserve_device_steps(int32_t sequences, int64_t tokens) {
-  if (sequences < 0) throw OutOfRangeError("sequences", sequences, 0, INT32_MAX);
-  if (tokens < 0) throw OutOfRangeError("tokens", tokens, 0, INT32_MAX);
+void SequenceManager::ensure_device_table(int32_t rows, int32_t pages) {
   if (!device_state_)
     device_state_ = std::make_unique<DeviceStepState>(cache_.config().device, cache_.config().stream, page_size());
-  const int32_t pages = int32_t((tokens + page_size() - 1) / page_size());
-  const int32_t rows = std::max(sequences, next_row_);
   if (!device_state_->fits(rows, pages)) {
+    // A new table starts empty: every sequence's row goes up again with its next step.
     device_state_->grow(rows, pages);
     for (auto& [id, s] : sequences_) unsync(s);
   }
 }
 
+void SequenceManager::reserve_device_steps(int32_t sequences, int64_t tokens) {
+  if (sequences < 0) throw OutOfRangeError("sequences", sequences, 0, INT32_MAX);
+  if (tokens < 0 || tokens > INT32_MAX) throw OutOfRangeError("tokens", tokens, 0, INT32_MAX);
+  ensure_device_table(std::max(sequences, next_row_), int32_t((tokens + page_size() - 1) / page_size()));
+}
+
 const DeviceStep& SequenceManager::step_on_device(const std::vector<int64_t>& seqs, bool indices, BatchMetadata* host) {
-  if (host) *host = describe_step(seqs);
-  if (!device_state_)
-    device_state_ = std::make_unique<DeviceStepState>(cache_.config().device, cache_.config().stream, page_size());
-  const std::vector<Sequence*>& batch = batch_sequences(seqs);
+  const std::vector<Sequence*>& batch = batch_sequences(seqs);  // checks every sequence first
+  if (host) *host = describe_step(seqs, false);
   int32_t longest = 0;
   for (const Sequence* s : batch) longest = std::max(longest, int32_t(s->pages.size()));
-  if (!device_state_->fits(next_row_, longest)) {
-    // A new table starts empty: every sequence's row goes up again with this step.
-    device_state_->grow(next_row_, longest);
-    for (auto& [id, s] : sequences_) unsync(s);
-  }
+  ensure_device_table(next_row_, longest);
   record_changes(batch, changes_);
   return device_state_->build(changes_, indices);
 }

@@ -112,12 +112,4 @@ const DeviceStep& DeviceStepState::build(const StepChanges& c, bool with_indices
   return step_;
 }
 
-int64_t DeviceStepState::bytes() const {
-  int64_t total = 0;
-  for (const Buffer* b : {&table_, &lengths_, &dropped_, &rows_, &new_tokens_, &seq_lens_, &held_, &query_start_,
-                          &indptr_, &last_page_len_, &slots_, &indices_, &table_writes_, &row_writes_, &scan_temp_})
-    total += b->bytes();
-  return total;
-}
-
 }  // namespace kvforge

@@ -18,6 +18,19 @@ int tag_of(const Transport& t, int64_t request_id, int layer_or_header) {
 
 int64_t tag_bits(const Transport& t, int64_t request_id) { return tag_of(t, request_id, -1) >> 8; }
 
+// Before anything is posted or allocated: the request's tags are free, and every peer is a rank.
+template <class InFlight>
+void check_request(const Transport& t, const InFlight& in_flight, int64_t request_id, const PeerGroup& peers,
+                   const char* peers_argument) {
+  for (const auto& [id, transfer] : in_flight)
+    if (tag_bits(t, id) == tag_bits(t, request_id))
+      throw ArgumentError("request_id", std::to_string(request_id) + " shares its message tags with request " +
+                                            std::to_string(id) + ", still in flight");
+  for (size_t i = 0; i < peers.ranks.size(); ++i)
+    if (peers.ranks[i] < 0 || peers.ranks[i] >= t.size())
+      throw OutOfRangeError(std::string(peers_argument) + ".ranks", peers.ranks[i], 0, t.size(), int64_t(i));
+}
+
 // Polls each handle, dropping the completed ones; true when none is left.
 bool drain(Transport& t, std::vector<Transport::Handle>& handles) {
   handles.erase(std::remove_if(handles.begin(), handles.end(), [&](Transport::Handle h) { return t.poll(h); }),
@@ -98,10 +111,7 @@ KvSender::~KvSender() = default;
 void KvSender::send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens,
                     const PeerGroup& receivers) {
   const VariantDescriptor& d = cache_.descriptor();
-  for (const auto& [id, o] : outgoing_)
-    if (tag_bits(transport_, id) == tag_bits(transport_, request_id))
-      throw ArgumentError("request_id", std::to_string(request_id) + " shares its message tags with request " +
-                                            std::to_string(id) + ", still in flight");
+  check_request(transport_, outgoing_, request_id, receivers, "receivers");
   auto o = std::make_unique<Outgoing>();
   o->request_id = request_id;
   o->range = range;
@@ -159,8 +169,15 @@ bool KvSender::progress(Outgoing& o) {
     if (s.layer >= 0 || o.abandoned || o.next_layer >= d.layers) continue;
     // Read the next layer into this free buffer, dequantized, and post one message per piece.
     const int layer = o.next_layer++;
-    cache_.gather(layer, o.range, staging_view(s.device.data(), d, device, mine.count, T, 0, false),
-                  staging_view(s.device.data(), d, device, mine.count, T, 1, false));
+    try {
+      cache_.gather(layer, o.range, staging_view(s.device.data(), d, device, mine.count, T, 0, false),
+                    staging_view(s.device.data(), d, device, mine.count, T, 1, false));
+    } catch (...) {
+      // A range that cannot be read (the caller's error, raised here): the rest is never sent, so
+      // the receiver times out and commits nothing, and this transfer winds down at the next poll.
+      o.abandoned = true;
+      throw;
+    }
     if (s.staged()) backend(device).to_host(s.wire.data(), s.device.data(), s.device.bytes(), cache_.config().stream);
     cache_.synchronize();
     const int tag = tag_of(transport_, o.request_id, layer);
@@ -229,10 +246,7 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
                         SequenceManager* manager, int64_t seq_or_row) {
   const VariantDescriptor& d = cache_.descriptor();
   if (incoming_.count(request_id)) throw StateError("request_id", std::to_string(request_id) + " is already expected");
-  for (const auto& [id, in] : incoming_)
-    if (tag_bits(transport_, id) == tag_bits(transport_, request_id))
-      throw ArgumentError("request_id", std::to_string(request_id) + " shares its message tags with request " +
-                                            std::to_string(id) + ", still in flight");
+  check_request(transport_, incoming_, request_id, senders, "senders");
   if (d.paged() != (manager != nullptr))
     throw ArgumentError("manager", d.paged() ? "a paged cache receives through its sequence manager"
                                              : "a contiguous or ring cache receives into a row, without a manager");
@@ -329,6 +343,7 @@ void KvReceiver::progress(Incoming& in) {
       check("layers", h.layers, d.layers);
       check("head_dim", h.head_dim, d.head_dim);
       check("sender_tp", h.sender_tp, in.senders.tp());
+      check("sender_rank", h.sender_rank, p.sender);
       check("head_begin", h.head_begin, p.heads.begin);
       check("head_count", h.head_count, p.heads.count);
       check("layer_begin", h.layer_begin, 0);

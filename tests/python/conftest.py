@@ -10,7 +10,7 @@ import torch
 
 import kvforge
 
-TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from kvforge.torch_dtypes import TORCH_DTYPES as TORCH_DTYPE
 
 
 def variants_where(**wanted):

@@ -262,19 +262,20 @@ def test_sequence_manager_batch_arrays_and_offload(generator):
 
 def test_hybrid_sequence_manager():
     d = variants_where(hybrid=True, model="tiny_hybrid")[0]
-    cache = kvforge.create(d.name, pages=16)
+    cache = kvforge.create(d.name, pages=64)  # 30 tokens fit at any page size
     assert cache.num_groups == len(d.groups) == 2
     manager = kvforge.HybridSequenceManager(cache)
     manager.add(7, list(range(30)))
     steps = manager.step([7])
     assert len(steps) == 2 and all(len(s["slots"]) == 30 for s in steps)
-    k = torch.randn(30, d.heads, d.head_dim).to(torch.bfloat16)
+    k = torch.randn(30, d.heads, d.head_dim).to(TORCH_DTYPE[d.input])
     for layer in range(d.layers):
         cache.append(layer, k, k, slots=steps[cache.group_of(layer)]["slots"])
-    window = d.groups[0]["sliding_window"]
-    local = d.groups[0]["layers"][0]
+    local_group = next(g for g in d.groups if g["sliding_window"])  # the group that keeps a window
+    window = local_group["sliding_window"]
+    local = local_group["layers"][0]
     r = manager.range(local, 7, 30 - window, 30)
-    out = torch.empty(d.heads, window, d.head_dim, dtype=torch.bfloat16)
+    out = torch.empty(d.heads, window, d.head_dim, dtype=TORCH_DTYPE[d.input])
     cache.gather(local, out, out.clone(), pages=r["pages"], begin=r["begin"], end=r["end"])
     assert torch.equal(out, k[30 - window:].transpose(0, 1))
 

@@ -98,18 +98,27 @@ def next_bf16_up(s):
     return torch.where(b.float() >= s, b.float(), above.float())
 
 
+QMAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}  # docs/quantization.md, rule 2
+
+
 def quantize_dequantize(x, d, tensor_scale):
     """docs/quantization.md's rules on x [batch, heads, tokens, head_dim], written from the text."""
     xf = x.float()
-    if d.storage == "int8":
-        group = (1, 3) if d.quant == "per_token" else (3,)  # a token over all heads, or one head
-        s = xf.abs().amax(dim=group, keepdim=True) / 127.0
+    qmax = QMAX[d.storage]
+    if d.quant == "per_tensor":
+        s = torch.tensor(tensor_scale)
+    else:  # dynamic: a token over all heads, or one head of a token
+        group = (1, 3) if d.quant == "per_token" else (3,)
+        s = xf.abs().amax(dim=group, keepdim=True) / qmax
         if d.scale_dtype == "bf16":
             s = next_bf16_up(s)
         s = torch.where(s == 0, torch.ones_like(s), s)
-        return (torch.clamp(torch.round(xf / s), -127, 127) * s).to(x.dtype)  # torch.round: half to even
-    fp8 = torch.float8_e4m3fn if d.storage == "fp8_e4m3" else torch.float8_e5m2
-    return ((xf / tensor_scale).to(fp8).float() * tensor_scale).to(x.dtype)
+    if d.storage == "int8":
+        codes = torch.clamp(torch.round(xf / s), -qmax, qmax)  # torch.round: half to even
+    else:  # saturate to +-qmax, then round to the fp8 grid
+        fp8 = torch.float8_e4m3fn if d.storage == "fp8_e4m3" else torch.float8_e5m2
+        codes = torch.clamp(xf / s, -qmax, qmax).to(fp8).float()
+    return (codes * s).to(x.dtype)
 
 
 class QuantizedReferenceLayer(DynamicLayer):
@@ -262,3 +271,9 @@ def test_mismatched_model_is_refused():
     ring = kvforge.describe("jetstream_ring.tiny.fp32")
     with pytest.raises(kvforge.ArgumentError, match="window"):
         kvforge.hf.KvforgeCache(ring.name, LlamaConfig(**shared(ring)))
+    hybrid = variants_where(hybrid=True, model="tiny_hybrid")[0]
+    window = max(g["sliding_window"] for g in hybrid.groups)
+    wider = model_for(hybrid).config
+    wider.sliding_window = window + 8  # the model attends further back than the local group keeps
+    with pytest.raises(kvforge.ArgumentError, match="keeps the last"):
+        kvforge.hf.KvforgeCache(hybrid.name, wider)

@@ -101,7 +101,8 @@ class SequenceManager {
   // The same step, built on the cache's device from a persistent block table (step_state.hpp): the
   // host uploads only what changed, O(sequences + changes). `indices`: also build FlashInfer's
   // `indices` (O(held pages) on the device). `host`: also fill the host-built arrays of this same
-  // step, for tests and the bench. The views stay valid until the next call.
+  // step, for tests and the bench. The views stay valid until the next call. A sequence listed twice
+  // is refused (ArgumentError), before anything changes.
   const DeviceStep& step_on_device(const std::vector<int64_t>& seqs, bool indices = false, BatchMetadata* host = nullptr);
   // Sizes the device block table for `sequences` live sequences of up to `tokens` tokens each, as an
   // engine knows its max batch and model length, so that no step_on_device() reallocates it (a
@@ -164,7 +165,9 @@ class SequenceManager {
     s.synced_length = -1;
   }
   int32_t take_row();
-  BatchMetadata describe_step(const std::vector<int64_t>& seqs);
+  // The step's host-built arrays; `consume` marks its tokens handed out (step()), else it only looks.
+  BatchMetadata describe_step(const std::vector<int64_t>& seqs, bool consume);
+  void ensure_device_table(int32_t rows, int32_t pages);
   const std::vector<Sequence*>& batch_sequences(const std::vector<int64_t>& seqs);
   void record_changes(const std::vector<Sequence*>& batch, StepChanges& c);
   static std::vector<int32_t> held(const Sequence& s) {

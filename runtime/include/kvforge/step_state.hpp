@@ -58,8 +58,6 @@ class DeviceStepState {
   void grow(int32_t rows, int32_t pages);
   // Uploads `c` and builds the step's arrays (FlashInfer's `indices` too where `indices` is set).
   const DeviceStep& build(const StepChanges& c, bool indices);
-  // Device bytes held: the table, its row state, the step's arrays and the staging.
-  int64_t bytes() const;
 
  private:
   template <class T> T* reserve(Buffer& b, int64_t count);

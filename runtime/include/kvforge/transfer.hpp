@@ -89,8 +89,10 @@ class KvSender {
   ~KvSender();
   // Starts sending positions [0, tokens.size()) of one sequence: `range` reads it (row, or page list
   // covering it, copied here; begin and end are set here). The sequence must stay unchanged until
-  // the transfer is done. request_id: unique among transfers in flight between
-  // these groups (its low bits tag the messages).
+  // the transfer is done. request_id: unique among transfers in flight between these groups (its low
+  // bits tag the messages); receivers.ranks: ranks of the transport. Both are checked before anything
+  // is posted. A range the cache cannot read raises from the first gather (here or in poll()); the
+  // transfer is then abandoned, and its receiver times out with nothing committed.
   void send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens, const PeerGroup& receivers);
   // Progress on every transfer; true when all are done (their buffers may then be reused).
   bool poll();
@@ -118,7 +120,8 @@ class KvReceiver {
   ~KvReceiver();
   // Expects request `request_id` carrying `tokens` from the prefill group `senders`, into a paged
   // cache through `manager` as new sequence `seq` (allocated now, all or nothing), or into row `row`
-  // of a contiguous or ring cache (manager null).
+  // of a contiguous or ring cache (manager null). Every argument is checked before anything is
+  // allocated or posted.
   void expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders, SequenceManager* manager,
               int64_t seq_or_row);
   // Progress on every transfer. Raises TransferError for the first that failed (header mismatch,
