@@ -8,7 +8,9 @@
 // llama3-8b cache (KvSender), rank 1 receives it into the other layout (KvReceiver), and the time
 // from a barrier to the receiver's last layer is taken. The baseline is MPI_Send of the same number
 // of bytes from the sender's pool to the receiver's pool, in one message per GiB (MPI counts are
-// int). Figures are medians; "÷ contiguous" is the baseline's time over the transfer's.
+// int). Figures are medians; "÷ contiguous" is the baseline's time over the transfer's. The sender and
+// receiver live across the repeats, as in a server, so their staging buffers are reused; "wire" says
+// which format the receiver chose (physical: straight into its pool; logical: gather and append).
 #include <mpi.h>
 
 #include <algorithm>
@@ -54,6 +56,10 @@ int main(int argc, char** argv) {
   std::string pairs_arg =
       "vllm_paged_nhd.llama3_8b.bf16:flashinfer_paged_hnd.llama3_8b.bf16,"
       "deepspeed_blocked.llama3_8b.bf16:vllm_paged_nhd.llama3_8b.bf16,"
+      "vllm_paged_nhd.llama3_8b.bf16:jetstream_paged.llama3_8b.bf16,"
+      "flashinfer_paged_hnd.llama3_8b.bf16:deepspeed_blocked.llama3_8b.bf16,"
+      "jetstream_contiguous.llama3_8b.bf16:vllm_paged_nhd.llama3_8b.bf16,"
+      "vllm_paged_nhd.llama3_8b.bf16:jetstream_contiguous.llama3_8b.bf16,"
       "flashinfer_paged_hnd.llama3_8b.bf16:flashinfer_paged_hnd.llama3_8b.int8_in_bf16";
   int repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -70,43 +76,56 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   if (me == 0)
-    std::printf("| prefill layout | decode layout | tokens | bytes | transfer ms | GB/s | contiguous ms | ÷ contiguous | "
-                "messages |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| prefill layout | decode layout | tokens | bytes | wire | transfer ms | GB/s | contiguous ms | "
+                "÷ contiguous | messages |\n|---|---|---|---|---|---|---|---|---|---|\n");
   int64_t request = 1;
   for (const std::string& pair : split(pairs_arg, ',')) {
     const std::vector<std::string> sides = split(pair, ':');
     for (const std::string& t : split(tokens_arg, ',')) {
       const int64_t tokens = std::atoll(t.c_str());
       const VariantDescriptor& d = *registry().at(sides[size_t(me)]).descriptor;
+      // A contiguous cache holds one row of at most its model's max_seq_len: longer requests are skipped.
+      bool fits = true;
+      for (const std::string& side : sides) {
+        const VariantDescriptor& e = *registry().at(side).descriptor;
+        fits = fits && (e.paged() || tokens <= e.max_seq_len);
+      }
+      if (!fits) continue;
       CacheConfig config;
-      config.pages = tokens / d.page_size + 2;
+      if (d.paged()) config.pages = tokens / d.page_size + 2;
+      else config.rows = 1, config.max_seq_len = tokens;
       auto cache = registry().create(d.name, config);
       SequenceManagerOptions options;
       options.prefix_caching = false;
-      SequenceManager manager(*cache, options);
+      std::unique_ptr<SequenceManager> manager;
+      if (d.paged()) manager = std::make_unique<SequenceManager>(*cache, options);
+      GatherRange row;  // contiguous: row 0
+      row.end = tokens;
       std::vector<int32_t> ids(static_cast<size_t>(tokens));
       for (int64_t i = 0; i < tokens; ++i) ids[size_t(i)] = int32_t(i % 32000);
       // The logical bytes a transfer carries: K and V of every layer and head, in the input dtype.
       const int64_t bytes = 2 * int64_t(d.layers) * d.heads * d.head_dim * tokens * dtype_size(d.input);
       std::vector<double> transfer_s, contiguous_s;
-      int64_t messages = 0;
+      int64_t messages = 0, physical = 0;
+      KvSender sender(*cache, 0, transport);
+      KvReceiver receiver(*cache, 0, transport);
       for (int r = 0; r < repeat; ++r, ++request) {
         MPI_Barrier(MPI_COMM_WORLD);
         const auto start = std::chrono::steady_clock::now();
         if (me == 0) {
-          manager.add(request, ids);
-          manager.step({request});
-          KvSender sender(*cache, 0, transport);
-          sender.send(request, manager.range(request, 0, tokens), ids, PeerGroup{{1}});
+          if (manager) manager->add(request, ids), manager->step({request});
+          const int64_t before = sender.messages();
+          sender.send(request, manager ? manager->range(request, 0, tokens) : row, ids, PeerGroup{{1}});
           while (!sender.poll()) std::this_thread::yield();
-          messages = sender.messages();
+          messages = sender.messages() - before;
+          physical = sender.physical_pieces();
         } else {
-          KvReceiver receiver(*cache, 0, transport);
-          receiver.expect(request, ids, PeerGroup{{0}}, &manager, request);
+          receiver.expect(request, ids, PeerGroup{{0}}, manager.get(), manager ? request : 0);
           while (!receiver.done(request)) receiver.poll();
           transfer_s.push_back(seconds_since(start));
+          receiver.release(request);
         }
-        manager.free(request);
+        if (manager) manager->free(request);
         // The baseline: the same bytes, pool to pool, as contiguous messages of at most 1 GiB.
         MPI_Barrier(MPI_COMM_WORLD);
         const auto base = std::chrono::steady_clock::now();
@@ -121,13 +140,16 @@ int main(int argc, char** argv) {
         }
         if (me == 1) contiguous_s.push_back(seconds_since(base));
       }
-      if (me == 0) MPI_Send(&messages, 1, MPI_INT64_T, 1, 98, MPI_COMM_WORLD);
+      int64_t counts[2] = {messages, physical};
+      if (me == 0) MPI_Send(counts, 2, MPI_INT64_T, 1, 98, MPI_COMM_WORLD);
       if (me == 1) {
-        MPI_Recv(&messages, 1, MPI_INT64_T, 0, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Recv(counts, 2, MPI_INT64_T, 0, 98, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        messages = counts[0], physical = counts[1];
         const double ts = median(transfer_s), cs = median(contiguous_s);
         char line[512];
-        std::snprintf(line, sizeof line, "| %s | %s | %lld | %lld | %.1f | %.2f | %.1f | %.2f | %lld |\n", sides[0].c_str(),
-                      sides[1].c_str(), (long long)tokens, (long long)bytes, ts * 1e3, double(bytes) / ts / 1e9, cs * 1e3,
+        std::snprintf(line, sizeof line, "| %s | %s | %lld | %lld | %s | %.1f | %.2f | %.1f | %.2f | %lld |\n",
+                      sides[0].c_str(), sides[1].c_str(), (long long)tokens, (long long)bytes,
+                      physical ? "physical" : "logical", ts * 1e3, double(bytes) / ts / 1e9, cs * 1e3,
                       cs / ts, (long long)messages);
         MPI_Send(line, int(std::strlen(line)) + 1, MPI_CHAR, 0, 97, MPI_COMM_WORLD);
       }

@@ -152,23 +152,28 @@ void check_receiver(Side& s, int tp_rank, int64_t slot, int64_t tokens, const st
 
 // Runs one transfer of `tokens` tokens per request from the ranks `senders` (degree S, variant
 // `sender_name`'s shards) to the ranks `receivers`; every rank plays its part.
+// Pieces sent in each wire format by this rank's senders, over the scenario.
+int64_t physical_pieces = 0, logical_pieces = 0;
+
 void transfer(MpiTransport& t, const std::string& sender_name, const std::string& receiver_name, const PeerGroup& senders,
               const PeerGroup& receivers, const std::vector<int64_t>& requests, const std::vector<int64_t>& lengths,
-              const std::string& what) {
+              const std::string& what, TransferOptions options = {}) {
   const int me = t.rank();
   for (int s = 0; s < senders.tp(); ++s)
     if (senders.ranks[size_t(s)] == me) {
       Side side = make_side(shard_variant(registry(), sender_name, senders.tp()).descriptor->name, int64_t(requests.size()));
-      KvSender sender(*side.cache, s, t);
+      KvSender sender(*side.cache, s, t, options);
       for (size_t i = 0; i < requests.size(); ++i)
         sender.send(requests[i], fill_sender(side, s, requests[i], int64_t(i), lengths[i]),
                     tokens_of(requests[i], lengths[i]), receivers);
       while (!sender.poll()) pause();
+      physical_pieces += sender.physical_pieces();
+      logical_pieces += sender.logical_pieces();
     }
   for (int r = 0; r < receivers.tp(); ++r)
     if (receivers.ranks[size_t(r)] == me) {
       Side side = make_side(shard_variant(registry(), receiver_name, receivers.tp()).descriptor->name, int64_t(requests.size()));
-      KvReceiver receiver(*side.cache, r, t);
+      KvReceiver receiver(*side.cache, r, t, options);
       for (size_t i = 0; i < requests.size(); ++i)
         receiver.expect(requests[i], tokens_of(requests[i], lengths[i]), senders, side.manager.get(), int64_t(i));
       bool all = false;
@@ -198,22 +203,42 @@ std::vector<std::string> tiny_float_variants() {
   return out;
 }
 
+// Pieces sent in each format over the scenario so far, by every rank.
+std::pair<int64_t, int64_t> pieces_sent() {
+  int64_t counts[2] = {physical_pieces, logical_pieces};
+  MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return {counts[0], counts[1]};
+}
+
 void layouts(MpiTransport& t) {
   const std::vector<std::string> names = tiny_float_variants();
   require(names.size() >= 4, "fewer than 4 float layouts of the tiny model");
   int64_t request = 1;
-  for (const std::string& a : names)
-    for (const std::string& b : names) {
-      const VariantDescriptor& da = *registry().at(a).descriptor;
-      const VariantDescriptor& db = *registry().at(b).descriptor;
-      // A ring holds its window only: a transfer to or from one carries at most that many tokens.
-      const bool ring = da.addressing == Addressing::ring || db.addressing == Addressing::ring;
-      const int64_t tokens = ring ? std::max(1, std::min(da.window ? da.window : 64, db.window ? db.window : 64) - 3) : 45;
-      transfer(t, a, b, PeerGroup{{0}}, PeerGroup{{1}}, {request, request + 1}, {tokens, std::max<int64_t>(1, tokens - 7)},
-               a + " -> " + b);
-      request += 2;
-    }
-  if (t.rank() == 0) std::printf("layouts: %zu x %zu layout pairs, bitwise\n", names.size(), names.size());
+  // Every pair twice: in the format the receiver picks (the physical one, straight into its pool,
+  // wherever its pages are dense blocks), and with the physical format turned off (gather, append).
+  for (const bool physical : {true, false}) {
+    TransferOptions options;
+    options.physical = physical;
+    const auto before = pieces_sent();
+    for (const std::string& a : names)
+      for (const std::string& b : names) {
+        const VariantDescriptor& da = *registry().at(a).descriptor;
+        const VariantDescriptor& db = *registry().at(b).descriptor;
+        // A ring holds its window only: a transfer to or from one carries at most that many tokens.
+        const bool ring = da.addressing == Addressing::ring || db.addressing == Addressing::ring;
+        const int64_t tokens = ring ? std::max(1, std::min(da.window ? da.window : 64, db.window ? db.window : 64) - 3) : 45;
+        transfer(t, a, b, PeerGroup{{0}}, PeerGroup{{1}}, {request, request + 1}, {tokens, std::max<int64_t>(1, tokens - 7)},
+                 a + " -> " + b + (physical ? "" : " (logical)"), options);
+        request += 2;
+      }
+    const auto after = pieces_sent();
+    const int64_t physical_count = after.first - before.first, logical_count = after.second - before.second;
+    require(physical ? physical_count > 0 : physical_count == 0,
+            physical ? "layouts: no pair used the physical format" : "layouts: the physical format was used while off");
+    if (t.rank() == 0)
+      std::printf("layouts: %zu x %zu layout pairs, bitwise: %lld pieces physical, %lld logical%s\n", names.size(),
+                  names.size(), (long long)physical_count, (long long)logical_count, physical ? "" : " (physical off)");
+  }
 }
 
 void tp(MpiTransport& t, int S, int R) {
@@ -332,7 +357,15 @@ void refused(MpiTransport& t) {
       Side side = make_side(c.sender, 1);
       KvSender sender(*side.cache, 0, t);
       sender.send(request, fill_sender(side, 0, request, 0, c.tokens_sent), tokens_of(request, c.tokens_sent), PeerGroup{{1}});
-      while (!sender.poll()) pause();  // small messages: they complete without being received
+      // The receiver's refusal comes back: the sender raises it, naming the same field, and stops.
+      std::string got = "nothing";
+      try {
+        while (!sender.poll()) pause();
+      } catch (const TransferError& e) {
+        got = e.field();
+      }
+      require(got == c.field, std::string("the sender heard ") + got + " where the receiver refused " + c.field);
+      require(sender.poll(), std::string(c.field) + ": the refused transfer is still in flight at the sender");
     } else if (t.rank() == 1) {
       Side side = make_side(c.receiver, 1);
       const int32_t before = side.manager->available_blocks();
@@ -354,6 +387,23 @@ void refused(MpiTransport& t) {
     }
     ++request;
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (t.rank() == 0) {  // a page list the pool does not hold: refused by send(), before anything is posted
+    Side side = make_side("vllm_paged_nhd.tiny.fp32", 1);
+    fill_sender(side, 0, request, 0, 9);
+    GatherRange range = side.manager->range(0, 0, 9);
+    std::vector<int32_t> pages(static_cast<const int32_t*>(range.pages.data),
+                               static_cast<const int32_t*>(range.pages.data) + range.pages.size);
+    pages.back() = int32_t(side.cache->config().pages);
+    range.pages.data = pages.data();
+    KvSender sender(*side.cache, 0, t);
+    bool refused = false;
+    try {
+      sender.send(request, range, tokens_of(request, 9), PeerGroup{{1}});
+    } catch (const OutOfRangeError& e) {
+      refused = e.argument() == "range.pages";
+    }
+    require(refused && sender.poll() && sender.messages() == 0, "a page outside the pool was not refused before sending");
   }
   if (t.rank() == 1) {  // bad arguments: refused before anything is allocated or posted
     Side side = make_side("vllm_paged_nhd.tiny.fp32", 1);
@@ -381,6 +431,7 @@ void timeout(MpiTransport& t) {
     Side side = make_side("vllm_paged_nhd.tiny.fp32", 1);
     KvSender sender(*side.cache, 0, t, o);
     sender.send(request, fill_sender(side, 0, request, 0, tokens), tokens_of(request, tokens), PeerGroup{{1}});
+    while (sender.messages() < 2) sender.poll(), pause();  // the header, then layer 0 once the receiver answered
     sender.abandon(request);
     while (!sender.poll()) pause();
   } else if (t.rank() == 1) {

@@ -2,21 +2,27 @@
 // group of `receiver_tp` ranks, whatever the layout, page size, tensor-parallel degree or storage
 // dtype on either side. See docs/transfer.md.
 //
-// The wire format is logical: per layer, per piece of heads (shard.hpp's shard_pieces), one message
-// of [heads, K|V, tokens, head_dim] values of the model's input dtype. The sender reads it with its
-// cache's own gather (dequantizing), the receiver writes it with its cache's own append (quantizing
-// on arrival). So every layout pair, every degree pair and every dtype pair of one model works, and
-// no layout has to know another's. One message per (layer, piece): all of a sequence's pages of one
-// layer travel together, however they are scattered.
+// Two wire formats; the receiver picks one per piece of heads (shard.hpp's shard_pieces) when it
+// answers the sender's header:
+// - Physical: where both caches are unquantized host caches of one storage dtype, the piece is all of
+//   the receiver's heads, and the receiver's pages are dense blocks, the receiver describes its page
+//   blocks as data (a Placement: page size, slot and head strides, where each page block sits) and
+//   receives straight into its pool, one message per run of consecutive pages per layer. The sender
+//   writes each layer into that order in one pass over its own pool. No layout knows another's.
+// - Logical: otherwise, one message per layer of [heads, K|V, tokens, head_dim] values of the model's
+//   input dtype. The sender reads it with its cache's own gather (dequantizing), the receiver writes
+//   it with its cache's own append (quantizing on arrival). So every layout pair, every degree pair
+//   and every dtype pair of one model works.
 //
 // Layers are pipelined: the sender reads layer l + 1 while layer l is in flight, and the receiver
 // writes layer l (and says so, layers_ready()) while later layers are in flight, through a ring of
 // staging buffers on each side. Both sides progress only when polled.
 //
 // Every transfer starts with a header (TransferHeader) that the receiver checks against what it
-// expects. On any mismatch, a timeout, or a sender that stops, the receiver raises TransferError, and
-// commits nothing: a paged sequence's pages go back to the pool and its id is unknown again, a row is
-// reset.
+// expects, and answers: accepted (with the wire format) or refused (naming the field). On any
+// mismatch, a timeout, or a sender that stops, the receiver raises TransferError, and commits
+// nothing: a paged sequence's pages go back to the pool and its id is unknown again, a row is reset.
+// A refused sender raises TransferError naming the same field, and sends nothing more.
 #pragma once
 
 #include <chrono>
@@ -57,7 +63,7 @@ struct TransferHeader {
   int32_t page_size;    // the sender's, 0 for contiguous
   uint8_t storage;      // the sender's storage DType
   uint8_t input;        // the wire's element DType (the model's input dtype): must match
-  uint16_t reserved;
+  uint16_t flags;       // kCanWritePhysical: the sender can write the receiver's physical order
   int32_t model_heads;  // the full model's KV heads, layers and head_dim: must match
   int32_t layers;
   int32_t head_dim;
@@ -67,6 +73,26 @@ struct TransferHeader {
   int64_t tokens;      // must match
   int64_t request_id;  // must match
   uint64_t token_hash;  // must match
+};
+
+// Staging buffers a side keeps between transfers, so a long-lived sender or receiver does not
+// allocate (and fault in) its ring for every request.
+struct Staging {
+  Device on = Device::cpu;
+  Buffer device, wire;  // wire: a host twin, where the transport cannot take the cache's device memory
+  bool staged() const { return wire.data() != nullptr; }
+  void* wire_data() const { return staged() ? wire.data() : device.data(); }
+};
+
+class StagingPool {
+ public:
+  // A buffer of at least `bytes` bytes of `device` memory (with a host twin where `transport` needs one).
+  Staging take(Transport& transport, Device device, int64_t bytes);
+  void give(Staging s);  // keeps at most `keep` of them, the largest
+  int keep = 8;
+
+ private:
+  std::vector<Staging> spare_;
 };
 
 // One side's view of a transfer's peers: the transport ranks of the other group, in tensor-parallel
@@ -79,6 +105,7 @@ struct PeerGroup {
 struct TransferOptions {
   int ring_layers = 4;  // staging buffers per side: layers in flight at once
   std::chrono::milliseconds timeout{30000};  // a receiver gives up after this long without progress
+  bool physical = true;  // false: this side never uses the physical format (both sides must allow it)
 };
 
 // The prefill side. `cache` is this rank's shard (descriptor().tensor_parallel ranks in its group,
@@ -91,26 +118,34 @@ class KvSender {
   // covering it, copied here; begin and end are set here). The sequence must stay unchanged until
   // the transfer is done. request_id: unique among transfers in flight between these groups (its low
   // bits tag the messages); receivers.ranks: ranks of the transport. Both are checked before anything
-  // is posted. A range the cache cannot read raises from the first gather (here or in poll()); the
-  // transfer is then abandoned, and its receiver times out with nothing committed.
+  // is posted. Nothing is read before the receivers answer: a range the cache cannot read raises from
+  // poll(), and the transfer is then abandoned, its receiver timing out with nothing committed.
   void send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens, const PeerGroup& receivers);
-  // Progress on every transfer; true when all are done (their buffers may then be reused).
+  // Progress on every transfer; true when all are done (their buffers may then be reused). Raises
+  // TransferError for a transfer its receiver refused (naming the receiver's field) or left
+  // unanswered past the timeout, after dropping it; the others continue.
   bool poll();
   // Stops sending `request_id` (what is in flight still goes): the receiver times out and commits
   // nothing. For tests of a sender that dies midway.
   void abandon(int64_t request_id);
-  // Messages posted so far (headers and layer pieces), for the bench.
+  // Messages posted so far (headers and layer messages), for the bench.
   int64_t messages() const { return messages_; }
+  // Pieces sent in each wire format so far, for tests and the bench.
+  int64_t physical_pieces() const { return physical_pieces_; }
+  int64_t logical_pieces() const { return logical_pieces_; }
 
  private:
   struct Outgoing;
   bool progress(Outgoing& o);
+  void fail(int64_t request_id, const std::string& field, const std::string& message);
   Cache& cache_;
   int tp_rank_;
   Transport& transport_;
   TransferOptions options_;
   std::map<int64_t, std::unique_ptr<Outgoing>> outgoing_;
-  int64_t messages_ = 0;
+  std::vector<std::unique_ptr<Outgoing>> retired_;  // failed, with sends the transport may still read
+  StagingPool spare_;
+  int64_t messages_ = 0, physical_pieces_ = 0, logical_pieces_ = 0;
 };
 
 // The decode side.
@@ -136,12 +171,15 @@ class KvReceiver {
  private:
   struct Incoming;
   void progress(Incoming& in);
+  void answer(Incoming& in, const char* refused_field);
   void fail(int64_t request_id, const std::string& field, const std::string& message);
   Cache& cache_;
   int tp_rank_;
   Transport& transport_;
   TransferOptions options_;
   std::map<int64_t, std::unique_ptr<Incoming>> incoming_;
+  std::vector<std::unique_ptr<Incoming>> retired_;  // failed, with answers the transport may still read
+  StagingPool spare_;
 };
 
 }  // namespace kvforge
