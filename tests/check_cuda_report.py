@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""bench/report.py on kvforge_cuda_bench's JSON: the ratios it prints are the baselines' times over
+kvforge's, row by row. The figures here are made up for the check (no GPU runs in this test)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "report.py")
+
+
+def timing(eager=None, graph=None, host=None, error=None):
+    t = {"eager_us": eager, "graph_us": graph, "host_us": host}
+    if error:
+        t["graph_error"] = error
+    return t
+
+
+data = {
+    "kind": "kvforge_cuda_bench", "preset": "short", "cold": False,
+    "device": {"name": "Made-up GPU", "sms": 10, "sm_clock_mhz": 1000, "memory_clock_mhz": 2000,
+               "l2_bytes": 50 << 20, "memory_bytes": 1 << 34},
+    "empty_kernel": timing(2.0, 1.0, 1.5),
+    "records": [
+        {"variant": "a.m.bf16", "op": "append_prefill", "n": 8192, "bytes": 8_000_000, "check": "ok", "d2d_us": 30.0,
+         "kvforge": timing(40.0, 38.0, 3.0), "untuned": timing(50.0), "step": timing(), "reference": timing(60.0),
+         "naive": timing(120.0), "twin": timing()},
+        {"variant": "a.m.int8_in_bf16", "op": "append_decode", "n": 256, "bytes": 1_000_000, "check": "3 of 9 pool bytes differ",
+         "d2d_us": 4.0, "kvforge": timing(8.0, None, 5.0, "operation not permitted when stream is capturing"),
+         "untuned": timing(), "step": timing(None, 90.0), "reference": timing(), "naive": timing(), "twin": timing(4.0)},
+    ],
+}
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "cuda.json")
+    with open(path, "w") as f:
+        json.dump(data, f)
+    text = subprocess.run([sys.executable, REPORT, path], check=True, capture_output=True, text=True).stdout
+lines = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+         if line.startswith("| append")}
+prefill, decode = lines["`a.m.bf16`"], lines["`a.m.int8_in_bf16`"]
+# op | n | variant | eager | graph | host | step | GB/s | ÷ D2D | ÷ reference | ÷ naive | ÷ twin | tuned | check
+expected_prefill = ["append_prefill", "8192", "`a.m.bf16`", "40.00", "38.00", "3.00", "", "200", "0.75", "1.50", "3.00", "",
+                    "1.25", "ok"]
+expected_decode = ["append_decode", "256", "`a.m.int8_in_bf16`", "8.00", "not capturable", "5.00", "90.00", "125", "0.50",
+                   "", "", "0.50", "", "3 of 9 pool bytes differ"]
+failures = [(got, want) for got, want in ((prefill, expected_prefill), (decode, expected_decode)) if got != want]
+if "Made-up GPU" not in text or "operation not permitted" not in text:
+    failures.append(("device line or capture error missing", text))
+for got, want in failures:
+    print(f"report row {got}\n  expected {want}", file=sys.stderr)
+sys.exit(1 if failures else 0)
