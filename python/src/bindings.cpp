@@ -525,6 +525,8 @@ NB_MODULE(_native, m) {
         f["bookkeeping_bytes"] = r.bookkeeping_bytes, f["overhead_bytes"] = r.overhead_bytes();
         return f;
       })
+      // The CUDA stream later operations are queued on, as an integer handle (torch: stream.cuda_stream).
+      .def("set_stream", [](Cache& c, uintptr_t stream) { c.set_stream(reinterpret_cast<void*>(stream)); }, "stream"_a)
       .def_prop_ro("tuning", [](const Cache& c) { return tuning_fields(c.tuning()); })
       .def("set_tuning", [](Cache& c, std::optional<int64_t> cpu_parallel_bytes, std::optional<int> cpu_chunk_items,
                             std::optional<int> cuda_block_threads) {

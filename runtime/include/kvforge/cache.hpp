@@ -141,6 +141,11 @@ class Cache {
   // The scale buffer beside the pool (separate or per_tensor scales), else null.
   virtual const void* scale_storage() const = 0;
 
+  // The stream every later operation is queued on: a cudaStream_t on CUDA (a graph captured on it
+  // records the operations captured there), ignored on the CPU. The caller orders the switch: work
+  // queued on the old stream is not waited for.
+  virtual void set_stream(void* stream) = 0;
+
   // Launch parameters now in force. set_tuning checks each against the range a tuning file is held to
   // (vocab.hpp's tunables; OutOfRangeError or ArgumentError naming the field) before changing anything.
   virtual Tuning tuning() const = 0;

@@ -70,6 +70,7 @@ template <class Traits> class TypedCache final : public Cache {
   void pack_pages(const IndexView& pages, void* packed) override;
   void unpack_pages(const void* packed, const IndexView& pages) override;
   void set_tensor_scale(int layer, float k_scale, float v_scale) override;
+  void set_stream(void* stream) override { config_.stream = stream; }
   Tuning tuning() const override { return tuning_; }
   void set_tuning(const Tuning& t) override {
     detail::check_tuning(t);
@@ -98,6 +99,7 @@ template <class Traits> class TypedCache final : public Cache {
                      int32_t code);
   void check_row(int64_t row) const;
   void move_pages(const IndexView& pages, void* packed, bool to_packed);
+  void make_reorder_scratch();
   detail::DeviceStatus* status() const { return status_.as<detail::DeviceStatus>(); }
   detail::ScaleRef scale_ref() const;
 
@@ -145,6 +147,9 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config, Traits traits) : trait
     }
   }
   if (!d.paged()) row_length_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
+  // On CUDA a reorder may be captured in a graph, where nothing may allocate: its scratch (one layer
+  // of rows) comes now. The CPU allocates it at the first reorder. Either way memory() reports it.
+  if (!d.paged() && !on_cpu()) make_reorder_scratch();
   status_ = Buffer(*backend_, sizeof(detail::DeviceStatus));
   if constexpr (lazy) {
     staged_capacity_ = detail::staged_capacity(desc(), config_);
@@ -303,15 +308,23 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
   } else {
     check_row(range.row);
     if constexpr (addressing == Addressing::ring) {
-      const int64_t length = row_length(range.row);
-      const int64_t oldest = std::max<int64_t>(0, length - window());
-      if (range.end > length)
-        throw OutOfRangeError("range.end", range.end, range.begin, length + 1, -1,
-                              "row " + std::to_string(range.row) + " holds positions below " + std::to_string(length));
-      if (count > 0 && range.begin < oldest)
-        throw OutOfRangeError("range.begin", range.begin, oldest, length, -1,
-                              "positions before " + std::to_string(oldest) + " have left the ring's window of " +
-                                  std::to_string(window()));
+      if (!on_cpu()) {
+        // On the device, against the row's length where it lives: reading it back would synchronize,
+        // and a captured graph could not hold the gather. The length must lie in [end, begin + window].
+        const IndexView length{row_length_.as<int32_t>() + range.row, DType::i32, config_.device, 1};
+        check_indices(length, 1, range.end, count > 0 ? range.begin + window() + 1 : INT64_MAX, false,
+                      detail::kCheckRingLength);
+      } else {
+        const int64_t length = row_length(range.row);
+        const int64_t oldest = std::max<int64_t>(0, length - window());
+        if (range.end > length)
+          throw OutOfRangeError("range.end", range.end, range.begin, length + 1, -1,
+                                "row " + std::to_string(range.row) + " holds positions below " + std::to_string(length));
+        if (count > 0 && range.begin < oldest)
+          throw OutOfRangeError("range.begin", range.begin, oldest, length, -1,
+                                "positions before " + std::to_string(oldest) + " have left the ring's window of " +
+                                    std::to_string(window()));
+      }
     } else {
       if (range.end > capacity_.positions)
         throw OutOfRangeError("range.end", range.end, range.begin, capacity_.positions + 1, -1,
@@ -349,21 +362,22 @@ template <class Traits> void TypedCache<Traits>::reset_row(int64_t row) {
   backend_->fill(row_length_.as<int32_t>() + row, 0, sizeof(int32_t), config_.stream);
 }
 
+template <class Traits> void TypedCache<Traits>::make_reorder_scratch() {
+  const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads() * head_dim();
+  reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
+  const int per_token = scales_per_token(quant, heads());
+  if (per_token > 0)
+    scale_scratch_ = Buffer(*backend_, capacity_.rows * 2 * capacity_.positions * per_token * int64_t(sizeof(scale_t)));
+  length_scratch_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
+}
+
 template <class Traits> void TypedCache<Traits>::reorder(const IndexView& beam) {
   if (desc().paged())
     throw UnsupportedError(std::string(desc().name) +
                            ": reorder is for contiguous and ring layouts; paged layouts fork by copy_blocks");
   detail::check_index_view("beam", beam, DType::i32, capacity_.rows, config_.device, capacity_.rows);
   check_indices(beam, capacity_.rows, 0, capacity_.rows, false, detail::kCheckBeam);
-  const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads() * head_dim();
-  if (!reorder_scratch_.data()) {
-    reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
-    const int per_token = scales_per_token(quant, heads());
-    if (per_token > 0)
-      scale_scratch_ = Buffer(*backend_, capacity_.rows * 2 * capacity_.positions * per_token *
-                                             int64_t(sizeof(scale_t)));
-    length_scratch_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
-  }
+  if (!reorder_scratch_.data()) make_reorder_scratch();
   detail::ReorderArgs<storage_t> a{pool_.as<storage_t>(),
                                   geometry_.strides,
                                   scale_ref(),

@@ -27,6 +27,7 @@ enum IndexCheck : int32_t {
   kCheckBeam,
   kCheckBlockPairs,
   kCheckPageList,
+  kCheckRingLength,  // a ring gather's range against the row's length (value: the length)
 };
 // The argument a failed check of this kind names.
 const char* index_check_argument(int32_t code);

@@ -80,6 +80,10 @@ class HybridCache final : public Cache {
   MemoryReport memory() const override;
   const void* storage() const override { return members_[0]->storage(); }
   const void* scale_storage() const override { return members_[0]->scale_storage(); }
+  void set_stream(void* stream) override {
+    config_.stream = stream;
+    for (auto& m : members_) m->set_stream(stream);
+  }
   Tuning tuning() const override { return members_[0]->tuning(); }
   void set_tuning(const Tuning& t) override {
     for (auto& m : members_) m->set_tuning(t);
