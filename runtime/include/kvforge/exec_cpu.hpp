@@ -133,6 +133,15 @@ template <int Level> struct CpuExec {
     for (int h = 0; h < int(heads); ++h) copy_row(dst + h * dst_head_stride, src + h * src_head_stride, head_dim);
   }
 
+  // K's and V's heads of one token (the CUDA executor interleaves their loads; here, K then V).
+  template <class HExt, class DExt, class Dst, class Src>
+  static KVF_INLINE void copy_heads_kv(Dst* k_dst, Dst* v_dst, int64_t dst_head_stride, const Src* k_src,
+                                       int64_t k_head_stride, const Src* v_src, int64_t v_head_stride, HExt heads,
+                                       DExt head_dim, int lane, int lanes) {
+    copy_heads(k_dst, dst_head_stride, k_src, k_head_stride, heads, head_dim, lane, lanes);
+    copy_heads(v_dst, dst_head_stride, v_src, v_head_stride, heads, head_dim, lane, lanes);
+  }
+
   template <class HExt, class DExt, class Dst>
   static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, HExt heads, DExt head_dim, int /*lane*/,
                                     int /*lanes*/) {

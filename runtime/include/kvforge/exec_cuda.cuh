@@ -84,6 +84,34 @@ struct CudaExec {
     for (int h = 0; h < H; ++h) copy_row(dst + h * dst_head_stride, src + h * src_head_stride, head_dim, lane, lanes);
   }
 
+  // K's and V's heads of one token into a pool. Every 16-byte vector of K and of V is loaded before
+  // either is stored, so the V load does not queue behind the K store; the four regions never
+  // overlap (__restrict__). Unaligned rows or converting types take copy_heads, K then V.
+  template <class HExt, class DExt, class Dst, class Src>
+  KVF_HD static KVF_INLINE void copy_heads_kv(Dst* __restrict__ k_dst, Dst* __restrict__ v_dst, int64_t dst_head_stride,
+                                              const Src* __restrict__ k_src, int64_t k_head_stride,
+                                              const Src* __restrict__ v_src, int64_t v_head_stride, HExt heads,
+                                              DExt head_dim, int lane, int lanes) {
+    if constexpr (std::is_same_v<Dst, Src>) {
+      const uintptr_t bases = reinterpret_cast<uintptr_t>(k_dst) | reinterpret_cast<uintptr_t>(v_dst) |
+                              reinterpret_cast<uintptr_t>(k_src) | reinterpret_cast<uintptr_t>(v_src);
+      const int64_t strides = (dst_head_stride | k_head_stride | v_head_stride) * int64_t(sizeof(Dst));
+      if ((int(head_dim) * sizeof(Dst)) % 16 == 0 && (bases & 15u) == 0 && strides % 16 == 0) {
+        const int vectors = int(int(head_dim) * sizeof(Dst) / 16);  // per head
+        for (int i = lane; i < int(heads) * vectors; i += lanes) {
+          const int h = i / vectors, c = i % vectors;
+          const uint4 k = reinterpret_cast<const uint4*>(k_src + h * k_head_stride)[c];
+          const uint4 v = reinterpret_cast<const uint4*>(v_src + h * v_head_stride)[c];
+          reinterpret_cast<uint4*>(k_dst + h * dst_head_stride)[c] = k;
+          reinterpret_cast<uint4*>(v_dst + h * dst_head_stride)[c] = v;
+        }
+        return;
+      }
+    }
+    copy_heads(k_dst, dst_head_stride, k_src, k_head_stride, heads, head_dim, lane, lanes);
+    copy_heads(v_dst, dst_head_stride, v_src, v_head_stride, heads, head_dim, lane, lanes);
+  }
+
   template <class HExt, class DExt, class Dst>
   KVF_HD static KVF_INLINE void zero_heads(Dst* dst, int64_t dst_head_stride, HExt heads, DExt head_dim, int lane,
                                            int lanes) {

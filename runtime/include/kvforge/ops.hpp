@@ -292,8 +292,8 @@ template <class Traits, class Exec> struct Ops {
         quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head, v,
                        a.v.head_stride, lane, lanes);
       } else {
-        Exec::copy_heads(dst, a.s.head, k, a.k.head_stride, heads(a.ext), head_dim(a.ext), lane, lanes);
-        Exec::copy_heads(dst + a.s.kv, a.s.head, v, a.v.head_stride, heads(a.ext), head_dim(a.ext), lane, lanes);
+        Exec::copy_heads_kv(dst, dst + a.s.kv, a.s.head, k, a.k.head_stride, v, a.v.head_stride, heads(a.ext),
+                            head_dim(a.ext), lane, lanes);
       }
     });
   }

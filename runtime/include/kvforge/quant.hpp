@@ -15,6 +15,10 @@
 #include "kvforge/dtype.hpp"
 #include "kvforge/vocab.hpp"
 
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>  // the hardware's saturating fp8 convert
+#endif
+
 namespace kvforge {
 
 // Dynamic scales one token holds for its K (or its V) in one layer. A per_tensor scale is per layer,
@@ -106,14 +110,36 @@ template <> struct Codec<int8_t> {
   }
   KVF_HD static KVF_INLINE float decode(int8_t c) { return float(c); }
 };
+// On the device, fp8 codes come from the hardware's saturating convert (one cvt instruction on sm_89
+// and later), with NaN kept signed as the software codec keeps it; the host encodes in software.
+// tests/test_fp8_convert.cu checks the two bit-exact over every bf16 input.
+#if defined(__CUDA_ARCH__)
+template <__nv_fp8_interpretation_t Kind> __device__ KVF_INLINE uint8_t hardware_fp8(float v) {
+  const uint32_t u = float_bits(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint8_t(((u >> 24) & 0x80u) | 0x7fu);
+  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, Kind));
+}
+#endif
 template <> struct Codec<fp8_e4m3> {
   static constexpr float qmax = 448.0f;
-  KVF_HD static KVF_INLINE fp8_e4m3 encode(float v) { return fp8_e4m3{E4M3::encode(v)}; }
+  KVF_HD static KVF_INLINE fp8_e4m3 encode(float v) {
+#if defined(__CUDA_ARCH__)
+    return fp8_e4m3{hardware_fp8<__NV_E4M3>(v)};
+#else
+    return fp8_e4m3{E4M3::encode(v)};
+#endif
+  }
   KVF_HD static KVF_INLINE float decode(fp8_e4m3 c) { return E4M3::decode(c.bits); }
 };
 template <> struct Codec<fp8_e5m2> {
   static constexpr float qmax = 57344.0f;
-  KVF_HD static KVF_INLINE fp8_e5m2 encode(float v) { return fp8_e5m2{E5M2::encode(v)}; }
+  KVF_HD static KVF_INLINE fp8_e5m2 encode(float v) {
+#if defined(__CUDA_ARCH__)
+    return fp8_e5m2{hardware_fp8<__NV_E5M2>(v)};
+#else
+    return fp8_e5m2{E5M2::encode(v)};
+#endif
+  }
   KVF_HD static KVF_INLINE float decode(fp8_e5m2 c) { return E5M2::decode(c.bits); }
 };
 
