@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
       KvSender sender(*cache, 0, transport);
       KvReceiver receiver(*cache, 0, transport);
       for (int r = 0; r < repeat; ++r, ++request) {
+        if (me == 1 && !manager) cache->reset_row(0);  // a row receives into an empty row
         MPI_Barrier(MPI_COMM_WORLD);
         const auto start = std::chrono::steady_clock::now();
         if (me == 0) {

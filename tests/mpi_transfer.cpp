@@ -417,6 +417,17 @@ void refused(MpiTransport& t) {
     }
     require(refused && !side.manager->contains(0) && side.manager->available_blocks() == before,
             "a sender rank outside the transport was not refused before allocation");
+    // A row that holds positions: refused, since the transfer would leave the old tail counted in.
+    Side rows = make_side("jetstream_contiguous.tiny.fp32", 1);
+    fill_sender(rows, 0, request, 0, 4);
+    bool occupied = false;
+    try {
+      KvReceiver into_rows(*rows.cache, 0, t);
+      into_rows.expect(request, tokens_of(request, 2), PeerGroup{{0}}, nullptr, 0);
+    } catch (const StateError& e) {
+      occupied = e.argument() == "row";
+    }
+    require(occupied && rows.cache->row_length(0) == 4, "receiving into a row that holds positions was not refused");
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (t.rank() == 0) std::printf("refused: every header mismatch, nothing committed\n");

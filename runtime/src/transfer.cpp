@@ -620,6 +620,10 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
     }
   } else {
     if (seq_or_row < 0 || seq_or_row >= cache_.config().rows) throw OutOfRangeError("row", seq_or_row, 0, cache_.config().rows);
+    // The transfer is the row's whole content: positions an earlier occupant left would count as its.
+    if (const int64_t held = cache_.row_length(seq_or_row); held != 0)
+      throw StateError("row", "row " + std::to_string(seq_or_row) + " holds " + std::to_string(held) +
+                                  " positions; reset_row() it before receiving into it");
     in->rows.assign(size_t(T), int32_t(seq_or_row));
     for (int64_t p = 0; p < T; ++p) in->positions.push_back(int32_t(p));
   }

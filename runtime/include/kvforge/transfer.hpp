@@ -155,8 +155,8 @@ class KvReceiver {
   ~KvReceiver();
   // Expects request `request_id` carrying `tokens` from the prefill group `senders`, into a paged
   // cache through `manager` as new sequence `seq` (allocated now, all or nothing), or into row `row`
-  // of a contiguous or ring cache (manager null). Every argument is checked before anything is
-  // allocated or posted.
+  // of a contiguous or ring cache (manager null), which must be empty (row_length 0: StateError
+  // otherwise). Every argument is checked before anything is allocated or posted.
   void expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders, SequenceManager* manager,
               int64_t seq_or_row);
   // Progress on every transfer. Raises TransferError for the first that failed (header mismatch,
