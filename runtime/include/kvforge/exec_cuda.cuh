@@ -37,9 +37,27 @@ struct CudaExec {
     return CudaExec{static_cast<cudaStream_t>(l.stream), l.tuning.cuda_block_threads};
   }
 
+  // Streaming multiprocessors of the current device, read once per device.
+  static int sm_count() {
+    static int counts[64] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 1;
+    if (!counts[device]) {
+      int n = 0;
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+      counts[device] = n > 0 ? n : 1;
+    }
+    return counts[device];
+  }
+
   template <class Body> void for_each_item(int64_t items, int lanes, int64_t /*item_bytes*/, Body body) const {
     if (items <= 0) return;
-    const int per_block = lanes >= block_threads ? 1 : block_threads / lanes;
+    int per_block = lanes >= block_threads ? 1 : block_threads / lanes;
+    // A launch too small to give every SM a block (a decode step's append) takes smaller blocks, down
+    // to one warp, so that more SMs issue its loads and stores. Items map to threads the same way at
+    // any block size, and an item keeps its lanes (a quantized item's warp reduction is unchanged).
+    const int64_t sms = sm_count();
+    while (per_block > 1 && (items + per_block - 1) / per_block < sms && (per_block / 2) * lanes >= 32) per_block /= 2;
     const int threads = per_block * lanes;
     const int64_t blocks = (items + per_block - 1) / per_block;
     item_kernel<<<unsigned(blocks), threads, 0, stream>>>(items, lanes, body);
