@@ -39,8 +39,10 @@
 #include <vector>
 
 #include "kvforge/kvforge.hpp"
+#include "matrix_rules.hpp"
 
 using namespace kvforge;
+using namespace kvforge_bench;
 
 namespace {
 
@@ -198,16 +200,8 @@ const std::map<std::string, Preset>& presets() {
   return p;
 }
 
-int64_t layer_token_bytes(const VariantDescriptor& d) { return d.bytes_per_token / d.layers; }
-int64_t input_token_bytes(const VariantDescriptor& d) { return int64_t(2) * d.heads * d.head_dim * dtype_size(d.input); }
 bool lazy(const VariantDescriptor& d) { return d.update == UpdateMode::lazy; }
-int layers_per_op(const VariantDescriptor& d, const Shape& s) { return s.op != "gather" && lazy(d) ? d.layers : 1; }
-
-// Bytes moved: everything read plus everything written, at the types stored (bench/report.py).
-int64_t bytes_moved(const VariantDescriptor& d, const Shape& s) {
-  if (s.op == "gather") return s.n * (layer_token_bytes(d) + input_token_bytes(d));
-  return s.n * (input_token_bytes(d) + 8 + layer_token_bytes(d)) * layers_per_op(d, s);
-}
+int layers_per_op(const VariantDescriptor& d, const Shape& s) { return s.op == "gather" ? 1 : layers_per_append(d); }
 
 // Device memory that frees itself.
 struct DeviceBuffer {
@@ -233,14 +227,10 @@ template <class T> DeviceBuffer upload(const std::vector<T>& host) {
   return b;
 }
 
-// Small random values, finite in every input dtype: bf16/fp16 bit patterns of |x| < 2.
 std::vector<unsigned char> random_rows(int64_t bytes, uint32_t seed) {
-  std::mt19937 rng(seed);
   std::vector<unsigned char> out(static_cast<size_t>(bytes));
-  for (size_t i = 0; i + 1 < out.size(); i += 2) {
-    const uint16_t bits = uint16_t(0x3000 + rng() % 0x0c00) | (rng() & 1 ? 0x8000 : 0);
-    std::memcpy(&out[i], &bits, 2);
-  }
+  std::mt19937 rng(seed);
+  fill_small_values(out.data(), out.size(), rng);
   return out;
 }
 
@@ -506,7 +496,7 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
                 DeviceBuffer& d2d_dst, int64_t l2_bytes, bool baselines = true) {
   const VariantDescriptor& d = *e.descriptor;
   Record rec;
-  rec.variant = d.name, rec.op = s.op, rec.n = s.n, rec.bytes = bytes_moved(d, s);
+  rec.variant = d.name, rec.op = s.op, rec.n = s.n, rec.bytes = bytes_moved(d, s.op, s.n);
   // Enough epochs that the pool outgrows L2 four times over, at most 16.
   const int64_t per_epoch = int64_t(d.layers) * s.n * layer_token_bytes(d);
   const int epochs = int(std::clamp<int64_t>((4 * l2_bytes + per_epoch - 1) / std::max<int64_t>(per_epoch, 1), 1, 16));
@@ -760,7 +750,7 @@ void write_cuda_tuning(const std::string& path, const std::string& model, int bl
   out << "cuda:\n  # " << why << "\n  block_threads: " << block_threads << "\n";
 }
 
-int tune(const std::string& model, const std::string& out_dir, Timer& timer, int64_t l2_bytes) {
+int tune(const std::string& model, const std::string& out_dir, Timer& timer) {
   std::vector<const VariantEntry*> variants;
   for (const VariantEntry& e : registry().variants()) {
     const VariantDescriptor& d = *e.descriptor;
@@ -824,7 +814,6 @@ int tune(const std::string& model, const std::string& out_dir, Timer& timer, int
   const std::string path = out_dir + "/" + model + ".yaml";
   write_cuda_tuning(path, model, best, why);
   std::printf("%s\nwrote cuda.block_threads: %d to %s\n", why, best, path.c_str());
-  (void)l2_bytes;
   return 0;
 }
 
@@ -869,7 +858,7 @@ int main(int argc, char** argv) {
               DeviceBuffer(2 * info.l2_bytes)};
   check(cudaStreamCreateWithFlags(&timer.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const std::string tune_model = flag(argc, argv, "--tune", "");
-  if (!tune_model.empty()) return tune(tune_model, flag(argc, argv, "--tune_out", "specs/tuning"), timer, info.l2_bytes);
+  if (!tune_model.empty()) return tune(tune_model, flag(argc, argv, "--tune_out", "specs/tuning"), timer);
   const std::string preset_name = flag(argc, argv, "--preset", "short"), filter = flag(argc, argv, "--filter", "");
   const auto preset = presets().find(preset_name);
   if (preset == presets().end()) {

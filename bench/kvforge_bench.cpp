@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kvforge/kvforge.hpp"
+#include "matrix_rules.hpp"
 #include "torch_peers.hpp"
 
 namespace {
@@ -91,18 +92,6 @@ const std::map<std::string, Preset>& presets() {
         {Mode::hot, Mode::cold, Mode::big}}},
   };
   return p;
-}
-
-int64_t layer_token_bytes(const VariantDescriptor& d) { return d.bytes_per_token / d.layers; }
-int64_t input_token_bytes(const VariantDescriptor& d) { return int64_t(2) * d.heads * d.head_dim * dtype_size(d.input); }
-
-// Layers one append step writes: a lazy variant stages every layer and commits once, as an engine
-// drives it; an eager one is measured one layer at a time.
-int layers_per_append(const VariantDescriptor& d) { return d.update == UpdateMode::lazy ? d.layers : 1; }
-
-int64_t bytes_moved(const VariantDescriptor& d, const Shape& s) {
-  if (std::string(s.op) == "gather") return s.n * (layer_token_bytes(d) + input_token_bytes(d));
-  return s.n * (input_token_bytes(d) + 8 + layer_token_bytes(d)) * layers_per_append(d);
 }
 
 // One benchmark's cache and inputs. Only one is alive at a time: the next benchmark replaces it.
@@ -195,12 +184,8 @@ std::unique_ptr<Prepared> prepare(const VariantEntry& e, const Shape& s, Impl im
   std::mt19937 rng(1);
   p->k.resize(size_t(in_bytes));
   p->v.resize(size_t(in_bytes));
-  // Small random values that are finite in every input dtype (bf16/fp16 bit patterns of |x| < 2).
-  for (size_t i = 0; i + 1 < p->k.size(); i += 2) {
-    const uint16_t bits = uint16_t(0x3000 + rng() % 0x0c00) | (rng() & 1 ? 0x8000 : 0);
-    std::memcpy(&p->k[i], &bits, 2);
-    std::memcpy(&p->v[i], &bits, 2);
-  }
+  fill_small_values(p->k.data(), p->k.size(), rng);
+  p->v = p->k;
   // Pages handed out in a shuffled order, as an allocator under churn would.
   for (int64_t i = 0; i < rows * p->pages_per_row; ++i) p->pages.push_back(int32_t(i));
   std::shuffle(p->pages.begin(), p->pages.end(), rng);
@@ -382,7 +367,7 @@ void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl i
   if (impl != Impl::generic) p.cache->set_tuning(impl == Impl::untuned ? Tuning{} : d.tuning);
   p.iteration = 0;
   timed_loop(state, s.mode, [&] { run_once(p, d, s, impl, peer); });
-  const int64_t bytes = bytes_moved(d, s);
+  const int64_t bytes = bytes_moved(d, s.op, s.n);
   state.SetBytesProcessed(state.iterations() * bytes);
   state.counters["bytes_moved"] = double(bytes);
   state.counters["bytes_per_token"] = double(d.bytes_per_token);
@@ -822,7 +807,7 @@ int main(int argc, char** argv) {
           } else {
             b->UseRealTime();
           }
-          copies.insert({bytes_moved(d, s), mode});
+          copies.insert({bytes_moved(d, s.op, s.n), mode});
         }
     }
   }

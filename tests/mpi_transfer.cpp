@@ -418,7 +418,11 @@ void refused(MpiTransport& t) {
     require(refused && !side.manager->contains(0) && side.manager->available_blocks() == before,
             "a sender rank outside the transport was not refused before allocation");
     // A row that holds positions: refused, since the transfer would leave the old tail counted in.
-    Side rows = make_side("jetstream_contiguous.tiny.fp32", 1);
+    std::string contiguous;
+    for (const std::string& name : tiny_float_variants())
+      if (registry().at(name).descriptor->addressing == Addressing::contiguous) contiguous = name;
+    require(!contiguous.empty(), "no contiguous float layout of the tiny model");
+    Side rows = make_side(contiguous, 1);
     fill_sender(rows, 0, request, 0, 4);
     bool occupied = false;
     try {

@@ -132,4 +132,15 @@ class Arena {
   std::vector<Buffer> buffers_;
 };
 
+// What a cache holds, on the host: its pool (with any in-page scales), then any scale buffer beside it.
+inline std::vector<unsigned char> held_bytes(const Cache& c) {
+  const MemoryReport m = c.memory();
+  const int64_t beside = c.scale_storage() ? m.scale_bytes : 0;
+  std::vector<unsigned char> out(static_cast<size_t>(m.storage_bytes));
+  Backend& b = backend(c.config().device);
+  b.to_host(out.data(), c.storage(), m.storage_bytes - beside, c.config().stream);
+  if (beside) b.to_host(out.data() + (m.storage_bytes - beside), c.scale_storage(), beside, c.config().stream);
+  return out;
+}
+
 }  // namespace kvtest

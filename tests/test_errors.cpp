@@ -42,16 +42,7 @@ struct Fixture {
     cache->commit();
     snapshot = bytes();
   }
-  // The pool, then any scale buffer beside it.
-  std::vector<unsigned char> bytes() const {
-    const MemoryReport m = cache->memory();
-    const int64_t beside = cache->scale_storage() ? m.scale_bytes : 0;
-    const auto* p = static_cast<const unsigned char*>(cache->storage());
-    std::vector<unsigned char> out(p, p + m.storage_bytes - beside);
-    const auto* s = static_cast<const unsigned char*>(cache->scale_storage());
-    if (s) out.insert(out.end(), s, s + beside);
-    return out;
-  }
+  std::vector<unsigned char> bytes() const { return held_bytes(*cache); }
   TensorView tokens(int64_t T, std::vector<unsigned char>& data, std::optional<DType> t = {}, int heads = -1) {
     return TensorView::contiguous(data.data(), t.value_or(d.input), Device::cpu, T,
                                   heads < 0 ? d.heads : heads, d.head_dim);

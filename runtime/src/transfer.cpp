@@ -1,10 +1,10 @@
 #include "kvforge/transfer.hpp"
 
-#include "kvforge/checks.hpp"
-
 #include <algorithm>
 #include <cstring>
 #include <optional>
+
+#include "kvforge/checks.hpp"
 
 namespace kvforge {
 namespace {
