@@ -18,8 +18,9 @@
 //   kvforge_cuda_bench [--preset short|full] [--filter S] [--cold] [--iterations N] [--json F]
 //   kvforge_cuda_bench --tune=<model> [--tune_out specs/tuning]
 //
-// --tune measures cuda.block_threads for every eager float and quantized variant of the model and
-// writes the `cuda` section of specs/tuning/<model>.yaml. Render the JSON with bench/report.py.
+// --tune (or --kvf_tune, as the CPU bench spells it) measures cuda.block_threads and
+// cuda.items_per_thread for every eager float and quantized variant of the model and writes the
+// `cuda` section of specs/tuning/<model>.yaml. Render the JSON with bench/report.py.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -565,7 +566,8 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
   if (!baselines) return rec;
   timer.graph(kvforge_op, graphs, rec.kvforge);
   cache->synchronize();
-  if (d.tuning.cuda_block_threads != Tuning{}.cuda_block_threads) {
+  if (d.tuning.cuda_block_threads != Tuning{}.cuda_block_threads ||
+      d.tuning.cuda_items_per_thread != Tuning{}.cuda_items_per_thread) {
     cache->set_tuning(Tuning{});
     timer.eager(kvforge_op, rec.untuned);
     cache->set_tuning(d.tuning);
@@ -729,7 +731,15 @@ void write_json(const std::string& path, const DeviceInfo& info, const std::stri
 // ---- tuning ----------------------------------------------------------------------------------------
 
 // Replaces the `cuda:` section of a tuning file (keeping everything else), or starts the file.
-void write_cuda_tuning(const std::string& path, const std::string& model, int block_threads, const std::string& why) {
+// One launch shape --tune measures: Tuning's cuda fields.
+struct LaunchShape {
+  int block_threads, items_per_thread;
+  bool operator<(const LaunchShape& o) const {
+    return block_threads != o.block_threads ? block_threads < o.block_threads : items_per_thread < o.items_per_thread;
+  }
+};
+
+void write_cuda_tuning(const std::string& path, const std::string& model, LaunchShape best, const std::string& why) {
   std::vector<std::string> kept;
   {
     std::ifstream in(path);
@@ -747,7 +757,8 @@ void write_cuda_tuning(const std::string& path, const std::string& model, int bl
   if (kept.empty()) kept.push_back("model: " + model);
   std::ofstream out(path);
   for (const std::string& line : kept) out << line << "\n";
-  out << "cuda:\n  # " << why << "\n  block_threads: " << block_threads << "\n";
+  out << "cuda:\n  # " << why << "\n  block_threads: " << best.block_threads
+      << "\n  items_per_thread: " << best.items_per_thread << "\n";
 }
 
 int tune(const std::string& model, const std::string& out_dir, Timer& timer) {
@@ -761,8 +772,10 @@ int tune(const std::string& model, const std::string& out_dir, Timer& timer) {
     return 2;
   }
   const std::vector<Shape> shapes = {{"append_decode", 64}, {"append_prefill", 2048}, {"gather", 8192}};
-  const std::vector<int> candidates = {64, 128, 256, 512, 1024};
-  std::map<int, double> log_sum;
+  std::vector<LaunchShape> candidates;
+  for (int threads : {64, 128, 256, 512, 1024})
+    for (int items : {1, 2, 4, 8}) candidates.push_back({threads, items});
+  std::map<LaunchShape, double> log_sum;
   int measured = 0;
   for (const VariantEntry* e : variants)
     for (const Shape& s : shapes) {
@@ -791,9 +804,10 @@ int tune(const std::string& model, const std::string& out_dir, Timer& timer) {
                         TensorView::contiguous(v.data, d.input, Device::cuda, s.n, d.heads, d.head_dim), target.targets(d, s.n));
         cache->commit();
       };
-      for (int c : candidates) {
+      for (const LaunchShape& c : candidates) {
         Tuning t = d.tuning;
-        t.cuda_block_threads = c;
+        t.cuda_block_threads = c.block_threads;
+        t.cuda_items_per_thread = c.items_per_thread;
         cache->set_tuning(t);
         Timing timing;
         timer.eager(op, timing);
@@ -801,8 +815,8 @@ int tune(const std::string& model, const std::string& out_dir, Timer& timer) {
       }
       ++measured;
     }
-  const int fallback = Tuning{}.cuda_block_threads;
-  int best = fallback;
+  const LaunchShape fallback{Tuning{}.cuda_block_threads, Tuning{}.cuda_items_per_thread};
+  LaunchShape best = fallback;
   for (const auto& [c, sum] : log_sum)
     if (sum < log_sum[best]) best = c;
   const double ratio = std::exp((log_sum[best] - log_sum[fallback]) / std::max(measured, 1));
@@ -813,7 +827,8 @@ int tune(const std::string& model, const std::string& out_dir, Timer& timer) {
                 model.c_str(), device_info().name.c_str(), candidates.size(), measured, ratio);
   const std::string path = out_dir + "/" + model + ".yaml";
   write_cuda_tuning(path, model, best, why);
-  std::printf("%s\nwrote cuda.block_threads: %d to %s\n", why, best, path.c_str());
+  std::printf("%s\nwrote cuda.block_threads: %d, cuda.items_per_thread: %d to %s\n", why, best.block_threads,
+              best.items_per_thread, path.c_str());
   return 0;
 }
 
@@ -844,7 +859,8 @@ int main(int argc, char** argv) {
         "  --cold                flush L2 before every timed call\n"
         "  --iterations N        timed calls per measurement (default 200)\n"
         "  --json F              output (default cuda_bench.json); render with bench/report.py F\n"
-        "  --tune=<model>        measure cuda.block_threads, write specs/tuning/<model>.yaml's cuda section\n"
+        "  --tune=<model>        measure cuda.block_threads and cuda.items_per_thread, write\n"
+        "                        specs/tuning/<model>.yaml's cuda section (also --kvf_tune=<model>)\n"
         "  --tune_out DIR        where tuning files go (default specs/tuning)\n");
     return 0;
   }
@@ -857,7 +873,8 @@ int main(int argc, char** argv) {
   Timer timer{nullptr, std::max(1, std::atoi(flag(argc, argv, "--iterations", "200").c_str())), has(argc, argv, "--cold"),
               DeviceBuffer(2 * info.l2_bytes)};
   check(cudaStreamCreateWithFlags(&timer.stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  const std::string tune_model = flag(argc, argv, "--tune", "");
+  // --kvf_tune is the CPU bench's spelling of the same thing.
+  const std::string tune_model = flag(argc, argv, "--tune", flag(argc, argv, "--kvf_tune", ""));
   if (!tune_model.empty()) return tune(tune_model, flag(argc, argv, "--tune_out", "specs/tuning"), timer);
   const std::string preset_name = flag(argc, argv, "--preset", "short"), filter = flag(argc, argv, "--filter", "");
   const auto preset = presets().find(preset_name);

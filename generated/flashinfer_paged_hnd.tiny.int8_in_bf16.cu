@@ -3,7 +3,6 @@
 // The CUDA kernels of flashinfer_paged_hnd.tiny.int8_in_bf16.
 #include "flashinfer_paged_hnd.tiny.int8_in_bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
-#include "kvforge/exec_cuda_reduce.cuh"  // the amax warp reduction quantizing needs
 
 template <>
 const kvforge::detail::OpTable<kvforge::variants::flashinfer_paged_hnd__tiny__int8_in_bf16_traits>&

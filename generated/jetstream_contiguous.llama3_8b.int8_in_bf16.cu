@@ -3,7 +3,6 @@
 // The CUDA kernels of jetstream_contiguous.llama3_8b.int8_in_bf16.
 #include "jetstream_contiguous.llama3_8b.int8_in_bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
-#include "kvforge/exec_cuda_reduce.cuh"  // the amax warp reduction quantizing needs
 
 template <>
 const kvforge::detail::OpTable<kvforge::variants::jetstream_contiguous__llama3_8b__int8_in_bf16_traits>&

@@ -3,7 +3,6 @@
 // The CUDA kernels of jetstream_contiguous_lazy.tiny.int8_in_bf16.
 #include "jetstream_contiguous_lazy.tiny.int8_in_bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
-#include "kvforge/exec_cuda_reduce.cuh"  // the amax warp reduction quantizing needs
 
 template <>
 const kvforge::detail::OpTable<kvforge::variants::jetstream_contiguous_lazy__tiny__int8_in_bf16_traits>&

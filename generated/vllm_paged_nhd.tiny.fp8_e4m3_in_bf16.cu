@@ -3,7 +3,6 @@
 // The CUDA kernels of vllm_paged_nhd.tiny.fp8_e4m3_in_bf16.
 #include "vllm_paged_nhd.tiny.fp8_e4m3_in_bf16.hpp"
 #include "kvforge/cuda_ops.cuh"
-#include "kvforge/exec_cuda_reduce.cuh"  // the amax warp reduction quantizing needs
 
 template <>
 const kvforge::detail::OpTable<kvforge::variants::vllm_paged_nhd__tiny__fp8_e4m3_in_bf16_traits>&

@@ -361,5 +361,35 @@ TEST(Errors, RingDropsPositionsThatLeftTheWindow) {
   }
 }
 
+// Two positions of one row that share a ring cell in the same append (p and p + window): the later
+// position is what the cell holds, whichever order the append lists them in, and the row's length
+// counts it. (A short append finds the row's new length inside its items, a longer one in a pass
+// of its own; both must agree.)
+TEST(Errors, RingAppendKeepsTheLaterOfTwoPositionsSharingACell) {
+  for (const VariantEntry* e : variants_with(Addressing::ring, UpdateMode::eager))
+    for (bool later_first : {false, true}) {
+      SCOPED_TRACE(std::string(e->descriptor->name) + (later_first ? ", later position listed first" : ""));
+      Fixture f(*e);
+      const int W = f.d.window;
+      const size_t token_bytes = size_t(f.d.heads) * f.d.head_dim * f.es;
+      std::fill(f.k.begin(), f.k.begin() + token_bytes, 0x3c);
+      std::fill(f.k.begin() + token_bytes, f.k.begin() + 2 * token_bytes, 0x40);
+      f.v = f.k;
+      std::vector<int32_t> rows{1, 1}, pos{3, 3 + W};
+      if (later_first) std::swap(pos[0], pos[1]);
+      std::vector<int64_t> none;
+      f.append(0, 2, rows, pos, none);
+      EXPECT_EQ(f.cache->row_length(1), 4 + W);
+      std::vector<unsigned char> k_out(token_bytes), v_out(token_bytes);
+      GatherRange g;
+      g.row = 1, g.begin = 3 + W, g.end = 4 + W;
+      f.cache->gather(0, g, TensorView::contiguous(k_out.data(), f.d.input, Device::cpu, f.d.heads, 1, f.d.head_dim),
+                      TensorView::contiguous(v_out.data(), f.d.input, Device::cpu, f.d.heads, 1, f.d.head_dim));
+      const size_t later = later_first ? 0 : 1;  // the token that carried position 3 + W
+      EXPECT_TRUE(std::equal(k_out.begin(), k_out.end(), f.k.begin() + later * token_bytes));
+      EXPECT_TRUE(std::equal(v_out.begin(), v_out.end(), f.v.begin() + later * token_bytes));
+    }
+}
+
 }  // namespace
 }  // namespace kvtest

@@ -3,6 +3,7 @@
 // saturation limit, non-finite values) and on random tokens against the documented accuracy bound.
 #include <random>
 
+#include "kvforge/quant_chunks.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {
@@ -88,6 +89,73 @@ TEST(Codec, DynamicScaleIsAmaxOverQmaxRoundedUpAndNeverZero) {
   const float s = to_float(detail::dynamic_scale<int8_t, bf16>(detail::magnitude_bits(0.3f)));
   EXPECT_GE(s, 0.3f / 127.0f);
   EXPECT_LE(std::fabs(0.3f / s), 127.0f);
+}
+
+// The CUDA write's chunked quantizer (quant_chunks.hpp), run lane by lane on the host: its lanes
+// cover each element of a token exactly once, a head's chunks lie in one aligned group of lanes (the
+// group its scale is reduced over), and its per-chunk amax and packed encode give the reference's
+// per-head scales and codes. A GPU runs the same steps, with shuffles for the group reduction.
+template <class Store, class In, int H, int D> void check_chunked_quantizer(DType storage, uint32_t seed) {
+  using Chunks = detail::QuantChunks<Store, In, H, D>;
+  static_assert(Chunks::kUsable);
+  ASSERT_LE(Chunks::L, 32);
+  std::vector<int> covered(static_cast<size_t>(H) * D, 0);
+  for (int p = 0; p < Chunks::Q; ++p)
+    for (int lane = 0; lane < Chunks::L; ++lane)
+      for (int k = 0; k < Chunks::K; ++k) {
+        int h, c;
+        if (!Chunks::chunk_at(lane, p, k, h, c)) continue;
+        ASSERT_EQ(lane / Chunks::Lh, h - p * Chunks::P) << "head " << h << " outside its lane group";
+        for (int i = 0; i < Chunks::V; ++i) ++covered[size_t(h) * D + size_t(c) * Chunks::V + i];
+      }
+  for (size_t e = 0; e < covered.size(); ++e) ASSERT_EQ(covered[e], 1) << "element " << e;
+
+  std::mt19937 rng(seed);
+  std::vector<In> x(static_cast<size_t>(H) * D);
+  std::vector<float> xf(x.size());
+  for (size_t e = 0; e < x.size(); ++e) {
+    const float value = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), int(e % 7) - 3);
+    x[e] = from_float<In>(e == 5 ? INFINITY : value);  // a non-finite value counts 0 toward amax
+    xf[e] = to_float(x[e]);
+  }
+  std::vector<Store> codes(x.size());  // operator new aligns it to 16 bytes
+  const float qmax = ref_qmax(storage);
+  for (int p = 0; p < Chunks::Q; ++p) {
+    // The group reduction: every lane's chunk amax, then the maximum over the lanes of each head.
+    std::vector<uint32_t> head_amax(static_cast<size_t>(H), 0);
+    for (int lane = 0; lane < Chunks::L; ++lane)
+      for (int k = 0; k < Chunks::K; ++k) {
+        int h, c;
+        if (Chunks::chunk_at(lane, p, k, h, c))
+          head_amax[h] = std::max(head_amax[h], Chunks::amax(Chunks::load(x.data(), D, h, c)));
+      }
+    for (int lane = 0; lane < Chunks::L; ++lane)
+      for (int k = 0; k < Chunks::K; ++k) {
+        int h, c;
+        if (!Chunks::chunk_at(lane, p, k, h, c)) continue;
+        const float scale = to_float(detail::dynamic_scale<Store, float>(head_amax[h]));
+        Chunks::encode(codes.data(), D, h, c, Chunks::load(x.data(), D, h, c), scale);
+      }
+  }
+  for (int h = 0; h < H; ++h) {
+    float amax = 0;
+    for (int i = 0; i < D; ++i)
+      if (std::isfinite(xf[size_t(h) * D + i])) amax = std::max(amax, std::fabs(xf[size_t(h) * D + i]));
+    const float scale = ref_scale(DType::f32, amax, qmax);
+    for (int i = 0; i < D; ++i) {
+      const size_t e = size_t(h) * D + i;
+      ASSERT_EQ(code_byte(codes[e]), ref_encode(storage, xf[e] / scale)) << "head " << h << " element " << i;
+    }
+  }
+}
+
+TEST(ChunkedQuantizer, CoversEveryElementOnceAndMatchesTheReference) {
+  check_chunked_quantizer<int8_t, bf16, 8, 128>(DType::i8, 1);       // llama3-8b: 16 chunks a head, 2 heads a pass
+  check_chunked_quantizer<fp8_e4m3, bf16, 5, 96>(DType::f8e4m3, 2);  // 12 chunks: every 8th lane takes two
+  check_chunked_quantizer<fp8_e5m2, fp16, 3, 256>(DType::f8e5m2, 3); // 32 chunks: a head fills the warp
+  check_chunked_quantizer<int8_t, bf16, 2, 512>(DType::i8, 4);       // 64 chunks: two per lane
+  check_chunked_quantizer<int8_t, float, 7, 64>(DType::i8, 5);       // 16 chunks of 4 floats, 7 heads
+  check_chunked_quantizer<int8_t, bf16, 1, 8>(DType::i8, 6);         // one chunk, one lane
 }
 
 std::vector<Case> quantized_cases() {

@@ -469,6 +469,7 @@ TEST_P(EveryVariant, TuningChangesNoResult) {
   t.cpu_parallel_bytes = 0;  // every operation parallel, in chunks of one item
   t.cpu_chunk_items = 1;
   t.cuda_block_threads = 64;
+  t.cuda_items_per_thread = 3;  // a grid a third of the items, each thread group taking 3 a grid apart
   tuned.cache_->set_tuning(t);
   EXPECT_EQ(tuned.cache_->tuning().cpu_chunk_items, 1);
   for (int i = 0; i < 4; ++i) {
@@ -477,15 +478,23 @@ TEST_P(EveryVariant, TuningChangesNoResult) {
   }
   const int64_t bytes = plain.cache_->geometry().total_elems * dtype_size(d.storage);
   EXPECT_TRUE(plain.arena_.fetch(plain.cache_->storage(), bytes) == tuned.arena_.fetch(tuned.cache_->storage(), bytes));
-  Tuning bad;
-  bad.cuda_block_threads = 100;
-  try {
-    tuned.cache_->set_tuning(bad);
-    ADD_FAILURE() << "a block of 100 threads was accepted";
-  } catch (const ArgumentError& e) {
-    EXPECT_EQ(e.argument(), "tuning.cuda_block_threads");
-  }
-  EXPECT_EQ(tuned.cache_->tuning().cuda_block_threads, 64) << "a refused tuning changes nothing";
+  // A refused tuning names its field (OutOfRangeError derives from ArgumentError) and changes nothing.
+  auto expect_refused = [&](Tuning bad, const char* field) {
+    try {
+      tuned.cache_->set_tuning(bad);
+      ADD_FAILURE() << field << " was accepted";
+    } catch (const ArgumentError& e) {
+      EXPECT_EQ(e.argument(), field);
+    }
+    EXPECT_EQ(tuned.cache_->tuning().cuda_block_threads, 64);
+    EXPECT_EQ(tuned.cache_->tuning().cuda_items_per_thread, 3);
+  };
+  Tuning bad = t;
+  bad.cuda_block_threads = 100;  // not a whole number of warps
+  expect_refused(bad, "tuning.cuda_block_threads");
+  bad = t;
+  bad.cuda_items_per_thread = 0;
+  expect_refused(bad, "tuning.cuda_items_per_thread");
 }
 
 // The generic runtime-strided path, serving each generated variant's descriptor, meets the same

@@ -29,6 +29,7 @@ class Tuning:
     cpu_parallel_bytes: int = vocab.TUNABLES["cpu"]["parallel_bytes"][0]
     cpu_chunk_items: int = vocab.TUNABLES["cpu"]["chunk_items"][0]
     cuda_block_threads: int = vocab.TUNABLES["cuda"]["block_threads"][0]
+    cuda_items_per_thread: int = vocab.TUNABLES["cuda"]["items_per_thread"][0]
     source: Optional[str] = None  # the tuning file, or None for the defaults
 
 

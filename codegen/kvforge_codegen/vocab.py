@@ -65,7 +65,8 @@ MAX_TENSOR_PARALLEL = 64  # ranks one model's KV heads may be sharded over
 TUNABLES = {
     "cpu": {"parallel_bytes": (65536, 0, 1 << 30),  # below this much data an operation runs on one thread
             "chunk_items": (0, 0, 1 << 20)},        # OpenMP chunk in items; 0: one even chunk per thread
-    "cuda": {"block_threads": (256, 32, 1024)},     # threads per CUDA block
+    "cuda": {"block_threads": (256, 32, 1024),      # threads per CUDA block
+             "items_per_thread": (1, 1, 64)},       # items a CUDA thread takes, a grid apart
 }
 WARP = 32  # cuda.block_threads is a whole number of warps
 

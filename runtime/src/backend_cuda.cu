@@ -21,19 +21,11 @@ void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw_cuda_error(err, what);
 }
 
+// The checks of calls too long to check inside their own launch (CudaExec::for_each_item).
 __global__ void check_indices_kernel(IndexCheckArgs a) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t v = a.is64 ? static_cast<const int64_t*>(a.data)[i] : static_cast<const int32_t*>(a.data)[i];
-    if (a.allow_padding && v == -1) continue;
-    if (v < a.lo || v >= a.hi) {
-      // The first failure to claim the flag records itself; later ones are dropped.
-      if (atomicCAS(&a.status->code, 0, a.code) == 0) {
-        a.status->index = i;
-        a.status->value = v;
-        a.status->lo = a.lo;
-        a.status->hi = a.hi;
-      }
-    }
+    int64_t value;
+    if (!index_passes(a, i, value)) record_index_failure(a, i, value);
   }
 }
 }  // namespace

@@ -24,6 +24,7 @@ void check_tuning(const Tuning& t) {
   check("tuning.cpu_parallel_bytes", t.cpu_parallel_bytes, tunables::cpu_parallel_bytes);
   check("tuning.cpu_chunk_items", t.cpu_chunk_items, tunables::cpu_chunk_items);
   check("tuning.cuda_block_threads", t.cuda_block_threads, tunables::cuda_block_threads);
+  check("tuning.cuda_items_per_thread", t.cuda_items_per_thread, tunables::cuda_items_per_thread);
   if (t.cuda_block_threads % tunables::kWarp)
     throw ArgumentError("tuning.cuda_block_threads", "must be a whole number of warps (a multiple of " +
                                                          std::to_string(tunables::kWarp) + "), got " +
@@ -148,9 +149,8 @@ void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count) {
 
 void check_indices_on_host(const IndexCheckArgs& a) {
   for (int64_t i = 0; i < a.count; ++i) {
-    const int64_t v = a.is64 ? static_cast<const int64_t*>(a.data)[i] : static_cast<const int32_t*>(a.data)[i];
-    if (a.allow_padding && v == -1) continue;
-    if (v < a.lo || v >= a.hi)
+    int64_t v;
+    if (!index_passes(a, i, v))
       throw OutOfRangeError(index_check_argument(a.code), v, a.lo, a.hi, i, a.allow_padding ? "-1 marks padding" : "");
   }
 }

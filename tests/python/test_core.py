@@ -343,8 +343,10 @@ def test_row_operations_against_the_reference(d, generator):
     with pytest.raises(kvforge.OutOfRangeError, match="beam"):
         drv.cache.reorder(torch.tensor([0, 1, 3], dtype=torch.int32))
     tuning = drv.cache.tuning
-    drv.cache.set_tuning(cpu_chunk_items=64)
-    assert drv.cache.tuning["cpu_chunk_items"] == 64
+    drv.cache.set_tuning(cpu_chunk_items=64, cuda_items_per_thread=2)
+    assert drv.cache.tuning["cpu_chunk_items"] == 64 and drv.cache.tuning["cuda_items_per_thread"] == 2
+    with pytest.raises(kvforge.OutOfRangeError, match="cuda_items_per_thread"):
+        drv.cache.set_tuning(cuda_items_per_thread=65)
     with pytest.raises(kvforge.OutOfRangeError):
         drv.cache.set_tuning(cpu_parallel_bytes=-1)
     assert drv.cache.tuning["cpu_parallel_bytes"] == tuning["cpu_parallel_bytes"]

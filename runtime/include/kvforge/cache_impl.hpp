@@ -95,6 +95,10 @@ template <class Traits> class TypedCache final : public Cache {
   detail::Launch launch() const { return detail::Launch{config_.stream, tuning_}; }
   // For the operations that write the pool: past the caches where the pool dwarfs them.
   detail::Launch launch_pool_writes() const { return detail::Launch{config_.stream, tuning_, pool_dwarfs_cache_}; }
+  detail::IndexCheckArgs index_check(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
+                                     int32_t code) const;
+  // Runs checks on their own, for operations that do not take them into their launch.
+  void check_indices(const detail::IndexChecks& checks);
   void check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi, bool allow_padding,
                      int32_t code);
   void check_row(int64_t row) const;
@@ -170,10 +174,19 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config, Traits traits) : trait
 }
 
 template <class Traits>
+detail::IndexCheckArgs TypedCache<Traits>::index_check(const IndexView& v, int64_t count, int64_t lo, int64_t hi,
+                                                       bool allow_padding, int32_t code) const {
+  return detail::IndexCheckArgs{v.data, v.dtype == DType::i64, count, lo, hi, allow_padding, code, status()};
+}
+
+template <class Traits> void TypedCache<Traits>::check_indices(const detail::IndexChecks& checks) {
+  for (int c = 0; c < checks.count; ++c) ops_->check_indices(launch(), checks.check[c]);
+}
+
+template <class Traits>
 void TypedCache<Traits>::check_indices(const IndexView& v, int64_t count, int64_t lo, int64_t hi,
                                        bool allow_padding, int32_t code) {
-  ops_->check_indices(launch(), detail::IndexCheckArgs{v.data, v.dtype == DType::i64, count, lo, hi, allow_padding,
-                                                      code, status()});
+  check_indices(detail::IndexChecks{{index_check(v, count, lo, hi, allow_padding, code)}, 1});
 }
 
 template <class Traits> detail::ScaleRef TypedCache<Traits>::scale_ref() const {
@@ -209,15 +222,17 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
                                 " staged tokens; commit() first");
   }
   if (tokens == 0) return;
+  detail::IndexChecks checks;
   if constexpr (addressing == Addressing::paged) {
-    check_indices(targets.slots, tokens, 0, capacity_.pages * page_size(), true, detail::kCheckSlots);
+    checks.add(index_check(targets.slots, tokens, 0, capacity_.pages * page_size(), true, detail::kCheckSlots));
   } else {
-    check_indices(targets.rows, tokens, 0, capacity_.rows, true, detail::kCheckRows);
+    checks.add(index_check(targets.rows, tokens, 0, capacity_.rows, true, detail::kCheckRows));
     const int64_t max_position = addressing == Addressing::ring ? INT64_MAX : capacity_.positions;
-    check_indices(targets.positions, tokens, 0, max_position, true, detail::kCheckPositions);
+    checks.add(index_check(targets.positions, tokens, 0, max_position, true, detail::kCheckPositions));
   }
 
   if constexpr (lazy) {
+    check_indices(checks);
     const int64_t first = int64_t(layer) * staged_capacity_ + staged_[layer];
     const int64_t row_elems = int64_t(heads()) * head_dim();
     detail::StageArgs<input_t> s{detail::rows3<const input_t>(k), detail::rows3<const input_t>(v),
@@ -252,6 +267,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
                                            row_length_.as<int32_t>(),
                                            status()};
     a.ext = extents();
+    a.checks = checks;
     ops_->write(launch_pool_writes(), a);
   }
 }
@@ -293,6 +309,7 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
   const int64_t count = range.end - range.begin;
   detail::check_tensor("k_out", k_out, {heads(), count, head_dim()}, dtype_of<input_t>::value, config_.device);
   detail::check_tensor("v_out", v_out, {heads(), count, head_dim()}, dtype_of<input_t>::value, config_.device);
+  detail::IndexChecks checks;  // run by the gather itself, or below where it reads nothing
   if constexpr (addressing == Addressing::paged) {
     const int64_t pages_needed = (range.end + page_size() - 1) / page_size();
     detail::check_index_view("range.pages", range.pages, DType::i32, pages_needed, config_.device);
@@ -303,7 +320,7 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
       IndexView touched = range.pages;
       touched.data = static_cast<const int32_t*>(range.pages.data) + first;
       touched.size = pages_needed - first;
-      check_indices(touched, touched.size, 0, capacity_.pages, false, detail::kCheckPages);
+      checks.add(index_check(touched, touched.size, 0, capacity_.pages, false, detail::kCheckPages));
     }
   } else {
     check_row(range.row);
@@ -312,8 +329,8 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
         // On the device, against the row's length where it lives: reading it back would synchronize,
         // and a captured graph could not hold the gather. The length must lie in [end, begin + window].
         const IndexView length{row_length_.as<int32_t>() + range.row, DType::i32, config_.device, 1};
-        check_indices(length, 1, range.end, count > 0 ? range.begin + window() + 1 : INT64_MAX, false,
-                      detail::kCheckRingLength);
+        checks.add(index_check(length, 1, range.end, count > 0 ? range.begin + window() + 1 : INT64_MAX, false,
+                               detail::kCheckRingLength));
       } else {
         const int64_t length = row_length(range.row);
         const int64_t oldest = std::max<int64_t>(0, length - window());
@@ -331,7 +348,10 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
                               "the cache holds max_seq_len=" + std::to_string(capacity_.positions) + " positions per row");
     }
   }
-  if (count == 0) return;
+  if (count == 0) {
+    check_indices(checks);
+    return;
+  }
   detail::GatherArgs<storage_t, input_t> a{pool_.as<const storage_t>(),
                                           geometry_.strides,
                                           scale_ref(),
@@ -344,6 +364,7 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
                                           count,
                                           status()};
   a.ext = extents();
+  a.checks = checks;
   ops_->gather(launch(), a);
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kvforge/checks.hpp"
 #include "kvforge/op_args.hpp"
 #include "kvforge/op_table.hpp"
 
@@ -54,7 +55,12 @@ template <int Level> struct CpuExec {
     return CpuExec{l.tuning.cpu_parallel_bytes, l.tuning.cpu_chunk_items, l.stream_stores};
   }
 
-  template <class Body> void for_each_item(int64_t items, int /*lanes*/, int64_t item_bytes, Body body) const {
+  // Runs body(item, 0, 1) for every item, after `checks` (which throw on the first bad entry). An item
+  // is one thread here, whatever lanes CUDA would give it.
+  template <int Lanes, class Body>
+  void for_each_item(int64_t items, Fixed<Lanes>, int64_t item_bytes, Body body,
+                     const IndexChecks& checks = IndexChecks{}) const {
+    for (int c = 0; c < checks.count; ++c) check_indices_on_host(checks.check[c]);
     if (items <= 0) return;
     if (items * item_bytes < parallel_bytes) {
       // Below the threshold the loop runs right here: even `omp parallel if (false)` enters the
@@ -77,7 +83,12 @@ template <int Level> struct CpuExec {
   }
 
   // An item is one thread here, so its lanes' maximum is its own value.
-  template <int Lanes> static uint32_t lane_max(uint32_t value) { return value; }
+  template <int Lanes, int Group = Lanes> static uint32_t lane_max(uint32_t value) { return value; }
+  // Rows are quantized whole (ops.hpp), not in CUDA's 16-byte chunks.
+  static constexpr bool kChunkedQuant = false;
+  // Ring appends of at most this many tokens take row lengths from a scan of their targets in each item
+  // (ops.hpp, write): quadratic in tokens, so only where that costs less than a pass of its own.
+  static constexpr int64_t kScannedRingTokens = 16;
 
   // Row primitives. An item is one thread, which takes each row whole: the loop bounds are constants,
   // so the compiler vectorizes them.

@@ -1,5 +1,5 @@
-// The CUDA executor: each item gets `lanes` threads of a 256-thread block; a block holds as many
-// items as fit. Include only from .cu files.
+// The CUDA executor: each item gets `Lanes` threads (a compile-time constant) of a block that holds
+// as many items as fit. Include only from .cu files.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include "kvforge/errors.hpp"
 #include "kvforge/op_args.hpp"
 #include "kvforge/op_table.hpp"
+#include "kvforge/vocab.hpp"
 
 namespace kvforge::detail {
 
@@ -18,23 +19,56 @@ void throw_cuda_error(cudaError_t err, const char* what);
 // Device-side index validation (backend_cuda.cu): no host read, so graph capture stays legal.
 void check_indices_on_device(void* stream, const IndexCheckArgs& a);
 
-template <class Body> __global__ void item_kernel(int64_t items, int lanes, Body body) {
-  const int per_block = blockDim.x / lanes;
-  const int local = threadIdx.x / lanes;
-  const int64_t item = int64_t(blockIdx.x) * per_block + local;
-  if (local >= per_block || item >= items) return;
-  body(item, int(threadIdx.x % lanes), lanes);
+// Records a failed check in the status word; the first failure to claim it records itself.
+__device__ inline void record_index_failure(const IndexCheckArgs& a, int64_t i, int64_t value) {
+  if (atomicCAS(&a.status->code, 0, a.code) == 0) {
+    a.status->index = i;
+    a.status->value = value;
+    a.status->lo = a.lo;
+    a.status->hi = a.hi;
+  }
+}
+
+// A block is Lanes x items: an item's lanes are threadIdx.x and its place in the block threadIdx.y,
+// so neither needs a division, and a body inlined here sees its lane count as a constant. A thread
+// takes items a grid apart, several where the launch asks for it (Tuning::cuda_items_per_thread).
+// With `Checked`, every block first checks every index of `checks` and goes on only if all pass: a
+// failure then writes nothing anywhere without a check launch of its own. Block 0 records it.
+template <int Lanes, bool Checked, class Body>
+__global__ void __launch_bounds__(tunables::cuda_block_threads.hi) item_kernel(int64_t items, IndexChecks checks,
+                                                                              Body body) {
+  if constexpr (Checked) {
+    const int thread = int(threadIdx.y) * Lanes + int(threadIdx.x), threads = Lanes * int(blockDim.y);
+    bool failed = false;
+    for (int c = 0; c < checks.count; ++c)
+      for (int64_t i = thread; i < checks.check[c].count; i += threads) {
+        int64_t value;
+        if (!index_passes(checks.check[c], i, value)) {
+          failed = true;
+          if (blockIdx.x == 0) record_index_failure(checks.check[c], i, value);
+        }
+      }
+    if (__syncthreads_or(failed)) return;
+  }
+  const int64_t stride = int64_t(gridDim.x) * blockDim.y;
+  for (int64_t item = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; item < items; item += stride)
+    body(item, int(threadIdx.x), Lanes);
 }
 
 struct CudaExec {
   cudaStream_t stream;
-  int block_threads;  // Tuning::cuda_block_threads
+  int block_threads;        // Tuning::cuda_block_threads
+  int items_per_thread = 1; // Tuning::cuda_items_per_thread
 
   // An item is one token: its lanes already cover all heads, coalesced along head_dim.
   static constexpr int kTileItems = 1;
+  // Index checks of at most this many entries run inside the operation's launch (every block reads
+  // them all: 256 entries are 2 KiB, next to a decode token's 4 KiB or more of K and V per block).
+  // Longer ones, a prefill's, get launches of their own, whose cost the prefill's copy hides.
+  static constexpr int64_t kFusedCheckEntries = 256;
 
   static CudaExec from(const Launch& l) {
-    return CudaExec{static_cast<cudaStream_t>(l.stream), l.tuning.cuda_block_threads};
+    return CudaExec{static_cast<cudaStream_t>(l.stream), l.tuning.cuda_block_threads, l.tuning.cuda_items_per_thread};
   }
 
   // Streaming multiprocessors of the current device, read once per device.
@@ -50,25 +84,58 @@ struct CudaExec {
     return counts[device];
   }
 
-  template <class Body> void for_each_item(int64_t items, int lanes, int64_t /*item_bytes*/, Body body) const {
+  // Runs body(item, lane, Lanes) for every item, after `checks` (fused into the launch where short).
+  template <int Lanes, class Body>
+  void for_each_item(int64_t items, Fixed<Lanes>, int64_t /*item_bytes*/, Body body,
+                     const IndexChecks& checks = IndexChecks{}) const {
+    static_assert(Lanes >= 1 && Lanes <= tunables::cuda_block_threads.hi, "an item's lanes fit one block");
+    const bool fused = checks.count > 0 && items > 0 && checks.entries() <= kFusedCheckEntries;
+    if (!fused)
+      for (int c = 0; c < checks.count; ++c) check_indices_on_device(stream, checks.check[c]);
     if (items <= 0) return;
-    int per_block = lanes >= block_threads ? 1 : block_threads / lanes;
+    int per_block = Lanes >= block_threads ? 1 : block_threads / Lanes;
     // A launch too small to give every SM a block (a decode step's append) takes smaller blocks, down
-    // to one warp, so that more SMs issue its loads and stores. Items map to threads the same way at
-    // any block size, and an item keeps its lanes (a quantized item's warp reduction is unchanged).
+    // to one warp, so that more SMs issue its loads and stores. An item keeps its lanes (a quantized
+    // item's warp reduction is unchanged).
     const int64_t sms = sm_count();
-    while (per_block > 1 && (items + per_block - 1) / per_block < sms && (per_block / 2) * lanes >= 32) per_block /= 2;
-    const int threads = per_block * lanes;
-    const int64_t blocks = (items + per_block - 1) / per_block;
-    item_kernel<<<unsigned(blocks), threads, 0, stream>>>(items, lanes, body);
+    while (per_block > 1 && (items + per_block - 1) / per_block < sms && (per_block / 2) * Lanes >= 32) per_block /= 2;
+    const int64_t items_per_block = int64_t(per_block) * (items_per_thread > 1 ? items_per_thread : 1);
+    const int64_t blocks = (items + items_per_block - 1) / items_per_block;
+    const dim3 block{unsigned(Lanes), unsigned(per_block), 1u};
+    if (fused) {
+      item_kernel<Lanes, true><<<unsigned(blocks), block, 0, stream>>>(items, checks, body);
+    } else {
+      item_kernel<Lanes, false><<<unsigned(blocks), block, 0, stream>>>(items, IndexChecks{}, body);
+    }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) throw_cuda_error(err, "kernel launch");
   }
 
-  // The maximum over one item's `Lanes` threads (a logical warp, power of two), given to all of them.
-  // Defined in exec_cuda_reduce.cuh, which only quantized variants include: CUB's headers would
-  // otherwise more than double every variant's compile time.
-  template <int Lanes> KVF_HD static uint32_t lane_max(uint32_t value);
+  // The maximum over each aligned group of `Group` lanes of an item's `Lanes` threads (powers of two up
+  // to a warp), given to every lane of the group: a butterfly of shuffles whose offsets stay inside the
+  // group. An item's lanes are Lanes consecutive threads of one warp (the block's x extent is Lanes,
+  // which divides 32), and all of them take part.
+  template <int Lanes, int Group = Lanes> KVF_HD static KVF_INLINE uint32_t lane_max(uint32_t value) {
+    static_assert(Lanes >= 1 && Lanes <= 32 && (Lanes & (Lanes - 1)) == 0, "an item's lanes reduce within one warp");
+    static_assert(Group >= 1 && Group <= Lanes && (Group & (Group - 1)) == 0, "a group is a power of two of lanes");
+#if defined(__CUDA_ARCH__)
+    if constexpr (Group > 1) {
+      const unsigned first = (threadIdx.y * Lanes) % 32u;
+      const unsigned item = Lanes == 32 ? 0xffffffffu : ((1u << Lanes) - 1u) << first;
+      for (int offset = Group / 2; offset > 0; offset /= 2) {
+        const uint32_t other = __shfl_xor_sync(item, value, offset, Lanes);
+        value = value > other ? value : other;
+      }
+    }
+#endif
+    return value;
+  }
+
+  // Quantized writes go in 16-byte chunks per lane (quant_chunks.hpp).
+  static constexpr bool kChunkedQuant = true;
+  // Ring appends of at most this many tokens take row lengths from a scan of their targets in each item
+  // (ops.hpp, write), inside their one launch: a decode step's append is then a single kernel.
+  static constexpr int64_t kScannedRingTokens = 256;
 
   // Row primitives: an item's lanes stride through each row.
   KVF_HD static constexpr int row_begin(int lane) { return lane; }

@@ -3,10 +3,50 @@
 
 #include <cstdint>
 
+#include "kvforge/config.hpp"
 #include "kvforge/device_status.hpp"
 #include "kvforge/geometry.hpp"
 
 namespace kvforge::detail {
+
+// A size fixed at compile time, usable wherever a run-time int is: loops over it have constant bounds.
+// Ops pass an item's lanes to the executors this way, and generated extents (ops.hpp) too.
+template <int N> struct Fixed {
+  static constexpr int value = N;
+  KVF_HD constexpr operator int() const { return N; }
+};
+
+// Bounds check of an index array: every value in [lo, hi), or -1 where padding is allowed.
+struct IndexCheckArgs {
+  const void* data;
+  bool is64;
+  int64_t count;
+  int64_t lo;
+  int64_t hi;
+  bool allow_padding;
+  int32_t code;
+  DeviceStatus* status;
+};
+
+// Whether element i passes its check; `value` is what it holds. The one rule of both backends' checks.
+KVF_HD KVF_INLINE bool index_passes(const IndexCheckArgs& a, int64_t i, int64_t& value) {
+  value = a.is64 ? static_cast<const int64_t*>(a.data)[i] : static_cast<const int32_t*>(a.data)[i];
+  return (a.allow_padding && value == -1) || (value >= a.lo && value < a.hi);
+}
+
+// The index checks of one append or gather, given to the operation itself so that an executor can run
+// them inside the operation's own launch (CUDA, for decode-sized calls: one launch, not four). Either
+// way they finish before anything is written, and a failure writes nothing anywhere.
+struct IndexChecks {
+  IndexCheckArgs check[3];
+  int count = 0;
+  void add(const IndexCheckArgs& a) { check[count++] = a; }
+  int64_t entries() const {
+    int64_t n = 0;
+    for (int c = 0; c < count; ++c) n += check[c].count;
+    return n;
+  }
+};
 
 // The sizes a kernel loops over. Generated variants fix them at compile time, and their ops never read
 // this; runtime-sized traits (the generic path) pass them here.
@@ -48,6 +88,7 @@ template <class Store, class In> struct WriteArgs {
   int32_t* row_length;
   const DeviceStatus* status;
   Extents ext = {};  // read by runtime-sized traits only
+  IndexChecks checks = {};  // the targets' bounds, run by the operation before it writes
 };
 
 template <class In> struct StageArgs {
@@ -71,6 +112,7 @@ template <class Store, class In> struct GatherArgs {
   int64_t count;
   const DeviceStatus* status;
   Extents ext = {};  // read by runtime-sized traits only
+  IndexChecks checks = {};  // the range's bounds, run by the operation before it reads
 };
 
 // Zero positions [0, extent) of one row in every layer: reset_row.
@@ -127,18 +169,6 @@ template <class Store> struct MovePagesArgs {
   bool to_packed;
   const DeviceStatus* status;
   Extents ext = {};  // read by runtime-sized traits only
-};
-
-// Bounds check of an index array: every value in [lo, hi), or -1 where padding is allowed.
-struct IndexCheckArgs {
-  const void* data;
-  bool is64;
-  int64_t count;
-  int64_t lo;
-  int64_t hi;
-  bool allow_padding;
-  int32_t code;
-  DeviceStatus* status;
 };
 
 }  // namespace kvforge::detail

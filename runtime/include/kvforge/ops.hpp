@@ -18,6 +18,7 @@
 #include "kvforge/op_args.hpp"
 #include "kvforge/op_table.hpp"
 #include "kvforge/quant.hpp"
+#include "kvforge/quant_chunks.hpp"
 
 namespace kvforge::detail {
 
@@ -77,12 +78,6 @@ KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int la
   for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
 }
 
-// A size fixed at compile time, usable wherever a run-time int is: loops over it have constant bounds.
-template <int N> struct Fixed {
-  static constexpr int value = N;
-  KVF_HD constexpr operator int() const { return N; }
-};
-
 // Traits whose sizes are given at run time (the generic path, runtime_traits.hpp) say so with
 // `runtime_extents = true`; generated traits fix them as constants. CuTe's idea: one layout type,
 // each extent static or dynamic.
@@ -139,6 +134,13 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H);
   // Runtime-sized traits run on the CPU, where an item is one lane.
   static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
+  // An executor that moves 16-byte vectors per lane (CUDA) quantizes a token in chunks of them
+  // (quant_chunks.hpp), with the lanes that layout asks for; the CPU takes whole rows.
+  using Chunks = QuantChunks<Store, In, H, D>;
+  static constexpr bool kChunkedQuant = Exec::kChunkedQuant && kQuantized && !kRuntime && Chunks::kUsable;
+  static constexpr int kWriteLanes = kChunkedQuant ? Chunks::L : kLanes;
+  static constexpr int kChunkPasses = Chunks::kPreload ? Chunks::Q : 1;  // passes one lane holds at once
+  using ChunkRegs = Vec16[kChunkPasses][Chunks::K];
   // The most tokens one work item of write and gather takes when it walks a tile head by head
   // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1.
   static constexpr int kTile = positions_inside_heads<Traits>() ? Exec::kTileItems : 1;
@@ -193,16 +195,84 @@ template <class Traits, class Exec> struct Ops {
         const uint32_t b = row_amax<D, Exec>(src + h * src_head, lane, lanes);
         m = m > b ? m : b;
       }
-      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kLanes>(m));
+      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kWriteLanes>(m));
       if (lane == 0) *scale = stored;
       const float s = to_float(stored);
       for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
     } else {
       for (int h = 0; h < H; ++h) {
         const Scale stored =
-            dynamic_scale<Store, Scale>(Exec::template lane_max<kLanes>(row_amax<D, Exec>(src + h * src_head, lane, lanes)));
+            dynamic_scale<Store, Scale>(Exec::template lane_max<kWriteLanes>(row_amax<D, Exec>(src + h * src_head, lane, lanes)));
         if (lane == 0) scale[h * scale_head] = stored;
         encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, to_float(stored), lane, lanes);
+      }
+    }
+  }
+
+  // A lane's chunks of passes [first, first + kChunkPasses) of one token's K or V.
+  KVF_HD static KVF_INLINE void load_chunks(ChunkRegs& regs, const In* src, int64_t src_head, int lane, int first) {
+    KVF_UNROLL
+    for (int r = 0; r < kChunkPasses; ++r)
+      KVF_UNROLL
+      for (int k = 0; k < Chunks::K; ++k) {
+        int h, c;
+        if (Chunks::chunk_at(lane, first + r, k, h, c)) regs[r][k] = Chunks::load(src, src_head, h, c);
+      }
+  }
+
+  // The largest magnitude among a lane's chunks of pass `first + r` (in-range chunks only).
+  KVF_HD static KVF_INLINE uint32_t chunks_amax(const ChunkRegs& regs, int lane, int first, int r) {
+    uint32_t m = 0;
+    KVF_UNROLL
+    for (int k = 0; k < Chunks::K; ++k) {
+      int h, c;
+      if (Chunks::chunk_at(lane, first + r, k, h, c)) {
+        const uint32_t b = Chunks::amax(regs[r][k]);
+        m = m > b ? m : b;
+      }
+    }
+    return m;
+  }
+
+  // quantize_token in 16-byte chunks: loads, a reduction per scale over the lanes that hold its group,
+  // then packed code stores. With Chunks::kPreload the caller has loaded `regs` (K's and V's both,
+  // before either is stored); otherwise each pass loads its own (a per-token scale reads twice).
+  KVF_HD static KVF_INLINE void quantize_token_chunked(ChunkRegs& regs, Store* dst, int64_t dst_head, Scale* scale,
+                                                       int64_t scale_head, const In* src, int64_t src_head, int lane) {
+    float token_scale = 1.0f;
+    if constexpr (kQuant == Quant::per_tensor) {
+      token_scale = to_float(*scale);
+    } else if constexpr (kQuant == Quant::per_token) {
+      uint32_t m = 0;
+      for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
+        if constexpr (!Chunks::kPreload) load_chunks(regs, src, src_head, lane, first);
+        KVF_UNROLL
+        for (int r = 0; r < kChunkPasses; ++r) {
+          const uint32_t b = chunks_amax(regs, lane, first, r);
+          m = m > b ? m : b;
+        }
+      }
+      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<Chunks::L>(m));
+      if (lane == 0) *scale = stored;
+      token_scale = to_float(stored);
+    }
+    for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
+      if constexpr (!Chunks::kPreload) load_chunks(regs, src, src_head, lane, first);
+      KVF_UNROLL
+      for (int r = 0; r < kChunkPasses; ++r) {
+        float s = token_scale;
+        if constexpr (kQuant == Quant::per_token_head) {
+          const uint32_t m = Exec::template lane_max<Chunks::L, Chunks::Lh>(chunks_amax(regs, lane, first, r));
+          const Scale stored = dynamic_scale<Store, Scale>(m);
+          const int h = (first + r) * Chunks::P + lane / Chunks::Lh;
+          if (lane % Chunks::Lh == 0 && h < H) scale[h * scale_head] = stored;
+          s = to_float(stored);
+        }
+        KVF_UNROLL
+        for (int k = 0; k < Chunks::K; ++k) {
+          int h, c;
+          if (Chunks::chunk_at(lane, first + r, k, h, c)) Chunks::encode(dst, dst_head, h, c, regs[r][k], s);
+        }
       }
     }
   }
@@ -232,23 +302,34 @@ template <class Traits, class Exec> struct Ops {
 
   static void write(const Exec& ex, const WriteArgs<Store, In>& a) {
     const int64_t items = int64_t(a.num_layers) * a.tokens;
+    // A short ring append finds each row's new length by reading all its targets in every item
+    // (write_target), rather than in a pass of its own: one launch on CUDA.
+    const bool scan_ring = kAddressing == Addressing::ring && a.num_layers == 1 && a.tokens <= Exec::kScannedRingTokens;
+    // The targets' checks go with the operation's first launch.
+    IndexChecks checks = a.checks;
     if constexpr (kAddressing == Addressing::ring) {
-      // A ring keeps only a row's last W positions. Record each row's new length first, so that a
-      // position this same append pushes out of the window is never written: two positions of one
-      // row that share a cell (a prefill longer than the window) would otherwise race on a GPU.
-      ex.for_each_item(items, 1, 8, [a] KVF_HD(int64_t i, int, int) {
-        if (a.status->code) return;
-        const int l = int(i / a.tokens);
-        const int64_t target = l * a.target_layer_stride + (i - l * a.tokens);
-        const int32_t r = a.rows[target], p = a.positions[target];
-        if (r >= 0 && p >= 0) Exec::atomic_max(&a.row_length[r], p + 1);
-      });
+      if (!scan_ring) {
+        // A ring keeps only a row's last W positions. Record each row's new length first, so that a
+        // position this same append pushes out of the window is never written: two positions of one
+        // row that share a cell (a prefill longer than the window) would otherwise race on a GPU.
+        ex.for_each_item(
+            items, Fixed<1>{}, 8,
+            [a] KVF_HD(int64_t i, int, int) {
+              if (a.status->code) return;
+              const int l = int(i / a.tokens);
+              const int64_t target = l * a.target_layer_stride + (i - l * a.tokens);
+              const int32_t r = a.rows[target], p = a.positions[target];
+              if (r >= 0 && p >= 0) Exec::atomic_max(&a.row_length[r], p + 1);
+            },
+            checks);
+        checks = IndexChecks{};
+      }
     }
     if constexpr (kTile > 1) {  // only an executor that takes tiles compiles this loop nest
       if (walk_heads_outside(a.k)) {
         const int tile_items = Exec::tile_for(items, kLongestTile);
         const int64_t tiles = (items + tile_items - 1) / tile_items;
-        ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, items, tile_items](int64_t tile, int, int) {
+        ex.for_each_item(tiles, Fixed<1>{}, item_bytes(a.ext) * tile_items, [a, items, tile_items, scan_ring](int64_t tile, int, int) {
           if (a.status->code) return;
           Store* dst[kTile];
           const In* src[2][kTile];
@@ -257,7 +338,7 @@ template <class Traits, class Exec> struct Ops {
           for (int64_t i = tile * tile_items; i < items && i < (tile + 1) * tile_items; ++i) {
             int64_t unit, slot;
             int layer;
-            if (!write_target(a, i, 0, unit, slot, layer, src[0][n], src[1][n])) continue;
+            if (!write_target(a, i, 0, scan_ring, unit, slot, layer, src[0][n], src[1][n])) continue;
             dst[n] = a.pool + element_offset(a.s, layer, 0, unit, slot);
             if constexpr (kQuantized) {
               scale[0][n] = scale_at(a.scales, layer, 0, unit, slot);
@@ -275,17 +356,32 @@ template <class Traits, class Exec> struct Ops {
                   Exec::copy_row(dst[j] + kv * a.s.kv + h * a.s.head, src[kv][j] + h * in_head, head_dim(a.ext));
             }
           }
-        });
+        }, checks);
         return;
       }
     }
-    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, Fixed<kWriteLanes>{}, item_bytes(a.ext), [a, scan_ring] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       int64_t unit, slot;
       int layer;
       const In *k, *v;
-      if (!write_target(a, i, lane, unit, slot, layer, k, v)) return;
+      if (!write_target(a, i, lane, scan_ring, unit, slot, layer, k, v)) return;
       Store* dst = a.pool + element_offset(a.s, layer, 0, unit, slot);
+      if constexpr (kChunkedQuant) {
+        if (Chunks::aligned(k, a.k.head_stride, dst, a.s.head) &&
+            Chunks::aligned(v, a.v.head_stride, dst + a.s.kv, a.s.head)) {
+          ChunkRegs k_regs, v_regs;
+          if constexpr (Chunks::kPreload) {
+            load_chunks(k_regs, k, a.k.head_stride, lane, 0);
+            load_chunks(v_regs, v, a.v.head_stride, lane, 0);
+          }
+          quantize_token_chunked(k_regs, dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k,
+                                 a.k.head_stride, lane);
+          quantize_token_chunked(v_regs, dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot),
+                                 a.scales.s.head, v, a.v.head_stride, lane);
+          return;
+        }
+      }
       if constexpr (kQuantized) {
         quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k, a.k.head_stride,
                        lane, lanes);
@@ -295,14 +391,17 @@ template <class Traits, class Exec> struct Ops {
         Exec::copy_heads_kv(dst, dst + a.s.kv, a.s.head, k, a.k.head_stride, v, a.v.head_stride, heads(a.ext),
                             head_dim(a.ext), lane, lanes);
       }
-    });
+    }, checks);
   }
 
   // Where item i of a write (layer i / tokens, token i % tokens) goes, and its K and V input. False
-  // where it writes nothing: padding, or a ring position already out of its window.
-  KVF_HD static KVF_INLINE bool write_target(const WriteArgs<Store, In>& a, int64_t i, int lane, int64_t& unit,
-                                             int64_t& slot, int& layer, const In*& k, const In*& v) {
-    const int l = int(i / a.tokens);
+  // where it writes nothing: padding, or a ring position already out of its window. With
+  // `scan_ring`, a ring item takes its row's new length from all of the append's targets and records
+  // its own position: a row's length then only grows toward what every item computes, whatever
+  // order they run in.
+  KVF_HD static KVF_INLINE bool write_target(const WriteArgs<Store, In>& a, int64_t i, int lane, bool scan_ring,
+                                             int64_t& unit, int64_t& slot, int& layer, const In*& k, const In*& v) {
+    const int l = a.num_layers == 1 ? 0 : int(i / a.tokens);  // an append divides by nothing
     const int64_t t = i - l * a.tokens;
     const int64_t target = l * a.target_layer_stride + t;
     if constexpr (kAddressing == Addressing::paged) {
@@ -315,7 +414,13 @@ template <class Traits, class Exec> struct Ops {
       const int32_t p = a.positions[target];
       if (r < 0 || p < 0) return false;
       if constexpr (kAddressing == Addressing::ring) {
-        if (p < a.row_length[r] - window(a.ext)) return false;  // already out of the window: never readable
+        int32_t length = a.row_length[r];
+        if (scan_ring) {
+          for (int64_t other = 0; other < a.tokens; ++other)
+            if (a.rows[other] == r && a.positions[other] >= length) length = a.positions[other] + 1;
+          if (lane == 0) Exec::atomic_max(&a.row_length[r], p + 1);
+        }
+        if (p < length - window(a.ext)) return false;  // already out of the window: never readable
       } else if (lane == 0 && a.row_length) {
         Exec::atomic_max(&a.row_length[r], p + 1);
       }
@@ -360,7 +465,7 @@ template <class Traits, class Exec> struct Ops {
 
   static void stage(const Exec& ex, const StageArgs<In>& a) {
     constexpr int lanes_per_token = kRuntime ? 1 : item_lanes<In, H, D>();
-    ex.for_each_item(a.tokens, lanes_per_token, item_bytes<In>(a.ext),
+    ex.for_each_item(a.tokens, Fixed<lanes_per_token>{}, item_bytes<In>(a.ext),
                      [a] KVF_HD(int64_t t, int lane, int lanes) {
                        if (a.status->code) return;
                        const auto h = heads(a.ext);
@@ -383,7 +488,7 @@ template <class Traits, class Exec> struct Ops {
           const int64_t run = a.count * D;
           const int64_t piece = (int64_t(64) << 10) / int64_t(sizeof(In));
           const int64_t pieces = (run + piece - 1) / piece;
-          ex.for_each_item(2 * H * pieces, 1, piece * int64_t(sizeof(In)), [a, run, piece, pieces](int64_t i, int, int) {
+          ex.for_each_item(2 * H * pieces, Fixed<1>{}, piece * int64_t(sizeof(In)), [a, run, piece, pieces](int64_t i, int, int) {
             if (a.status->code) return;
             const int kv = int(i / (H * pieces));
             const int64_t h = (i / pieces) % H, first = (i % pieces) * piece;
@@ -391,14 +496,14 @@ template <class Traits, class Exec> struct Ops {
             Exec::copy_row(out.data + h * out.head_stride + first,
                            a.pool + element_offset(a.s, a.layer, kv, a.row, a.begin) + h * a.s.head + first,
                            int(run - first < piece ? run - first : piece));
-          });
+          }, a.checks);
           return;
         }
       }
       if (walk_heads_outside(a.k)) {
         const int tile_items = Exec::tile_for(a.count, kLongestTile);
         const int64_t tiles = (a.count + tile_items - 1) / tile_items;
-        ex.for_each_item(tiles, 1, item_bytes(a.ext) * tile_items, [a, tile_items](int64_t tile, int, int) {
+        ex.for_each_item(tiles, Fixed<1>{}, item_bytes(a.ext) * tile_items, [a, tile_items](int64_t tile, int, int) {
           if (a.status->code) return;
           const int64_t first = tile * tile_items;
           const int n = int(a.count - first < tile_items ? a.count - first : tile_items);
@@ -425,11 +530,11 @@ template <class Traits, class Exec> struct Ops {
                   Exec::copy_row(o, row, head_dim(a.ext));
                 }
               }
-        });
+        }, a.checks);
         return;
       }
     }
-    ex.for_each_item(a.count, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
+    ex.for_each_item(a.count, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
       if (a.status->code) return;
       int64_t unit, slot;
       locate_position(a.ext, a.row, a.pages, a.begin + j, unit, slot);
@@ -448,12 +553,12 @@ template <class Traits, class Exec> struct Ops {
         Exec::copy_heads(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, heads(a.ext),
                          head_dim(a.ext), lane, lanes);
       }
-    });
+    }, a.checks);
   }
 
   static void zero_row(const Exec& ex, const ZeroRowArgs<Store>& a) {
     const int64_t items = int64_t(a.layers) * 2 * a.positions;
-    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       const int64_t pos = i % a.positions;
       const int64_t lk = i / a.positions;
       Exec::zero_heads(a.pool + element_offset(a.s, lk / 2, lk % 2, a.row, pos), a.s.head, heads(a.ext), head_dim(a.ext),
@@ -469,7 +574,7 @@ template <class Traits, class Exec> struct Ops {
   // One layer of a reorder: scratch[r] = old row beam[r]; then row r = scratch[r].
   static void reorder_layer(const Exec& ex, const ReorderArgs<Store>& a) {
     const int64_t items = a.rows * 2 * a.positions;
-    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       const int64_t pos = i % a.positions;
       const int64_t kv = (i / a.positions) % 2;
@@ -482,7 +587,7 @@ template <class Traits, class Exec> struct Ops {
         copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, 1,
                     scale_at(a.scales, a.layer, kv, a.beam[r], pos), a.scales.s.head, lane);
     });
-    ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       const int64_t pos = i % a.positions;
       const int64_t kv = (i / a.positions) % 2;
@@ -498,11 +603,11 @@ template <class Traits, class Exec> struct Ops {
   }
 
   static void reorder_lengths(const Exec& ex, const ReorderArgs<Store>& a) {
-    ex.for_each_item(a.rows, 1, 4, [a] KVF_HD(int64_t r, int, int) {
+    ex.for_each_item(a.rows, Fixed<1>{}, 4, [a] KVF_HD(int64_t r, int, int) {
       if (a.status->code) return;
       a.length_scratch[r] = a.row_length[a.beam[r]];
     });
-    ex.for_each_item(a.rows, 1, 4, [a] KVF_HD(int64_t r, int, int) {
+    ex.for_each_item(a.rows, Fixed<1>{}, 4, [a] KVF_HD(int64_t r, int, int) {
       if (a.status->code) return;
       a.row_length[r] = a.length_scratch[r];
     });
@@ -536,7 +641,7 @@ template <class Traits, class Exec> struct Ops {
     if constexpr (kPageBlocks) {
       // The packed form is [slot, head, dim] per (layer, K or V), so only that pool order moves whole.
       if (slots_outside_heads_dense(a.s) && page_block_dense(a.s)) {
-        ex.for_each_item(a.count * a.layers * 2, 1, kPageBlock * int64_t(sizeof(Store)), [a](int64_t i, int, int) {
+        ex.for_each_item(a.count * a.layers * 2, Fixed<1>{}, kPageBlock * int64_t(sizeof(Store)), [a](int64_t i, int, int) {
           if (a.status->code) return;
           const int64_t kv = i % 2, layer = (i / 2) % a.layers, j = i / (2 * a.layers);
           unsigned char* packed = a.packed + j * a.packed_page_bytes;
@@ -556,7 +661,7 @@ template <class Traits, class Exec> struct Ops {
     }
     if constexpr (kAddressing == Addressing::paged) {
       const int64_t items = a.count * a.layers * 2 * int(page_size(a.ext));
-      ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
+      ex.for_each_item(items, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
         if (a.status->code) return;
         const PageItem it = page_item(a.ext, i, a.layers);
         const int64_t slot = it.slot, kv = it.kv, layer = it.layer, j = it.index;
@@ -593,7 +698,7 @@ template <class Traits, class Exec> struct Ops {
   static void copy_pages(const Exec& ex, const CopyPagesArgs<Store>& a) {
     if constexpr (kPageBlocks) {
       if (page_block_dense(a.s)) {
-        ex.for_each_item(a.count * a.layers * 2, 1, kPageBlock * int64_t(sizeof(Store)), [a](int64_t i, int, int) {
+        ex.for_each_item(a.count * a.layers * 2, Fixed<1>{}, kPageBlock * int64_t(sizeof(Store)), [a](int64_t i, int, int) {
           if (a.status->code) return;
           const int64_t kv = i % 2, layer = (i / 2) % a.layers, pair = i / (2 * a.layers);
           const int64_t from = a.pairs[2 * pair], to = a.pairs[2 * pair + 1];
@@ -609,7 +714,7 @@ template <class Traits, class Exec> struct Ops {
     }
     if constexpr (kAddressing == Addressing::paged) {  // only paged layouts have pages to copy
       const int64_t items = a.count * a.layers * 2 * int(page_size(a.ext));
-      ex.for_each_item(items, kLanes, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
+      ex.for_each_item(items, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
         if (a.status->code) return;
         const PageItem it = page_item(a.ext, i, a.layers);
         const int64_t slot = it.slot, kv = it.kv, layer = it.layer, pair = it.index;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kvforge/config.hpp"
+#include "kvforge/op_args.hpp"
 
 namespace kvforge::detail {
 
@@ -54,12 +55,12 @@ struct StepBuildArgs {
 };
 
 template <class Exec> void apply_writes(const Exec& ex, const StepBuildArgs& a) {
-  ex.for_each_item(a.row_write_count, 1, 12, [a] KVF_HD(int64_t i, int, int) {
+  ex.for_each_item(a.row_write_count, Fixed<1>{}, 12, [a] KVF_HD(int64_t i, int, int) {
     const RowWrite w = a.row_writes[i];
     a.lengths[w.row] = w.length;
     a.dropped[w.row] = w.dropped;
   });
-  ex.for_each_item(a.table_write_count, 1, 12, [a] KVF_HD(int64_t i, int, int) {
+  ex.for_each_item(a.table_write_count, Fixed<1>{}, 12, [a] KVF_HD(int64_t i, int, int) {
     const TableWrite w = a.table_writes[i];
     a.table[int64_t(w.row) * a.stride + w.index] = w.page;
   });
@@ -67,7 +68,7 @@ template <class Exec> void apply_writes(const Exec& ex, const StepBuildArgs& a) 
 
 // Advances every row of the batch by its new tokens; its length, last page fill and held pages.
 template <class Exec> void advance_lengths(const Exec& ex, const StepBuildArgs& a) {
-  ex.for_each_item(a.sequences + 1, 1, 16, [a] KVF_HD(int64_t i, int, int) {
+  ex.for_each_item(a.sequences + 1, Fixed<1>{}, 16, [a] KVF_HD(int64_t i, int, int) {
     if (i == a.sequences) {
       a.held_pages[i] = 0;
       return;
@@ -82,7 +83,7 @@ template <class Exec> void advance_lengths(const Exec& ex, const StepBuildArgs& 
 }
 
 // The slot of each new token: page * page_size + offset, or -1 where its page left the window.
-template <class Exec> void build_slots(const Exec& ex, const StepBuildArgs& a, int lanes) {
+template <class Exec, int Lanes> void build_slots(const Exec& ex, const StepBuildArgs& a, Fixed<Lanes> lanes) {
   ex.for_each_item(a.sequences, lanes, 64, [a] KVF_HD(int64_t i, int lane, int lanes_) {
     const int32_t row = a.rows[i], count = a.new_tokens[i];
     const int32_t first = a.seq_lens[i] - count;
@@ -97,7 +98,7 @@ template <class Exec> void build_slots(const Exec& ex, const StepBuildArgs& a, i
 }
 
 // FlashInfer's `indices`: each sequence's held pages, concatenated at its indptr.
-template <class Exec> void build_indices(const Exec& ex, const StepBuildArgs& a, int lanes) {
+template <class Exec, int Lanes> void build_indices(const Exec& ex, const StepBuildArgs& a, Fixed<Lanes> lanes) {
   ex.for_each_item(a.sequences, lanes, 256, [a] KVF_HD(int64_t i, int lane, int lanes_) {
     const int32_t row = a.rows[i];
     const int32_t* pages = a.table + int64_t(row) * a.stride + a.dropped[row];
@@ -109,7 +110,7 @@ template <class Exec> void build_indices(const Exec& ex, const StepBuildArgs& a,
 
 // The whole build, in launch order on one stream.
 template <class Exec> void build_step(const Exec& ex, const StepBuildArgs& a, void* scan_temp, int64_t scan_temp_bytes) {
-  constexpr int kLanes = 32;  // CUDA: a warp per sequence; the CPU takes each whole
+  constexpr Fixed<32> kLanes{};  // CUDA: a warp per sequence; the CPU takes each whole
   apply_writes(ex, a);
   advance_lengths(ex, a);
   exclusive_scan(ex, a.new_tokens, a.query_start, a.sequences + 1, scan_temp, scan_temp_bytes);

@@ -57,6 +57,7 @@ struct Range {
 inline constexpr Range cpu_parallel_bytes{65536, 0, 1073741824};
 inline constexpr Range cpu_chunk_items{0, 0, 1048576};
 inline constexpr Range cuda_block_threads{256, 32, 1024};
+inline constexpr Range cuda_items_per_thread{1, 1, 64};
 // cuda_block_threads must also be a whole number of warps.
 inline constexpr int kWarp = 32;
 }  // namespace tunables

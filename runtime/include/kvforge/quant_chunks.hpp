@@ -1,0 +1,109 @@
+// How a CUDA item quantizes one token's K or V in 16-byte chunks of input: the lanes' share of the
+// chunks, and the per-chunk steps (load, amax, encode and a packed store). The rules themselves are
+// quant.hpp's; this is only the access pattern, which the CUDA executor's write runs
+// (ops.hpp, quantize_token_chunked) and tests/test_quant.cpp checks lane by lane on the host.
+//
+// A head's row of D inputs is C chunks of V elements. Lanes come in groups of Lh, one group per head
+// of a pass; a pass covers P heads, so an item has L = P * Lh lanes and takes Q passes. Where C is a
+// power of two up to a warp, Lh = C and each lane holds one chunk of each head it meets; otherwise
+// P = 1 and each lane takes every Lh-th chunk of the head (K of them). A head's amax is then a
+// reduction over its group of Lh lanes, a token's over all L.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kvforge/config.hpp"
+#include "kvforge/dtype.hpp"
+#include "kvforge/quant.hpp"
+
+namespace kvforge::detail {
+
+// 16 bytes, moved as one vector access where aligned.
+#if defined(__CUDACC__)
+using Vec16 = uint4;
+#else
+struct alignas(16) Vec16 {
+  uint32_t x, y, z, w;
+};
+#endif
+
+constexpr int floor_pow2(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+template <class Store, class In, int H, int D> struct QuantChunks {
+  static constexpr int V = 16 / int(sizeof(In));  // inputs per chunk
+  // Only rows of whole chunks take this path; the others quantize element by element.
+  static constexpr bool kUsable = H > 0 && D > 0 && (D * int(sizeof(In))) % 16 == 0;
+  static constexpr int C = kUsable ? D / V : 1;  // chunks per head
+  static constexpr bool kWholeGroups = (C & (C - 1)) == 0 && C <= 32;
+  static constexpr int Lh = kWholeGroups ? C : floor_pow2(C < 32 ? C : 32);
+  static constexpr int P = kWholeGroups ? (32 / C < floor_pow2(H) ? 32 / C : floor_pow2(H)) : 1;
+  static constexpr int L = P * Lh;
+  static constexpr int K = (C + Lh - 1) / Lh;
+  static constexpr int Q = (H + P - 1) / P;
+  // Whether one lane holds all its chunks of a token's K and of its V at once (at most 8 vectors, 32
+  // registers): every load is then issued before any store. Otherwise a pass at a time.
+  static constexpr bool kPreload = Q * K <= 4;
+  static constexpr int kCodeBytes = V * int(sizeof(Store));  // one chunk's codes, stored in one access
+
+  // Head and chunk of a lane's k-th chunk in pass p; false where that lands past the row or the heads.
+  KVF_HD static KVF_INLINE bool chunk_at(int lane, int p, int k, int& h, int& c) {
+    h = p * P + lane / Lh;
+    c = lane % Lh + k * Lh;
+    return h < H && c < C;
+  }
+
+  // Whether a token's rows allow 16-byte loads and whole-chunk code stores.
+  KVF_HD static KVF_INLINE bool aligned(const In* src, int64_t src_head, const Store* dst, int64_t dst_head) {
+    return reinterpret_cast<uintptr_t>(src) % 16 == 0 && (src_head * int64_t(sizeof(In))) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(dst) % kCodeBytes == 0 && (dst_head * int64_t(sizeof(Store))) % kCodeBytes == 0;
+  }
+
+  // Loads and stores are single vector accesses on the device; the host (tests) copies bytes, which
+  // its compiler's aliasing rules need.
+  KVF_HD static KVF_INLINE Vec16 load(const In* src, int64_t src_head, int h, int c) {
+    const In* at = src + h * src_head + c * V;
+#if defined(__CUDA_ARCH__)
+    return *reinterpret_cast<const Vec16*>(at);
+#else
+    Vec16 chunk;
+    std::memcpy(&chunk, at, sizeof chunk);
+    return chunk;
+#endif
+  }
+
+  KVF_HD static KVF_INLINE uint32_t amax(const Vec16& chunk) {
+    In x[V];
+    std::memcpy(x, &chunk, sizeof x);
+    uint32_t m = 0;
+    KVF_UNROLL
+    for (int i = 0; i < V; ++i) {
+      const uint32_t b = magnitude_bits(to_float(x[i]));
+      m = m > b ? m : b;
+    }
+    return m;
+  }
+
+  // One chunk's codes, stored in one access of kCodeBytes.
+  KVF_HD static KVF_INLINE void encode(Store* dst, int64_t dst_head, int h, int c, const Vec16& chunk, float scale) {
+    struct alignas(kCodeBytes) Codes {
+      Store code[V];
+    } out;
+    In x[V];
+    std::memcpy(x, &chunk, sizeof x);
+    KVF_UNROLL
+    for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(to_float(x[i]) / scale);
+    Store* at = dst + h * dst_head + c * V;
+#if defined(__CUDA_ARCH__)
+    *reinterpret_cast<Codes*>(at) = out;
+#else
+    std::memcpy(at, &out, sizeof out);
+#endif
+  }
+};
+
+}  // namespace kvforge::detail
