@@ -1,8 +1,13 @@
 // Quantized storage: the codecs against the independent reference quantizer over every code and the
 // rounding edges, then every quantized variant on crafted tokens (all zeros, one outlier, the
 // saturation limit, non-finite values) and on random tokens against the documented accuracy bound.
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <random>
+#include <thread>
 
+#include "kvforge/ops.hpp"
 #include "kvforge/quant_chunks.hpp"
 #include "quant_reference.hpp"
 
@@ -156,6 +161,163 @@ TEST(ChunkedQuantizer, CoversEveryElementOnceAndMatchesTheReference) {
   check_chunked_quantizer<int8_t, bf16, 2, 512>(DType::i8, 4);       // 64 chunks: two per lane
   check_chunked_quantizer<int8_t, float, 7, 64>(DType::i8, 5);       // 16 chunks of 4 floats, 7 heads
   check_chunked_quantizer<int8_t, bf16, 1, 8>(DType::i8, 6);         // one chunk, one lane
+}
+
+// The lanes of one CUDA item, emulated on host threads: each runs the same code with its own lane
+// number, and they meet at every lane_max as a warp's lanes meet at a shuffle. A lane that skips a
+// reduction the others reach (divergence, which a shuffle would not survive) fails the test rather
+// than hanging it.
+class EmulatedLanes {
+ public:
+  template <class F> static bool run(int lanes, F lane_body) {
+    EmulatedLanes group(lanes);
+    std::vector<std::thread> threads;
+    for (int lane = 0; lane < lanes; ++lane)
+      threads.emplace_back([&group, &lane_body, lane] {
+        current() = &group;
+        lane_id() = lane;
+        lane_body(lane);
+        group.leave();
+      });
+    for (std::thread& t : threads) t.join();
+    return !group.diverged_;
+  }
+  // The maximum over the aligned group of `group_lanes` lanes this lane belongs to.
+  static uint32_t group_max(int group_lanes, uint32_t value) {
+    EmulatedLanes& g = *current();
+    const int lane = lane_id();
+    g.values_[size_t(lane)] = value;
+    g.meet();
+    uint32_t m = 0;
+    for (int other = lane / group_lanes * group_lanes; other < (lane / group_lanes + 1) * group_lanes; ++other)
+      m = std::max(m, g.values_[size_t(other)]);
+    g.meet();
+    return m;
+  }
+
+ private:
+  explicit EmulatedLanes(int lanes) : lanes_(lanes), values_(size_t(lanes)) {}
+  static EmulatedLanes*& current() {
+    static thread_local EmulatedLanes* g = nullptr;
+    return g;
+  }
+  static int& lane_id() {
+    static thread_local int lane = 0;
+    return lane;
+  }
+  // Every lane still running arrives before any goes on; a lane that finished counts as diverged.
+  void meet() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == lanes_ - finished_) {
+      arrived_ = 0;
+      ++generation_;
+      wake_.notify_all();
+      return;
+    }
+    if (!wake_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != generation; })) diverged_ = true;
+  }
+  void leave() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++finished_;
+    if (arrived_ > 0) {
+      diverged_ = true;  // some lanes wait at a reduction this lane never reached
+      arrived_ = 0;
+      ++generation_;
+      wake_.notify_all();
+    }
+  }
+  int lanes_, arrived_ = 0, finished_ = 0;
+  uint64_t generation_ = 0;
+  bool diverged_ = false;
+  std::vector<uint32_t> values_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+};
+
+// The executor facts ops.hpp's quantized write reads, with lane_max over emulated lanes.
+struct EmulatedCudaExec {
+  static constexpr int kTileItems = 1;
+  static constexpr bool kChunkedQuant = true;
+  template <int Lanes, int Group = Lanes> static uint32_t lane_max(uint32_t value) {
+    return EmulatedLanes::group_max(Group, value);
+  }
+  static constexpr int row_begin(int lane) { return lane; }
+  static constexpr int row_step(int lanes) { return lanes; }
+};
+
+// A quantized layout of any shape, as a spec could give it (ops.hpp reads these members).
+template <class Store, class In, class ScaleT, Quant Q, int H, int D> struct ChunkedTraits {
+  using storage_t = Store;
+  using input_t = In;
+  using scale_t = ScaleT;
+  static constexpr int heads = H, head_dim = D, page_size = 0, window = 0;
+  static constexpr Addressing addressing = Addressing::contiguous;
+  static constexpr Axis axes[] = {Axis::row, Axis::seq, Axis::head, Axis::dim};
+  static constexpr Quant quant = Q;
+};
+
+// One token through the CUDA write's quantizer (Ops::quantize_token_chunked, as its item body calls
+// it) and back through its gather (dequantize_token_chunked), its lanes emulated, against the
+// reference quantizer: codes, every stored scale, and the values read back.
+template <class Traits> void check_chunked_token(DType storage, DType input, DType scale_dtype, uint32_t seed) {
+  using O = detail::Ops<Traits, EmulatedCudaExec>;
+  using Store = typename Traits::storage_t;
+  using In = typename Traits::input_t;
+  using Scale = typename Traits::scale_t;
+  constexpr int H = Traits::heads, D = Traits::head_dim;
+  static_assert(O::kChunkedQuant);
+  VariantDescriptor d{};
+  d.heads = H, d.head_dim = D, d.storage = storage, d.input = input, d.quant = Traits::quant, d.scale = scale_dtype;
+  std::mt19937 rng(seed);
+  std::vector<In> x(static_cast<size_t>(H) * D);
+  std::vector<float> xf(x.size());
+  for (size_t e = 0; e < x.size(); ++e) {
+    // Heads of different magnitudes, so that per-head and per-token scales differ.
+    const float value = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), int(e / D % 5) - 2);
+    x[e] = from_float<In>(e == 3 ? NAN : value);
+    xf[e] = to_float(x[e]);
+  }
+  const float tensor_scale = 0.03125f;
+  std::vector<Store> codes(x.size());
+  std::vector<Scale> scales(static_cast<size_t>(H), from_float<Scale>(Traits::quant == Quant::per_tensor ? tensor_scale : -1.0f));
+  const bool converged = EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
+    typename O::ChunkRegs regs{};  // chunks past the row stay unread, as on the device
+    if constexpr (O::Chunks::kPreload) O::load_chunks(regs, x.data(), D, lane, 0);
+    O::quantize_token_chunked(regs, codes.data(), D, scales.data(), 1, x.data(), D, lane);
+  });
+  ASSERT_TRUE(converged) << "the lanes did not all reach the same reductions";
+  const RefToken want = ref_quantize(d, xf, tensor_scale);
+  const int stored_scales = Traits::quant == Quant::per_token_head ? H : 1;
+  for (int h = 0; h < stored_scales; ++h) ASSERT_EQ(to_float(scales[size_t(h)]), want.scales[size_t(h)]) << "scale " << h;
+  for (size_t e = 0; e < x.size(); ++e) ASSERT_EQ(code_byte(codes[e]), want.codes[e]) << "element " << e;
+  // And back, as the CUDA gather reads it: the token's K from `codes`, its V from a second copy.
+  std::vector<Store> both(codes);
+  both.insert(both.end(), codes.begin(), codes.end());
+  std::vector<In> k_out(x.size()), v_out(x.size());
+  const Scale* scale = scales.data();
+  ASSERT_TRUE(EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
+    O::dequantize_token_chunked(k_out.data(), D, v_out.data(), D, both.data(), D, int64_t(x.size()), scale, scale,
+                                Traits::quant == Quant::per_token_head ? 1 : 0, lane);
+  }));
+  for (size_t e = 0; e < x.size(); ++e) {
+    ASSERT_TRUE(same_float(to_float(k_out[e]), want.gathered[e])) << "K element " << e;
+    ASSERT_TRUE(same_float(to_float(v_out[e]), want.gathered[e])) << "V element " << e;
+  }
+}
+
+TEST(ChunkedQuantizer, TokenAcrossEmulatedLanesMatchesTheReference) {
+  // Two heads a pass, all loads first (llama3-8b's shape), in each granularity.
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 8, 128>>(DType::i8, DType::bf16, DType::f32, 1);
+  check_chunked_token<ChunkedTraits<int8_t, bf16, bf16, Quant::per_token_head, 8, 128>>(DType::i8, DType::bf16, DType::bf16, 2);
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, float, Quant::per_tensor, 8, 128>>(DType::f8e4m3, DType::bf16, DType::f32, 3);
+  // Too many chunks to hold: a pass at a time, and a per-token scale's two sweeps.
+  check_chunked_token<ChunkedTraits<int8_t, float, float, Quant::per_token, 8, 128>>(DType::i8, DType::f32, DType::f32, 4);
+  check_chunked_token<ChunkedTraits<fp8_e5m2, fp16, float, Quant::per_token_head, 6, 256>>(DType::f8e5m2, DType::f16, DType::f32, 5);
+  // Two chunks a lane, uneven lanes (12 chunks over 8), and a last pass half empty (7 heads).
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token_head, 2, 512>>(DType::i8, DType::bf16, DType::f32, 6);
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, bf16, Quant::per_token, 5, 96>>(DType::f8e4m3, DType::bf16, DType::bf16, 7);
+  check_chunked_token<ChunkedTraits<int8_t, fp16, float, Quant::per_token_head, 7, 64>>(DType::i8, DType::f16, DType::f32, 8);
 }
 
 std::vector<Case> quantized_cases() {

@@ -232,23 +232,21 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
   }
 
   if constexpr (lazy) {
-    check_indices(checks);
+    // One operation stages the tokens and their targets, after the targets' checks.
     const int64_t first = int64_t(layer) * staged_capacity_ + staged_[layer];
     const int64_t row_elems = int64_t(heads()) * head_dim();
     detail::StageArgs<input_t> s{detail::rows3<const input_t>(k), detail::rows3<const input_t>(v),
                                  stage_k_.as<input_t>() + first * row_elems,
                                  stage_v_.as<input_t>() + first * row_elems, tokens, status()};
     s.ext = extents();
-    ops_->stage(launch(), s);
     if constexpr (addressing == Addressing::paged) {
-      backend_->copy(stage_slots_.as<int64_t>() + first, targets.slots.data, tokens * int64_t(sizeof(int64_t)),
-                     config_.stream);
+      s.targets = {static_cast<const int64_t*>(targets.slots.data), stage_slots_.as<int64_t>() + first};
     } else {
-      backend_->copy(stage_rows_.as<int32_t>() + first, targets.rows.data, tokens * int64_t(sizeof(int32_t)),
-                     config_.stream);
-      backend_->copy(stage_positions_.as<int32_t>() + first, targets.positions.data,
-                     tokens * int64_t(sizeof(int32_t)), config_.stream);
+      s.targets = {nullptr, nullptr, static_cast<const int32_t*>(targets.rows.data), stage_rows_.as<int32_t>() + first,
+                   static_cast<const int32_t*>(targets.positions.data), stage_positions_.as<int32_t>() + first};
     }
+    s.checks = checks;
+    ops_->stage(launch(), s);
     staged_[layer] += tokens;
   } else {
     detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),

@@ -91,6 +91,16 @@ template <class Store, class In> struct WriteArgs {
   IndexChecks checks = {};  // the targets' bounds, run by the operation before it writes
 };
 
+// A token's targets, copied beside it into staging: slots (paged), or rows and positions.
+struct StagedTargets {
+  const int64_t* slots = nullptr;  // [tokens]
+  int64_t* slots_stage = nullptr;
+  const int32_t* rows = nullptr;  // [tokens]
+  int32_t* rows_stage = nullptr;
+  const int32_t* positions = nullptr;  // [tokens]
+  int32_t* positions_stage = nullptr;
+};
+
 template <class In> struct StageArgs {
   Rows3<const In> k_in, v_in;
   In* k_stage;  // [tokens, heads, head_dim], contiguous
@@ -98,6 +108,8 @@ template <class In> struct StageArgs {
   int64_t tokens;
   const DeviceStatus* status;
   Extents ext = {};  // read by runtime-sized traits only
+  StagedTargets targets = {};
+  IndexChecks checks = {};  // the targets' bounds, run by the operation before it stages anything
 };
 
 template <class Store, class In> struct GatherArgs {

@@ -138,7 +138,7 @@ template <class Traits, class Exec> struct Ops {
   // (quant_chunks.hpp), with the lanes that layout asks for; the CPU takes whole rows.
   using Chunks = QuantChunks<Store, In, H, D>;
   static constexpr bool kChunkedQuant = Exec::kChunkedQuant && kQuantized && !kRuntime && Chunks::kUsable;
-  static constexpr int kWriteLanes = kChunkedQuant ? Chunks::L : kLanes;
+  static constexpr int kTokenLanes = kChunkedQuant ? Chunks::L : kLanes;  // lanes of a token of write or gather
   static constexpr int kChunkPasses = Chunks::kPreload ? Chunks::Q : 1;  // passes one lane holds at once
   using ChunkRegs = Vec16[kChunkPasses][Chunks::K];
   // The most tokens one work item of write and gather takes when it walks a tile head by head
@@ -195,14 +195,14 @@ template <class Traits, class Exec> struct Ops {
         const uint32_t b = row_amax<D, Exec>(src + h * src_head, lane, lanes);
         m = m > b ? m : b;
       }
-      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kWriteLanes>(m));
+      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kTokenLanes>(m));
       if (lane == 0) *scale = stored;
       const float s = to_float(stored);
       for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
     } else {
       for (int h = 0; h < H; ++h) {
         const Scale stored =
-            dynamic_scale<Store, Scale>(Exec::template lane_max<kWriteLanes>(row_amax<D, Exec>(src + h * src_head, lane, lanes)));
+            dynamic_scale<Store, Scale>(Exec::template lane_max<kTokenLanes>(row_amax<D, Exec>(src + h * src_head, lane, lanes)));
         if (lane == 0) scale[h * scale_head] = stored;
         encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, to_float(stored), lane, lanes);
       }
@@ -274,6 +274,39 @@ template <class Traits, class Exec> struct Ops {
           if (Chunks::chunk_at(lane, first + r, k, h, c)) Chunks::encode(dst, dst_head, h, c, regs[r][k], s);
         }
       }
+    }
+  }
+
+  // A token's K and V codes back to values in 16-byte chunks (the CUDA gather): every code chunk of K
+  // and of V this lane holds is loaded before any value is stored, a pass at a time where they do not
+  // all fit.
+  KVF_HD static KVF_INLINE void dequantize_token_chunked(In* k_out, int64_t k_head, In* v_out, int64_t v_head,
+                                                         const Store* codes, int64_t code_head, int64_t code_kv,
+                                                         const Scale* k_scale, const Scale* v_scale, int64_t scale_head,
+                                                         int lane) {
+    using Codes = typename Chunks::Codes;
+    for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
+      Codes held[2][kChunkPasses][Chunks::K];
+      KVF_UNROLL
+      for (int r = 0; r < kChunkPasses; ++r)
+        KVF_UNROLL
+        for (int k = 0; k < Chunks::K; ++k) {
+          int h, c;
+          if (Chunks::chunk_at(lane, first + r, k, h, c)) {
+            held[0][r][k] = Chunks::load_codes(codes, code_head, h, c);
+            held[1][r][k] = Chunks::load_codes(codes + code_kv, code_head, h, c);
+          }
+        }
+      KVF_UNROLL
+      for (int r = 0; r < kChunkPasses; ++r)
+        KVF_UNROLL
+        for (int k = 0; k < Chunks::K; ++k) {
+          int h, c;
+          if (Chunks::chunk_at(lane, first + r, k, h, c)) {
+            Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[h * scale_head]));
+            Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[h * scale_head]));
+          }
+        }
     }
   }
 
@@ -360,7 +393,7 @@ template <class Traits, class Exec> struct Ops {
         return;
       }
     }
-    ex.for_each_item(items, Fixed<kWriteLanes>{}, item_bytes(a.ext), [a, scan_ring] KVF_HD(int64_t i, int lane, int lanes) {
+    ex.for_each_item(items, Fixed<kTokenLanes>{}, item_bytes(a.ext), [a, scan_ring] KVF_HD(int64_t i, int lane, int lanes) {
       if (a.status->code) return;
       int64_t unit, slot;
       int layer;
@@ -463,19 +496,27 @@ template <class Traits, class Exec> struct Ops {
       }
   }
 
+  // A lazy append: the tokens and their targets into staging, for commit() to write.
   static void stage(const Exec& ex, const StageArgs<In>& a) {
     constexpr int lanes_per_token = kRuntime ? 1 : item_lanes<In, H, D>();
-    ex.for_each_item(a.tokens, Fixed<lanes_per_token>{}, item_bytes<In>(a.ext),
-                     [a] KVF_HD(int64_t t, int lane, int lanes) {
-                       if (a.status->code) return;
-                       const auto h = heads(a.ext);
-      const auto d = head_dim(a.ext);
-                       const int64_t row = int64_t(int(h)) * int(d);
-                       Exec::copy_heads(a.k_stage + t * row, int(d), a.k_in.data + t * a.k_in.token_stride,
-                                        a.k_in.head_stride, h, d, lane, lanes);
-                       Exec::copy_heads(a.v_stage + t * row, int(d), a.v_in.data + t * a.v_in.token_stride,
-                                        a.v_in.head_stride, h, d, lane, lanes);
-                     });
+    ex.for_each_item(
+        a.tokens, Fixed<lanes_per_token>{}, item_bytes<In>(a.ext),
+        [a] KVF_HD(int64_t t, int lane, int lanes) {
+          if (a.status->code) return;
+          const auto h = heads(a.ext);
+          const auto d = head_dim(a.ext);
+          const int64_t row = int64_t(int(h)) * int(d);
+          Exec::copy_heads(a.k_stage + t * row, int(d), a.k_in.data + t * a.k_in.token_stride, a.k_in.head_stride, h,
+                           d, lane, lanes);
+          Exec::copy_heads(a.v_stage + t * row, int(d), a.v_in.data + t * a.v_in.token_stride, a.v_in.head_stride, h,
+                           d, lane, lanes);
+          if (lane != 0) return;
+          const StagedTargets& to = a.targets;
+          if (to.slots) to.slots_stage[t] = to.slots[t];
+          if (to.rows) to.rows_stage[t] = to.rows[t];
+          if (to.positions) to.positions_stage[t] = to.positions[t];
+        },
+        a.checks);
   }
 
   static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
@@ -534,11 +575,22 @@ template <class Traits, class Exec> struct Ops {
         return;
       }
     }
-    ex.for_each_item(a.count, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
+    ex.for_each_item(a.count, Fixed<kTokenLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
       if (a.status->code) return;
       int64_t unit, slot;
       locate_position(a.ext, a.row, a.pages, a.begin + j, unit, slot);
       const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
+      if constexpr (kChunkedQuant) {
+        In* k_out = a.k.data + j * a.k.token_stride;
+        In* v_out = a.v.data + j * a.v.token_stride;
+        if (Chunks::aligned_codes(src, a.s.head, k_out, a.k.head_stride) &&
+            Chunks::aligned_codes(src + a.s.kv, a.s.head, v_out, a.v.head_stride)) {
+          dequantize_token_chunked(k_out, a.k.head_stride, v_out, a.v.head_stride, src, a.s.head, a.s.kv,
+                                   scale_at(a.scales, a.layer, 0, unit, slot), scale_at(a.scales, a.layer, 1, unit, slot),
+                                   a.scales.s.head, lane);
+          return;
+        }
+      }
       if constexpr (kQuantized) {
         const Rows3<In> out[2] = {a.k, a.v};
         for (int kv = 0; kv < 2; ++kv) {

@@ -1,5 +1,6 @@
-// How a CUDA item quantizes one token's K or V in 16-byte chunks of input: the lanes' share of the
-// chunks, and the per-chunk steps (load, amax, encode and a packed store). The rules themselves are
+// How a CUDA item quantizes one token's K or V in 16-byte chunks of input, and dequantizes it back: the
+// lanes' share of the chunks, and the per-chunk steps (load, amax, encode and a packed store; a packed
+// load and decode into a 16-byte store). The rules themselves are
 // quant.hpp's; this is only the access pattern, which the CUDA executor's write runs
 // (ops.hpp, quantize_token_chunked) and tests/test_quant.cpp checks lane by lane on the host.
 //
@@ -88,11 +89,45 @@ template <class Store, class In, int H, int D> struct QuantChunks {
     return m;
   }
 
+  // One chunk's codes as stored: kCodeBytes, moved in one access.
+  struct alignas(kCodeBytes) Codes {
+    Store code[V];
+  };
+
+  // Whether a token's codes and its output rows allow whole-chunk loads and 16-byte stores (a gather).
+  KVF_HD static KVF_INLINE bool aligned_codes(const Store* src, int64_t src_head, const In* dst, int64_t dst_head) {
+    return aligned(dst, dst_head, src, src_head);
+  }
+
+  KVF_HD static KVF_INLINE Codes load_codes(const Store* src, int64_t src_head, int h, int c) {
+    const Store* at = src + h * src_head + c * V;
+#if defined(__CUDA_ARCH__)
+    return *reinterpret_cast<const Codes*>(at);
+#else
+    Codes codes;
+    std::memcpy(&codes, at, sizeof codes);
+    return codes;
+#endif
+  }
+
+  // One chunk's values, code * scale rounded to the input dtype, stored in one 16-byte access.
+  KVF_HD static KVF_INLINE void decode(In* dst, int64_t dst_head, int h, int c, const Codes& codes, float scale) {
+    struct alignas(16) Values {
+      In x[V];
+    } out;
+    KVF_UNROLL
+    for (int i = 0; i < V; ++i) out.x[i] = from_float<In>(Codec<Store>::decode(codes.code[i]) * scale);
+    In* at = dst + h * dst_head + c * V;
+#if defined(__CUDA_ARCH__)
+    *reinterpret_cast<Values*>(at) = out;
+#else
+    std::memcpy(at, &out, sizeof out);
+#endif
+  }
+
   // One chunk's codes, stored in one access of kCodeBytes.
   KVF_HD static KVF_INLINE void encode(Store* dst, int64_t dst_head, int h, int c, const Vec16& chunk, float scale) {
-    struct alignas(kCodeBytes) Codes {
-      Store code[V];
-    } out;
+    Codes out;
     In x[V];
     std::memcpy(x, &chunk, sizeof x);
     KVF_UNROLL
