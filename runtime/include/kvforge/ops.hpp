@@ -211,26 +211,17 @@ template <class Traits, class Exec> struct Ops {
 
   // A lane's chunks of passes [first, first + kChunkPasses) of one token's K or V.
   KVF_HD static KVF_INLINE void load_chunks(ChunkRegs& regs, const In* src, int64_t src_head, int lane, int first) {
-    KVF_UNROLL
-    for (int r = 0; r < kChunkPasses; ++r)
-      KVF_UNROLL
-      for (int k = 0; k < Chunks::K; ++k) {
-        int h, c;
-        if (Chunks::chunk_at(lane, first + r, k, h, c)) regs[r][k] = Chunks::load(src, src_head, h, c);
-      }
+    Chunks::template for_each_chunk<kChunkPasses>(
+        lane, first, [&](int r, int k, int h, int c) { regs[r][k] = Chunks::load(src, src_head, h, c); });
   }
 
-  // The largest magnitude among a lane's chunks of pass `first + r` (in-range chunks only).
+  // The largest magnitude among a lane's chunks of pass `first + r`.
   KVF_HD static KVF_INLINE uint32_t chunks_amax(const ChunkRegs& regs, int lane, int first, int r) {
     uint32_t m = 0;
-    KVF_UNROLL
-    for (int k = 0; k < Chunks::K; ++k) {
-      int h, c;
-      if (Chunks::chunk_at(lane, first + r, k, h, c)) {
-        const uint32_t b = Chunks::amax(regs[r][k]);
-        m = m > b ? m : b;
-      }
-    }
+    Chunks::template for_each_chunk<1>(lane, first + r, [&](int, int k, int, int) {
+      const uint32_t b = Chunks::amax(regs[r][k]);
+      m = m > b ? m : b;
+    });
     return m;
   }
 
@@ -268,11 +259,9 @@ template <class Traits, class Exec> struct Ops {
           if (lane % Chunks::Lh == 0 && h < H) scale[h * scale_head] = stored;
           s = to_float(stored);
         }
-        KVF_UNROLL
-        for (int k = 0; k < Chunks::K; ++k) {
-          int h, c;
-          if (Chunks::chunk_at(lane, first + r, k, h, c)) Chunks::encode(dst, dst_head, h, c, regs[r][k], s);
-        }
+        Chunks::template for_each_chunk<1>(lane, first + r, [&](int, int k, int h, int c) {
+          Chunks::encode(dst, dst_head, h, c, regs[r][k], s);
+        });
       }
     }
   }
@@ -287,26 +276,14 @@ template <class Traits, class Exec> struct Ops {
     using Codes = typename Chunks::Codes;
     for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
       Codes held[2][kChunkPasses][Chunks::K];
-      KVF_UNROLL
-      for (int r = 0; r < kChunkPasses; ++r)
-        KVF_UNROLL
-        for (int k = 0; k < Chunks::K; ++k) {
-          int h, c;
-          if (Chunks::chunk_at(lane, first + r, k, h, c)) {
-            held[0][r][k] = Chunks::load_codes(codes, code_head, h, c);
-            held[1][r][k] = Chunks::load_codes(codes + code_kv, code_head, h, c);
-          }
-        }
-      KVF_UNROLL
-      for (int r = 0; r < kChunkPasses; ++r)
-        KVF_UNROLL
-        for (int k = 0; k < Chunks::K; ++k) {
-          int h, c;
-          if (Chunks::chunk_at(lane, first + r, k, h, c)) {
-            Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[h * scale_head]));
-            Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[h * scale_head]));
-          }
-        }
+      Chunks::template for_each_chunk<kChunkPasses>(lane, first, [&](int r, int k, int h, int c) {
+        held[0][r][k] = Chunks::load_codes(codes, code_head, h, c);
+        held[1][r][k] = Chunks::load_codes(codes + code_kv, code_head, h, c);
+      });
+      Chunks::template for_each_chunk<kChunkPasses>(lane, first, [&](int r, int k, int h, int c) {
+        Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[h * scale_head]));
+        Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[h * scale_head]));
+      });
     }
   }
 

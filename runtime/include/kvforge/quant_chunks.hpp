@@ -64,35 +64,71 @@ template <class Store, class In, int H, int D> struct QuantChunks {
            reinterpret_cast<uintptr_t>(dst) % kCodeBytes == 0 && (dst_head * int64_t(sizeof(Store))) % kCodeBytes == 0;
   }
 
-  // Loads and stores are single vector accesses on the device; the host (tests) copies bytes, which
+  // f(r, k, h, c) for every chunk `lane` holds in passes [first, first + Passes): its r-th pass there,
+  // its k-th chunk of that pass's head h, chunk c of the head's row.
+  template <int Passes, class F> KVF_HD static KVF_INLINE void for_each_chunk(int lane, int first, F f) {
+    KVF_UNROLL
+    for (int r = 0; r < Passes; ++r)
+      KVF_UNROLL
+      for (int k = 0; k < K; ++k) {
+        int h, c;
+        if (chunk_at(lane, first + r, k, h, c)) f(r, k, h, c);
+      }
+  }
+
+  // One whole chunk at `at`, in one vector access on the device; the host (tests) copies bytes, which
   // its compiler's aliasing rules need.
-  KVF_HD static KVF_INLINE Vec16 load(const In* src, int64_t src_head, int h, int c) {
-    const In* at = src + h * src_head + c * V;
+  template <class Chunk, class E> KVF_HD static KVF_INLINE Chunk load_chunk(const E* at) {
 #if defined(__CUDA_ARCH__)
-    return *reinterpret_cast<const Vec16*>(at);
+    return *reinterpret_cast<const Chunk*>(at);
 #else
-    Vec16 chunk;
+    Chunk chunk;
     std::memcpy(&chunk, at, sizeof chunk);
     return chunk;
 #endif
   }
+  template <class Chunk, class E> KVF_HD static KVF_INLINE void store_chunk(E* at, const Chunk& chunk) {
+#if defined(__CUDA_ARCH__)
+    *reinterpret_cast<Chunk*>(at) = chunk;
+#else
+    std::memcpy(at, &chunk, sizeof chunk);
+#endif
+  }
+
+  // One chunk's inputs, and its codes as stored (kCodeBytes, moved in one access).
+  struct alignas(16) Inputs {
+    In x[V];
+  };
+  struct alignas(kCodeBytes) Codes {
+    Store code[V];
+  };
+  static_assert(sizeof(Inputs) == 16 && sizeof(Vec16) == 16);
+
+  KVF_HD static KVF_INLINE Vec16 load(const In* src, int64_t src_head, int h, int c) {
+    return load_chunk<Vec16>(src + h * src_head + c * V);
+  }
 
   KVF_HD static KVF_INLINE uint32_t amax(const Vec16& chunk) {
-    In x[V];
-    std::memcpy(x, &chunk, sizeof x);
+    Inputs in;
+    std::memcpy(&in, &chunk, sizeof in);
     uint32_t m = 0;
     KVF_UNROLL
     for (int i = 0; i < V; ++i) {
-      const uint32_t b = magnitude_bits(to_float(x[i]));
+      const uint32_t b = magnitude_bits(to_float(in.x[i]));
       m = m > b ? m : b;
     }
     return m;
   }
 
-  // One chunk's codes as stored: kCodeBytes, moved in one access.
-  struct alignas(kCodeBytes) Codes {
-    Store code[V];
-  };
+  // One chunk's codes, stored in one access of kCodeBytes.
+  KVF_HD static KVF_INLINE void encode(Store* dst, int64_t dst_head, int h, int c, const Vec16& chunk, float scale) {
+    Inputs in;
+    std::memcpy(&in, &chunk, sizeof in);
+    Codes out;
+    KVF_UNROLL
+    for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(to_float(in.x[i]) / scale);
+    store_chunk(dst + h * dst_head + c * V, out);
+  }
 
   // Whether a token's codes and its output rows allow whole-chunk loads and 16-byte stores (a gather).
   KVF_HD static KVF_INLINE bool aligned_codes(const Store* src, int64_t src_head, const In* dst, int64_t dst_head) {
@@ -100,44 +136,15 @@ template <class Store, class In, int H, int D> struct QuantChunks {
   }
 
   KVF_HD static KVF_INLINE Codes load_codes(const Store* src, int64_t src_head, int h, int c) {
-    const Store* at = src + h * src_head + c * V;
-#if defined(__CUDA_ARCH__)
-    return *reinterpret_cast<const Codes*>(at);
-#else
-    Codes codes;
-    std::memcpy(&codes, at, sizeof codes);
-    return codes;
-#endif
+    return load_chunk<Codes>(src + h * src_head + c * V);
   }
 
   // One chunk's values, code * scale rounded to the input dtype, stored in one 16-byte access.
   KVF_HD static KVF_INLINE void decode(In* dst, int64_t dst_head, int h, int c, const Codes& codes, float scale) {
-    struct alignas(16) Values {
-      In x[V];
-    } out;
+    Inputs out;
     KVF_UNROLL
     for (int i = 0; i < V; ++i) out.x[i] = from_float<In>(Codec<Store>::decode(codes.code[i]) * scale);
-    In* at = dst + h * dst_head + c * V;
-#if defined(__CUDA_ARCH__)
-    *reinterpret_cast<Values*>(at) = out;
-#else
-    std::memcpy(at, &out, sizeof out);
-#endif
-  }
-
-  // One chunk's codes, stored in one access of kCodeBytes.
-  KVF_HD static KVF_INLINE void encode(Store* dst, int64_t dst_head, int h, int c, const Vec16& chunk, float scale) {
-    Codes out;
-    In x[V];
-    std::memcpy(x, &chunk, sizeof x);
-    KVF_UNROLL
-    for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(to_float(x[i]) / scale);
-    Store* at = dst + h * dst_head + c * V;
-#if defined(__CUDA_ARCH__)
-    *reinterpret_cast<Codes*>(at) = out;
-#else
-    std::memcpy(at, &out, sizeof out);
-#endif
+    store_chunk(dst + h * dst_head + c * V, out);
   }
 };
 
