@@ -274,8 +274,9 @@ template <class Traits> void TypedCache<Traits>::commit() {
   if constexpr (lazy) {
     // One launch covers every layer, over as many tokens as the fullest layer staged: entries past a
     // layer's own count hold target -1 and are skipped. The shape follows the step's token counts, as
-    // an append's does, so a captured step replays with the same one. (Launching over all of the
-    // staging, sized for a prefill, made a decode step's commit 30x slower on an H200.)
+    // an append's does, so a captured step replays with the same one. A decode step then skips the
+    // padding of a staging sized for prefills (on an H200 the whole step did not change measurably:
+    // bench/RESULTS.md, section 6).
     const int64_t staged = *std::max_element(staged_.begin(), staged_.end());
     if (staged == 0) return;
     const int64_t row_elems = int64_t(heads()) * head_dim();
