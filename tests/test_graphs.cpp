@@ -220,54 +220,64 @@ INSTANTIATE_TEST_SUITE_P(Tiny, Graphs, testing::ValuesIn(tiny_variants()), varia
 // A ring gather checks its range against the row's length on the device (so that it can be captured):
 // a range that left the window is refused at synchronize(), naming the range.
 // A bad target refuses the whole append on the device, whether its checks ran inside the append's one
-// launch (a decode step's few tokens) or in launches of their own (more than 256): synchronize()
-// names the argument and the element, and the cache holds the same bytes and lengths as before.
+// launch (a decode step's few tokens) or in a launch of their own (more than 256, every index array in
+// it): synchronize() names the argument and the element, and the cache holds the same bytes and
+// lengths as before. A good append queued behind the refused one writes nothing either (the status
+// word halts it), and a row layout's bad position (its second index array) is caught as its bad row is.
 TEST(DeviceChecks, CudaBadTargetWritesNothingInOneLaunchOrSeveral) {
   KVTEST_REQUIRE_DEVICE(Device::cuda);
   int checked = 0;
   for (const VariantEntry* e : tiny_variants()) {
     const VariantDescriptor& d = *e->descriptor;
     if (d.update != UpdateMode::eager) continue;
-    for (int64_t tokens : {int64_t(8), int64_t(300)}) {
-      SCOPED_TRACE(std::string(d.name) + ", " + std::to_string(tokens) + " tokens");
-      CacheConfig c;
-      c.device = Device::cuda;
-      c.rows = 2;
-      c.pages = (tokens + d.page_size - 1) / std::max(d.page_size, 1) + 1;
-      auto cache = e->create(c);
-      if (d.quant == Quant::per_tensor)
-        for (int l = 0; l < d.layers; ++l) cache->set_tensor_scale(l, 0.5f, 0.25f);
-      const std::vector<unsigned char> before = held_bytes(*cache);
-      Arena a(Device::cuda);
-      std::vector<unsigned char> values(static_cast<size_t>(tokens * d.heads * d.head_dim * dtype_size(d.input)), 0x3c);
-      const TensorView k = TensorView::contiguous(a.put(values), d.input, Device::cuda, tokens, d.heads, d.head_dim);
-      const TensorView v = TensorView::contiguous(a.put(values), d.input, Device::cuda, tokens, d.heads, d.head_dim);
-      std::vector<int64_t> slots;
-      std::vector<int32_t> rows, positions;
-      for (int64_t t = 0; t < tokens; ++t) {
-        slots.push_back(t);
-        rows.push_back(0);
-        positions.push_back(int32_t(t % std::max<int64_t>(1, std::min<int64_t>(d.max_seq_len, 64))));
+    const std::vector<std::string> bad_arrays =
+        d.paged() ? std::vector<std::string>{"targets.slots"} : std::vector<std::string>{"targets.rows", "targets.positions"};
+    for (const std::string& bad : bad_arrays)
+      for (int64_t tokens : {int64_t(8), int64_t(300)}) {
+        SCOPED_TRACE(std::string(d.name) + ", " + std::to_string(tokens) + " tokens, bad " + bad);
+        CacheConfig c;
+        c.device = Device::cuda;
+        c.rows = 2;
+        c.pages = (tokens + d.page_size - 1) / std::max(d.page_size, 1) + 1;
+        auto cache = e->create(c);
+        if (d.quant == Quant::per_tensor)
+          for (int l = 0; l < d.layers; ++l) cache->set_tensor_scale(l, 0.5f, 0.25f);
+        const std::vector<unsigned char> before = held_bytes(*cache);
+        Arena a(Device::cuda);
+        std::vector<unsigned char> values(static_cast<size_t>(tokens * d.heads * d.head_dim * dtype_size(d.input)), 0x3c);
+        const TensorView k = TensorView::contiguous(a.put(values), d.input, Device::cuda, tokens, d.heads, d.head_dim);
+        const TensorView v = TensorView::contiguous(a.put(values), d.input, Device::cuda, tokens, d.heads, d.head_dim);
+        std::vector<int64_t> slots;
+        std::vector<int32_t> rows, positions;
+        for (int64_t t = 0; t < tokens; ++t) {
+          slots.push_back(t);
+          rows.push_back(0);
+          positions.push_back(int32_t(t % std::max<int64_t>(1, std::min<int64_t>(d.max_seq_len, 64))));
+        }
+        const TokenTargets good = d.paged() ? TokenTargets::paged(a.index(slots))
+                                            : TokenTargets::row_positions(a.index(rows), a.index(positions));
+        // The last token's target is out of range: one past the pool's slots, one past the rows, or a
+        // negative position other than the padding mark.
+        if (bad == "targets.slots") slots.back() = c.pages * d.page_size;
+        if (bad == "targets.rows") rows.back() = int32_t(c.rows);
+        if (bad == "targets.positions") positions.back() = -2;
+        const TokenTargets targets = d.paged() ? TokenTargets::paged(a.index(slots))
+                                               : TokenTargets::row_positions(a.index(rows), a.index(positions));
+        cache->append(0, k, v, targets);
+        cache->append(0, k, v, good);
+        try {
+          cache->synchronize();
+          ADD_FAILURE() << "a bad target was not refused";
+        } catch (const OutOfRangeError& err) {
+          EXPECT_EQ(err.argument(), bad) << err.what();
+          EXPECT_EQ(err.index(), tokens - 1) << err.what();
+        }
+        EXPECT_TRUE(held_bytes(*cache) == before) << "a refused append, or one queued after it, wrote into the cache";
+        if (!d.paged()) {
+          EXPECT_EQ(cache->row_length(0), 0);
+        }
+        ++checked;
       }
-      // The last token's target is out of range: one past the pool's slots, or one past the rows.
-      if (d.paged()) slots.back() = c.pages * d.page_size;
-      else rows.back() = int32_t(c.rows);
-      const TokenTargets targets = d.paged() ? TokenTargets::paged(a.index(slots))
-                                             : TokenTargets::row_positions(a.index(rows), a.index(positions));
-      cache->append(0, k, v, targets);
-      try {
-        cache->synchronize();
-        ADD_FAILURE() << "a bad target was not refused";
-      } catch (const OutOfRangeError& err) {
-        EXPECT_EQ(err.argument(), d.paged() ? "targets.slots" : "targets.rows") << err.what();
-        EXPECT_EQ(err.index(), tokens - 1) << err.what();
-      }
-      EXPECT_TRUE(held_bytes(*cache) == before) << "a refused append wrote into the cache";
-      if (!d.paged()) {
-        EXPECT_EQ(cache->row_length(0), 0);
-      }
-      ++checked;
-    }
   }
   EXPECT_GT(checked, 0);
 }

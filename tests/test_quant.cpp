@@ -239,6 +239,7 @@ class EmulatedLanes {
 struct EmulatedCudaExec {
   static constexpr int kTileItems = 1;
   static constexpr bool kChunkedQuant = true;
+  static constexpr bool kHoldsTokens = true;
   template <int Lanes, int Group = Lanes> static uint32_t lane_max(uint32_t value) {
     return EmulatedLanes::group_max(Group, value);
   }

@@ -21,20 +21,27 @@ void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw_cuda_error(err, what);
 }
 
-// The checks of calls too long to check inside their own launch (CudaExec::for_each_item).
-__global__ void check_indices_kernel(IndexCheckArgs a) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count; i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t value;
-    if (!index_passes(a, i, value)) record_index_failure(a, i, value);
+// The checks of calls too long to check inside their own launch (CudaExec::for_each_item): all of
+// an operation's checks (a row layout's rows and positions) in one launch.
+__global__ void check_indices_kernel(IndexChecks checks) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int c = 0; c < checks.count; ++c) {
+    const IndexCheckArgs& a = checks.check[c];
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count; i += stride) {
+      int64_t value;
+      if (!index_passes(a, i, value)) record_index_failure(a, i, value);
+    }
   }
 }
 }  // namespace
 
-void check_indices_on_device(void* stream, const IndexCheckArgs& a) {
-  if (a.count <= 0) return;
+void check_indices_on_device(void* stream, const IndexChecks& checks) {
+  int64_t longest = 0;
+  for (int c = 0; c < checks.count; ++c) longest = checks.check[c].count > longest ? checks.check[c].count : longest;
+  if (longest <= 0) return;
   const int threads = 256;
-  const int64_t blocks = (a.count + threads - 1) / threads;
-  check_indices_kernel<<<unsigned(blocks < 1024 ? blocks : 1024), threads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  const int64_t blocks = (longest + threads - 1) / threads;
+  check_indices_kernel<<<unsigned(blocks < 1024 ? blocks : 1024), threads, 0, static_cast<cudaStream_t>(stream)>>>(checks);
   check(cudaGetLastError(), "index check launch");
 }
 }  // namespace detail

@@ -155,4 +155,8 @@ void check_indices_on_host(const IndexCheckArgs& a) {
   }
 }
 
+void check_indices_on_host(const IndexChecks& checks) {
+  for (int c = 0; c < checks.count; ++c) check_indices_on_host(checks.check[c]);
+}
+
 }  // namespace kvforge::detail

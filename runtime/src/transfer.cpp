@@ -266,7 +266,8 @@ void check_physical_range(const Cache& c, const GatherRange& range, int64_t toke
   if (d.paged()) {
     const int64_t pages = (tokens + d.page_size - 1) / d.page_size;
     detail::check_index_view("range.pages", range.pages, DType::i32, pages, c.config().device);
-    detail::check_indices_on_host({range.pages.data, false, pages, 0, capacity.pages, false, detail::kCheckPages, nullptr});
+    detail::check_indices_on_host(
+        detail::IndexCheckArgs{range.pages.data, false, pages, 0, capacity.pages, false, detail::kCheckPages, nullptr});
   } else {
     if (range.row < 0 || range.row >= capacity.rows) throw OutOfRangeError("range.row", range.row, 0, capacity.rows);
     if (tokens > capacity.positions)

@@ -121,7 +121,12 @@ template <class Traits> class TypedCache final : public Cache {
   Buffer status_;
   // Lazy staging: [layers, staged, heads, dim] K and V in the input dtype, and their targets.
   int64_t staged_capacity_ = 0;
-  Buffer stage_k_, stage_v_, stage_rows_, stage_positions_, stage_slots_;
+  // Staged targets, -1 where nothing is staged: slots (paged), or rows then positions, in one buffer so
+  // that a commit resets them all with one fill.
+  Buffer stage_k_, stage_v_, stage_targets_;
+  int64_t* staged_slots() const { return stage_targets_.as<int64_t>(); }
+  int32_t* staged_rows() const { return stage_targets_.as<int32_t>(); }
+  int32_t* staged_positions() const { return stage_targets_.as<int32_t>() + int64_t(layers()) * staged_capacity_; }
   std::vector<int64_t> staged_;
   // Reorder scratch, allocated on first use: one layer's rows.
   Buffer reorder_scratch_, scale_scratch_, length_scratch_;
@@ -160,15 +165,8 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config, Traits traits) : trait
     const int64_t tokens = int64_t(layers()) * staged_capacity_;
     stage_k_ = Buffer(*backend_, tokens * heads() * head_dim() * int64_t(sizeof(input_t)));
     stage_v_ = Buffer(*backend_, tokens * heads() * head_dim() * int64_t(sizeof(input_t)));
-    if (d.paged()) {
-      stage_slots_ = Buffer(*backend_, tokens * int64_t(sizeof(int64_t)));
-      backend_->fill(stage_slots_.data(), 0xff, stage_slots_.bytes(), config_.stream);
-    } else {
-      stage_rows_ = Buffer(*backend_, tokens * int64_t(sizeof(int32_t)));
-      stage_positions_ = Buffer(*backend_, tokens * int64_t(sizeof(int32_t)));
-      backend_->fill(stage_rows_.data(), 0xff, stage_rows_.bytes(), config_.stream);
-      backend_->fill(stage_positions_.data(), 0xff, stage_positions_.bytes(), config_.stream);
-    }
+    stage_targets_ = Buffer(*backend_, tokens * int64_t(d.paged() ? sizeof(int64_t) : 2 * sizeof(int32_t)));
+    backend_->fill(stage_targets_.data(), 0xff, stage_targets_.bytes(), config_.stream);
     staged_.assign(layers(), 0);
   }
 }
@@ -180,7 +178,7 @@ detail::IndexCheckArgs TypedCache<Traits>::index_check(const IndexView& v, int64
 }
 
 template <class Traits> void TypedCache<Traits>::check_indices(const detail::IndexChecks& checks) {
-  for (int c = 0; c < checks.count; ++c) ops_->check_indices(launch(), checks.check[c]);
+  ops_->check_indices(launch(), checks);
 }
 
 template <class Traits>
@@ -240,10 +238,10 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
                                  stage_v_.as<input_t>() + first * row_elems, tokens, status()};
     s.ext = extents();
     if constexpr (addressing == Addressing::paged) {
-      s.targets = {static_cast<const int64_t*>(targets.slots.data), stage_slots_.as<int64_t>() + first};
+      s.targets = {static_cast<const int64_t*>(targets.slots.data), staged_slots() + first};
     } else {
-      s.targets = {nullptr, nullptr, static_cast<const int32_t*>(targets.rows.data), stage_rows_.as<int32_t>() + first,
-                   static_cast<const int32_t*>(targets.positions.data), stage_positions_.as<int32_t>() + first};
+      s.targets = {nullptr, nullptr, static_cast<const int32_t*>(targets.rows.data), staged_rows() + first,
+                   static_cast<const int32_t*>(targets.positions.data), staged_positions() + first};
     }
     s.checks = checks;
     ops_->stage(launch(), s);
@@ -286,9 +284,9 @@ template <class Traits> void TypedCache<Traits>::commit() {
                                            {stage_k_.as<const input_t>(), row_elems, head_dim()},
                                            {stage_v_.as<const input_t>(), row_elems, head_dim()},
                                            staged_capacity_ * row_elems,
-                                           stage_rows_.as<const int32_t>(),
-                                           stage_positions_.as<const int32_t>(),
-                                           stage_slots_.as<const int64_t>(),
+                                           addressing == Addressing::paged ? nullptr : staged_rows(),
+                                           addressing == Addressing::paged ? nullptr : staged_positions(),
+                                           addressing == Addressing::paged ? staged_slots() : nullptr,
                                            staged_capacity_,
                                            staged,
                                            0,
@@ -297,8 +295,7 @@ template <class Traits> void TypedCache<Traits>::commit() {
                                            status()};
     a.ext = extents();
     ops_->write(launch_pool_writes(), a);
-    for (Buffer* b : {&stage_rows_, &stage_positions_, &stage_slots_})
-      if (b->data()) backend_->fill(b->data(), 0xff, b->bytes(), config_.stream);
+    backend_->fill(stage_targets_.data(), 0xff, stage_targets_.bytes(), config_.stream);
     std::fill(staged_.begin(), staged_.end(), 0);
   }
 }
@@ -534,8 +531,7 @@ template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
   m.scale_bytes = scales_.bytes();
   if (desc().scales_in_page())
     m.scale_bytes += pool_.bytes() / geometry_.page_block_bytes * (geometry_.page_block_bytes - geometry_.scale_offset_bytes);
-  m.staging_bytes = stage_k_.bytes() + stage_v_.bytes() + stage_rows_.bytes() + stage_positions_.bytes() +
-                    stage_slots_.bytes();
+  m.staging_bytes = stage_k_.bytes() + stage_v_.bytes() + stage_targets_.bytes();
   m.bookkeeping_bytes = row_length_.bytes() + status_.bytes() + reorder_scratch_.bytes() + scale_scratch_.bytes() +
                         length_scratch_.bytes();
   return m;

@@ -21,6 +21,7 @@ int64_t staged_capacity(const VariantDescriptor& d, const CacheConfig& c);
 void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
 // The CPU backend's index check: throws OutOfRangeError for the first bad element.
 void check_indices_on_host(const IndexCheckArgs& a);
+void check_indices_on_host(const IndexChecks& checks);  // each in turn
 void check_tuning(const Tuning& t);
 
 }  // namespace kvforge::detail

@@ -25,7 +25,7 @@ inline constexpr int kCompiledCpuLevel = 2;
 // the variant's own file declares the wider ones `extern template`.
 template <class Traits, int Level> OpTable<Traits> cpu_kernels() {
   static_assert(Level <= kCompiledCpuLevel, "a level's kernels must be compiled with that level's -march");
-  return make_op_table<Traits, CpuExec<Level>>([](const Launch&, const IndexCheckArgs& a) { check_indices_on_host(a); });
+  return make_op_table<Traits, CpuExec<Level>>([](const Launch&, const IndexChecks& c) { check_indices_on_host(c); });
 }
 
 // The kernels for `level`, found by walking down from the widest level built.

@@ -9,7 +9,7 @@ namespace kvforge::detail {
 
 template <class Traits> OpTable<Traits> cuda_ops() {
   return make_op_table<Traits, CudaExec>(
-      [](const Launch& l, const IndexCheckArgs& a) { check_indices_on_device(l.stream, a); });
+      [](const Launch& l, const IndexChecks& c) { check_indices_on_device(l.stream, c); });
 }
 
 }  // namespace kvforge::detail

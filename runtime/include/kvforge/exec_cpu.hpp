@@ -60,7 +60,7 @@ template <int Level> struct CpuExec {
   template <int Lanes, class Body>
   void for_each_item(int64_t items, Fixed<Lanes>, int64_t item_bytes, Body body,
                      const IndexChecks& checks = IndexChecks{}) const {
-    for (int c = 0; c < checks.count; ++c) check_indices_on_host(checks.check[c]);
+    check_indices_on_host(checks);
     if (items <= 0) return;
     if (items * item_bytes < parallel_bytes) {
       // Below the threshold the loop runs right here: even `omp parallel if (false)` enters the
@@ -84,8 +84,11 @@ template <int Level> struct CpuExec {
 
   // An item is one thread here, so its lanes' maximum is its own value.
   template <int Lanes, int Group = Lanes> static uint32_t lane_max(uint32_t value) { return value; }
-  // Rows are quantized whole (ops.hpp), not in CUDA's 16-byte chunks.
+  // Rows are quantized whole (ops.hpp), not in CUDA's 16-byte chunks, and an item copies its token once
+  // it knows where it goes: a core's out-of-order window already overlaps the loads that CUDA's lanes
+  // must issue up front.
   static constexpr bool kChunkedQuant = false;
+  static constexpr bool kHoldsTokens = false;
   // Ring appends of at most this many tokens take row lengths from a scan of their targets in each item
   // (ops.hpp, write): quadratic in tokens, so only where that costs less than a pass of its own.
   static constexpr int64_t kScannedRingTokens = 16;
@@ -146,11 +149,10 @@ template <int Level> struct CpuExec {
 
   // K's and V's heads of one token (the CUDA executor interleaves their loads; here, K then V).
   template <class HExt, class DExt, class Dst, class Src>
-  static KVF_INLINE void copy_heads_kv(Dst* k_dst, Dst* v_dst, int64_t dst_head_stride, const Src* k_src,
-                                       int64_t k_head_stride, const Src* v_src, int64_t v_head_stride, HExt heads,
-                                       DExt head_dim, int lane, int lanes) {
-    copy_heads(k_dst, dst_head_stride, k_src, k_head_stride, heads, head_dim, lane, lanes);
-    copy_heads(v_dst, dst_head_stride, v_src, v_head_stride, heads, head_dim, lane, lanes);
+  static KVF_INLINE void copy_heads_kv(TokenHeads<Dst> k_dst, TokenHeads<Dst> v_dst, TokenHeads<const Src> k_src,
+                                       TokenHeads<const Src> v_src, HExt heads, DExt head_dim, int lane, int lanes) {
+    copy_heads(k_dst.data, k_dst.head_stride, k_src.data, k_src.head_stride, heads, head_dim, lane, lanes);
+    copy_heads(v_dst.data, v_dst.head_stride, v_src.data, v_src.head_stride, heads, head_dim, lane, lanes);
   }
 
   template <class HExt, class DExt, class Dst>

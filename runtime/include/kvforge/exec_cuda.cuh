@@ -16,8 +16,9 @@
 namespace kvforge::detail {
 
 void throw_cuda_error(cudaError_t err, const char* what);
-// Device-side index validation (backend_cuda.cu): no host read, so graph capture stays legal.
-void check_indices_on_device(void* stream, const IndexCheckArgs& a);
+// Device-side index validation (backend_cuda.cu), every check in one launch: no host read, so graph
+// capture stays legal.
+void check_indices_on_device(void* stream, const IndexChecks& checks);
 
 // Records a failed check in the status word; the first failure to claim it records itself.
 __device__ inline void record_index_failure(const IndexCheckArgs& a, int64_t i, int64_t value) {
@@ -90,8 +91,7 @@ struct CudaExec {
                      const IndexChecks& checks = IndexChecks{}) const {
     static_assert(Lanes >= 1 && Lanes <= tunables::cuda_block_threads.hi, "an item's lanes fit one block");
     const bool fused = checks.count > 0 && items > 0 && checks.entries() <= kFusedCheckEntries;
-    if (!fused)
-      for (int c = 0; c < checks.count; ++c) check_indices_on_device(stream, checks.check[c]);
+    if (!fused && checks.count > 0) check_indices_on_device(stream, checks);
     if (items <= 0) return;
     int per_block = Lanes >= block_threads ? 1 : block_threads / Lanes;
     // A launch too small to give every SM a block (a decode step's append) takes smaller blocks, down
@@ -131,8 +131,10 @@ struct CudaExec {
     return value;
   }
 
-  // Quantized writes go in 16-byte chunks per lane (quant_chunks.hpp).
+  // Quantized writes go in 16-byte chunks per lane (quant_chunks.hpp), and a write holds its token's
+  // inputs in its lanes before it reads the token's target (token_vectors.hpp).
   static constexpr bool kChunkedQuant = true;
+  static constexpr bool kHoldsTokens = true;
   // Ring appends of at most this many tokens take row lengths from a scan of their targets in each item
   // (ops.hpp, write), inside their one launch: a decode step's append is then a single kernel.
   static constexpr int64_t kScannedRingTokens = 256;
@@ -169,32 +171,37 @@ struct CudaExec {
     for (int h = 0; h < H; ++h) copy_row(dst + h * dst_head_stride, src + h * src_head_stride, head_dim, lane, lanes);
   }
 
-  // K's and V's heads of one token into a pool. Every 16-byte vector of K and of V is loaded before
-  // either is stored, so the V load does not queue behind the K store; the four regions never
-  // overlap (__restrict__). Unaligned rows or converting types take copy_heads, K then V.
+  // K's and V's heads of one token: an append's into a pool, a gather's out of it, a lazy append's into
+  // staging. Every 16-byte vector of K and of V is loaded before either is stored, so the V load does
+  // not wait behind the K copy; the four regions never overlap (__restrict__). Unaligned rows or
+  // converting types take copy_heads, K then V.
   template <class HExt, class DExt, class Dst, class Src>
-  KVF_HD static KVF_INLINE void copy_heads_kv(Dst* __restrict__ k_dst, Dst* __restrict__ v_dst, int64_t dst_head_stride,
-                                              const Src* __restrict__ k_src, int64_t k_head_stride,
-                                              const Src* __restrict__ v_src, int64_t v_head_stride, HExt heads,
-                                              DExt head_dim, int lane, int lanes) {
+  KVF_HD static KVF_INLINE void copy_heads_kv(TokenHeads<Dst> k_dst, TokenHeads<Dst> v_dst, TokenHeads<const Src> k_src,
+                                              TokenHeads<const Src> v_src, HExt heads, DExt head_dim, int lane,
+                                              int lanes) {
     if constexpr (std::is_same_v<Dst, Src>) {
-      const uintptr_t bases = reinterpret_cast<uintptr_t>(k_dst) | reinterpret_cast<uintptr_t>(v_dst) |
-                              reinterpret_cast<uintptr_t>(k_src) | reinterpret_cast<uintptr_t>(v_src);
-      const int64_t strides = (dst_head_stride | k_head_stride | v_head_stride) * int64_t(sizeof(Dst));
+      Dst* __restrict__ kd = k_dst.data;
+      Dst* __restrict__ vd = v_dst.data;
+      const Src* __restrict__ ks = k_src.data;
+      const Src* __restrict__ vs = v_src.data;
+      const uintptr_t bases = reinterpret_cast<uintptr_t>(kd) | reinterpret_cast<uintptr_t>(vd) |
+                              reinterpret_cast<uintptr_t>(ks) | reinterpret_cast<uintptr_t>(vs);
+      const int64_t strides =
+          (k_dst.head_stride | v_dst.head_stride | k_src.head_stride | v_src.head_stride) * int64_t(sizeof(Dst));
       if ((int(head_dim) * sizeof(Dst)) % 16 == 0 && (bases & 15u) == 0 && strides % 16 == 0) {
         const int vectors = int(int(head_dim) * sizeof(Dst) / 16);  // per head
         for (int i = lane; i < int(heads) * vectors; i += lanes) {
           const int h = i / vectors, c = i % vectors;
-          const uint4 k = reinterpret_cast<const uint4*>(k_src + h * k_head_stride)[c];
-          const uint4 v = reinterpret_cast<const uint4*>(v_src + h * v_head_stride)[c];
-          reinterpret_cast<uint4*>(k_dst + h * dst_head_stride)[c] = k;
-          reinterpret_cast<uint4*>(v_dst + h * dst_head_stride)[c] = v;
+          const uint4 k = reinterpret_cast<const uint4*>(ks + h * k_src.head_stride)[c];
+          const uint4 v = reinterpret_cast<const uint4*>(vs + h * v_src.head_stride)[c];
+          reinterpret_cast<uint4*>(kd + h * k_dst.head_stride)[c] = k;
+          reinterpret_cast<uint4*>(vd + h * v_dst.head_stride)[c] = v;
         }
         return;
       }
     }
-    copy_heads(k_dst, dst_head_stride, k_src, k_head_stride, heads, head_dim, lane, lanes);
-    copy_heads(v_dst, dst_head_stride, v_src, v_head_stride, heads, head_dim, lane, lanes);
+    copy_heads(k_dst.data, k_dst.head_stride, k_src.data, k_src.head_stride, heads, head_dim, lane, lanes);
+    copy_heads(v_dst.data, v_dst.head_stride, v_src.data, v_src.head_stride, heads, head_dim, lane, lanes);
   }
 
   template <class HExt, class DExt, class Dst>

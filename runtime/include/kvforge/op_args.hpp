@@ -64,6 +64,13 @@ template <class T> struct Rows3 {
   int64_t head_stride;
 };
 
+// One token's K or V, all heads: where head 0 starts and the elements between heads. Both executors'
+// copy_heads_kv take a token's K and V as four of these.
+template <class T> struct TokenHeads {
+  T* data;
+  int64_t head_stride;
+};
+
 // Scales of a quantized layout: the base of layer 0, K, unit 0, slot 0, head 0, and the coordinate
 // strides in scale elements (see Geometry). Null for float layouts.
 struct ScaleRef {

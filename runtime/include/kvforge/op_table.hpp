@@ -38,7 +38,7 @@ template <class Traits> struct OpTable {
   void (*move_pages)(const Launch&, const MovePagesArgs<Store>&);
   // Bounds of an index array: the CPU throws at once; CUDA records a failure in the device status word
   // for synchronize() to raise, so that nothing is read back on the host (graph capture stays legal).
-  void (*check_indices)(const Launch&, const IndexCheckArgs&);
+  void (*check_indices)(const Launch&, const IndexChecks&);  // all of them in one pass (CUDA: one launch)
 };
 
 // One slot per Device; null where this build has no backend of that kind.

@@ -19,6 +19,7 @@
 #include "kvforge/op_table.hpp"
 #include "kvforge/quant.hpp"
 #include "kvforge/quant_chunks.hpp"
+#include "kvforge/token_vectors.hpp"
 
 namespace kvforge::detail {
 
@@ -141,6 +142,37 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kTokenLanes = kChunkedQuant ? Chunks::L : kLanes;  // lanes of a token of write or gather
   static constexpr int kChunkPasses = Chunks::kPreload ? Chunks::Q : 1;  // passes one lane holds at once
   using ChunkRegs = Vec16[kChunkPasses][Chunks::K];
+  static constexpr int kStageLanes = kRuntime ? 1 : item_lanes<In, H, D>();  // lanes of a staged token
+
+  // A float token's K and V in an item's `Lanes` lanes, on their way into `Dst` rows. Where the
+  // executor holds tokens in its lanes (CUDA) and the rows allow 16-byte accesses, the item loads them
+  // before it knows where they go (token_vectors.hpp), so that its target and the status word load
+  // alongside; it stores them after. Otherwise it copies them straight from the inputs at the store.
+  template <class Dst, int Lanes> struct FloatToken {
+    using Vectors = TokenVectors<In, H, D, Lanes>;
+    static constexpr bool kHolds = Exec::kHoldsTokens && !kRuntime && std::is_same_v<Dst, In> && Vectors::kHeld;
+    Vectors vectors;
+    bool held = false;
+
+    KVF_HD KVF_INLINE void load(TokenHeads<const In> k, TokenHeads<const In> v, int lane) {
+      if constexpr (kHolds) {
+        held = Vectors::aligned(k.data, k.head_stride) && Vectors::aligned(v.data, v.head_stride);
+        if (held) vectors.load(k, v, lane);
+      }
+    }
+    KVF_HD KVF_INLINE void store(TokenHeads<Dst> k_out, TokenHeads<Dst> v_out, TokenHeads<const In> k,
+                                 TokenHeads<const In> v, const Extents& e, int lane, int lanes) const {
+      if constexpr (kHolds) {
+        if (held && Vectors::aligned(k_out.data, k_out.head_stride) && Vectors::aligned(v_out.data, v_out.head_stride)) {
+          vectors.store(k_out, v_out, lane);
+          return;
+        }
+      }
+      Exec::copy_heads_kv(k_out, v_out, k, v, heads(e), head_dim(e), lane, lanes);
+    }
+  };
+  using WrittenToken = FloatToken<Store, kTokenLanes>;  // an append's or commit's, float layouts
+  using StagedToken = FloatToken<In, kStageLanes>;      // a lazy append's, into staging
   // The most tokens one work item of write and gather takes when it walks a tile head by head
   // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1.
   static constexpr int kTile = positions_inside_heads<Traits>() ? Exec::kTileItems : 1;
@@ -346,13 +378,16 @@ template <class Traits, class Exec> struct Ops {
           Scale* scale[2][kTile];
           int n = 0;
           for (int64_t i = tile * tile_items; i < items && i < (tile + 1) * tile_items; ++i) {
-            int64_t unit, slot;
-            int layer;
-            if (!write_target(a, i, 0, scan_ring, unit, slot, layer, src[0][n], src[1][n])) continue;
-            dst[n] = a.pool + element_offset(a.s, layer, 0, unit, slot);
+            WritePlace w = write_source(a, i);
+            const bool writes = write_target(a, scan_ring, w);
+            record_length(a, w, 0);
+            if (!writes) continue;
+            dst[n] = a.pool + element_offset(a.s, w.layer, 0, w.unit, w.slot);
+            src[0][n] = w.k;
+            src[1][n] = w.v;
             if constexpr (kQuantized) {
-              scale[0][n] = scale_at(a.scales, layer, 0, unit, slot);
-              scale[1][n] = scale_at(a.scales, layer, 1, unit, slot);
+              scale[0][n] = scale_at(a.scales, w.layer, 0, w.unit, w.slot);
+              scale[1][n] = scale_at(a.scales, w.layer, 1, w.unit, w.slot);
             }
             ++n;
           }
@@ -371,20 +406,36 @@ template <class Traits, class Exec> struct Ops {
       }
     }
     ex.for_each_item(items, Fixed<kTokenLanes>{}, item_bytes(a.ext), [a, scan_ring] KVF_HD(int64_t i, int lane, int lanes) {
-      if (a.status->code) return;
-      int64_t unit, slot;
-      int layer;
-      const In *k, *v;
-      if (!write_target(a, i, lane, scan_ring, unit, slot, layer, k, v)) return;
+      // The status word, the target and (where the executor holds tokens in its lanes) the inputs
+      // load together, none waiting for another: on a GPU, one wait on memory before the stores
+      // rather than three in a row. Nothing is written before the status word is read.
+      const int32_t halted = a.status->code;
+      WritePlace w = write_source(a, i);
+      const TokenHeads<const In> k_in{w.k, a.k.head_stride}, v_in{w.v, a.v.head_stride};
+      [[maybe_unused]] WrittenToken token;
+      [[maybe_unused]] ChunkRegs k_regs, v_regs;
+      [[maybe_unused]] bool chunks_held = false;
+      if constexpr (!kQuantized) {
+        token.load(k_in, v_in, lane);
+      } else if constexpr (kChunkedQuant && Chunks::kPreload) {
+        chunks_held = Chunks::inputs_aligned(k_in.data, k_in.head_stride) && Chunks::inputs_aligned(v_in.data, v_in.head_stride);
+        if (chunks_held) {
+          load_chunks(k_regs, k_in.data, k_in.head_stride, lane, 0);
+          load_chunks(v_regs, v_in.data, v_in.head_stride, lane, 0);
+        }
+      }
+      const bool writes = write_target(a, scan_ring, w);
+      if (halted) return;
+      record_length(a, w, lane);
+      if (!writes) return;
+      const int layer = w.layer;
+      const int64_t unit = w.unit, slot = w.slot;
+      const In *k = w.k, *v = w.v;
       Store* dst = a.pool + element_offset(a.s, layer, 0, unit, slot);
       if constexpr (kChunkedQuant) {
-        if (Chunks::aligned(k, a.k.head_stride, dst, a.s.head) &&
+        const bool loaded = !Chunks::kPreload || chunks_held;
+        if (loaded && Chunks::aligned(k, a.k.head_stride, dst, a.s.head) &&
             Chunks::aligned(v, a.v.head_stride, dst + a.s.kv, a.s.head)) {
-          ChunkRegs k_regs, v_regs;
-          if constexpr (Chunks::kPreload) {
-            load_chunks(k_regs, k, a.k.head_stride, lane, 0);
-            load_chunks(v_regs, v, a.v.head_stride, lane, 0);
-          }
           quantize_token_chunked(k_regs, dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k,
                                  a.k.head_stride, lane);
           quantize_token_chunked(v_regs, dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot),
@@ -398,48 +449,72 @@ template <class Traits, class Exec> struct Ops {
         quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head, v,
                        a.v.head_stride, lane, lanes);
       } else {
-        Exec::copy_heads_kv(dst, dst + a.s.kv, a.s.head, k, a.k.head_stride, v, a.v.head_stride, heads(a.ext),
-                            head_dim(a.ext), lane, lanes);
+        token.store(TokenHeads<Store>{dst, a.s.head}, TokenHeads<Store>{dst + a.s.kv, a.s.head}, k_in, v_in, a.ext, lane,
+                    lanes);
       }
     }, checks);
   }
 
-  // Where item i of a write (layer i / tokens, token i % tokens) goes, and its K and V input. False
-  // where it writes nothing: padding, or a ring position already out of its window. With
-  // `scan_ring`, a ring item takes its row's new length from all of the append's targets and records
-  // its own position: a row's length then only grows toward what every item computes, whatever
-  // order they run in.
-  KVF_HD static KVF_INLINE bool write_target(const WriteArgs<Store, In>& a, int64_t i, int lane, bool scan_ring,
-                                             int64_t& unit, int64_t& slot, int& layer, const In*& k, const In*& v) {
-    const int l = a.num_layers == 1 ? 0 : int(i / a.tokens);  // an append divides by nothing
-    const int64_t t = i - l * a.tokens;
-    const int64_t target = l * a.target_layer_stride + t;
+  // Where one item of a write goes, and its K and V input. write_source fills what the item's index
+  // alone gives (no load); write_target reads the target. `row` >= 0 where the item raises that row's
+  // length to `length` (record_length).
+  struct WritePlace {
+    int l = 0;              // the item's layer among the call's
+    int64_t t = 0;          // its token within the layer
+    int64_t target = 0;     // its entry in the targets
+    int layer = 0;          // the pool layer it writes
+    const In* k = nullptr;  // its inputs
+    const In* v = nullptr;
+    int64_t unit = 0, slot = 0;
+    int32_t row = -1, length = 0;
+  };
+
+  // Item i of a write: layer i / tokens, token i % tokens.
+  KVF_HD static KVF_INLINE WritePlace write_source(const WriteArgs<Store, In>& a, int64_t i) {
+    WritePlace w;
+    w.l = a.num_layers == 1 ? 0 : int(i / a.tokens);  // an append divides by nothing
+    w.t = i - w.l * a.tokens;
+    w.target = w.l * a.target_layer_stride + w.t;
+    w.layer = a.first_layer + w.l;
+    w.k = a.k.data + w.l * a.input_layer_stride + w.t * a.k.token_stride;
+    w.v = a.v.data + w.l * a.input_layer_stride + w.t * a.v.token_stride;
+    return w;
+  }
+
+  // Where item w goes. False where it writes nothing: padding, or a ring position already out of its
+  // window. It only reads, so that an item can load its target before it knows whether it may write.
+  // With `scan_ring`, a ring item takes its row's new length from all of the append's targets and
+  // records its own position: a row's length then only grows toward what every item computes,
+  // whatever order they run in.
+  KVF_HD static KVF_INLINE bool write_target(const WriteArgs<Store, In>& a, bool scan_ring, WritePlace& w) {
     if constexpr (kAddressing == Addressing::paged) {
-      const int64_t s = a.slots[target];
+      const int64_t s = a.slots[w.target];
       if (s < 0) return false;
-      unit = s / page_size(a.ext);
-      slot = s % page_size(a.ext);
+      w.unit = s / page_size(a.ext);
+      w.slot = s % page_size(a.ext);
     } else {
-      const int32_t r = a.rows[target];
-      const int32_t p = a.positions[target];
+      const int32_t r = a.rows[w.target];
+      const int32_t p = a.positions[w.target];
       if (r < 0 || p < 0) return false;
       if constexpr (kAddressing == Addressing::ring) {
         int32_t length = a.row_length[r];
         if (scan_ring) {
           for (int64_t other = 0; other < a.tokens; ++other)
             if (a.rows[other] == r && a.positions[other] >= length) length = a.positions[other] + 1;
-          if (lane == 0) Exec::atomic_max(&a.row_length[r], p + 1);
+          w.row = r, w.length = p + 1;
         }
         if (p < length - window(a.ext)) return false;  // already out of the window: never readable
-      } else if (lane == 0 && a.row_length) {
-        Exec::atomic_max(&a.row_length[r], p + 1);
+      } else if (a.row_length) {
+        w.row = r, w.length = p + 1;
       }
-      locate_position(a.ext, r, nullptr, p, unit, slot);
+      locate_position(a.ext, r, nullptr, p, w.unit, w.slot);
     }
-    layer = a.first_layer + l;
-    k = a.k.data + l * a.input_layer_stride + t * a.k.token_stride;
-    v = a.v.data + l * a.input_layer_stride + t * a.v.token_stride;
     return true;
+  }
+
+  // A write item's one side effect besides its K and V: its row's length (one lane of the item).
+  KVF_HD static KVF_INLINE void record_length(const WriteArgs<Store, In>& a, const WritePlace& w, int lane) {
+    if (lane == 0 && w.row >= 0) Exec::atomic_max(&a.row_length[w.row], w.length);
   }
 
   // K or V of n tokens into codes, head by head (the tile path of write): each token's scale first
@@ -475,23 +550,29 @@ template <class Traits, class Exec> struct Ops {
 
   // A lazy append: the tokens and their targets into staging, for commit() to write.
   static void stage(const Exec& ex, const StageArgs<In>& a) {
-    constexpr int lanes_per_token = kRuntime ? 1 : item_lanes<In, H, D>();
     ex.for_each_item(
-        a.tokens, Fixed<lanes_per_token>{}, item_bytes<In>(a.ext),
+        a.tokens, Fixed<kStageLanes>{}, item_bytes<In>(a.ext),
         [a] KVF_HD(int64_t t, int lane, int lanes) {
-          if (a.status->code) return;
-          const auto h = heads(a.ext);
-          const auto d = head_dim(a.ext);
-          const int64_t row = int64_t(int(h)) * int(d);
-          Exec::copy_heads(a.k_stage + t * row, int(d), a.k_in.data + t * a.k_in.token_stride, a.k_in.head_stride, h,
-                           d, lane, lanes);
-          Exec::copy_heads(a.v_stage + t * row, int(d), a.v_in.data + t * a.v_in.token_stride, a.v_in.head_stride, h,
-                           d, lane, lanes);
-          if (lane != 0) return;
+          // The status word, the targets and (as a write's) the tokens load together.
+          const int32_t halted = a.status->code;
           const StagedTargets& to = a.targets;
-          if (to.slots) to.slots_stage[t] = to.slots[t];
-          if (to.rows) to.rows_stage[t] = to.rows[t];
-          if (to.positions) to.positions_stage[t] = to.positions[t];
+          const bool copies_targets = lane == 0;
+          const int64_t slot = copies_targets && to.slots ? to.slots[t] : -1;
+          const int32_t row = copies_targets && to.rows ? to.rows[t] : -1;
+          const int32_t position = copies_targets && to.positions ? to.positions[t] : -1;
+          const TokenHeads<const In> k_in{a.k_in.data + t * a.k_in.token_stride, a.k_in.head_stride};
+          const TokenHeads<const In> v_in{a.v_in.data + t * a.v_in.token_stride, a.v_in.head_stride};
+          StagedToken token;
+          token.load(k_in, v_in, lane);
+          if (halted) return;
+          const int d = int(head_dim(a.ext));
+          const int64_t stage_row = int64_t(int(heads(a.ext))) * d;
+          token.store(TokenHeads<In>{a.k_stage + t * stage_row, d}, TokenHeads<In>{a.v_stage + t * stage_row, d}, k_in, v_in,
+                      a.ext, lane, lanes);
+          if (!copies_targets) return;
+          if (to.slots) to.slots_stage[t] = slot;
+          if (to.rows) to.rows_stage[t] = row;
+          if (to.positions) to.positions_stage[t] = position;
         },
         a.checks);
   }
@@ -553,9 +634,13 @@ template <class Traits, class Exec> struct Ops {
       }
     }
     ex.for_each_item(a.count, Fixed<kTokenLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
-      if (a.status->code) return;
+      // The status word loads beside the page-table entry (as write's does beside its target): one
+      // test of both, so that the compiler cannot wait on the first before it loads the second. A
+      // negative page is refused by the range's checks; here it only keeps the test whole.
+      const int32_t halted = a.status->code;
       int64_t unit, slot;
       locate_position(a.ext, a.row, a.pages, a.begin + j, unit, slot);
+      if ((halted != 0) | (unit < 0)) return;
       const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
       if constexpr (kChunkedQuant) {
         In* k_out = a.k.data + j * a.k.token_stride;
@@ -577,10 +662,10 @@ template <class Traits, class Exec> struct Ops {
                           src + kv * a.s.kv + h * a.s.head, to_float(scale[h * a.scales.s.head]), lane, lanes);
         }
       } else {
-        Exec::copy_heads(a.k.data + j * a.k.token_stride, a.k.head_stride, src, a.s.head, heads(a.ext), head_dim(a.ext),
-                         lane, lanes);
-        Exec::copy_heads(a.v.data + j * a.v.token_stride, a.v.head_stride, src + a.s.kv, a.s.head, heads(a.ext),
-                         head_dim(a.ext), lane, lanes);
+        Exec::copy_heads_kv(TokenHeads<In>{a.k.data + j * a.k.token_stride, a.k.head_stride},
+                            TokenHeads<In>{a.v.data + j * a.v.token_stride, a.v.head_stride},
+                            TokenHeads<const Store>{src, a.s.head}, TokenHeads<const Store>{src + a.s.kv, a.s.head},
+                            heads(a.ext), head_dim(a.ext), lane, lanes);
       }
     }, a.checks);
   }
@@ -760,7 +845,7 @@ template <class Traits, class Exec> struct Ops {
 
 // Fills a backend's table from this one source run on its executor, which it builds from a Launch.
 template <class Traits, class Exec>
-OpTable<Traits> make_op_table(void (*check_indices)(const Launch&, const IndexCheckArgs&)) {
+OpTable<Traits> make_op_table(void (*check_indices)(const Launch&, const IndexChecks&)) {
   using O = Ops<Traits, Exec>;
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;

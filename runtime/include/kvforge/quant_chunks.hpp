@@ -17,17 +17,9 @@
 #include "kvforge/config.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/quant.hpp"
+#include "kvforge/token_vectors.hpp"
 
 namespace kvforge::detail {
-
-// 16 bytes, moved as one vector access where aligned.
-#if defined(__CUDACC__)
-using Vec16 = uint4;
-#else
-struct alignas(16) Vec16 {
-  uint32_t x, y, z, w;
-};
-#endif
 
 constexpr int floor_pow2(int n) {
   int p = 1;
@@ -58,10 +50,16 @@ template <class Store, class In, int H, int D> struct QuantChunks {
     return h < H && c < C;
   }
 
-  // Whether a token's rows allow 16-byte loads and whole-chunk code stores.
+  // Whether a token's rows allow 16-byte loads and whole-chunk code stores: each side apart (a write
+  // loads its inputs before it knows where their codes go), and both.
+  KVF_HD static KVF_INLINE bool inputs_aligned(const In* src, int64_t src_head) {
+    return reinterpret_cast<uintptr_t>(src) % 16 == 0 && (src_head * int64_t(sizeof(In))) % 16 == 0;
+  }
+  KVF_HD static KVF_INLINE bool codes_aligned(const Store* codes, int64_t codes_head) {
+    return reinterpret_cast<uintptr_t>(codes) % kCodeBytes == 0 && (codes_head * int64_t(sizeof(Store))) % kCodeBytes == 0;
+  }
   KVF_HD static KVF_INLINE bool aligned(const In* src, int64_t src_head, const Store* dst, int64_t dst_head) {
-    return reinterpret_cast<uintptr_t>(src) % 16 == 0 && (src_head * int64_t(sizeof(In))) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(dst) % kCodeBytes == 0 && (dst_head * int64_t(sizeof(Store))) % kCodeBytes == 0;
+    return inputs_aligned(src, src_head) && codes_aligned(dst, dst_head);
   }
 
   // f(r, k, h, c) for every chunk `lane` holds in passes [first, first + Passes): its r-th pass there,
@@ -76,25 +74,6 @@ template <class Store, class In, int H, int D> struct QuantChunks {
       }
   }
 
-  // One whole chunk at `at`, in one vector access on the device; the host (tests) copies bytes, which
-  // its compiler's aliasing rules need.
-  template <class Chunk, class E> KVF_HD static KVF_INLINE Chunk load_chunk(const E* at) {
-#if defined(__CUDA_ARCH__)
-    return *reinterpret_cast<const Chunk*>(at);
-#else
-    Chunk chunk;
-    std::memcpy(&chunk, at, sizeof chunk);
-    return chunk;
-#endif
-  }
-  template <class Chunk, class E> KVF_HD static KVF_INLINE void store_chunk(E* at, const Chunk& chunk) {
-#if defined(__CUDA_ARCH__)
-    *reinterpret_cast<Chunk*>(at) = chunk;
-#else
-    std::memcpy(at, &chunk, sizeof chunk);
-#endif
-  }
-
   // One chunk's inputs, and its codes as stored (kCodeBytes, moved in one access).
   struct alignas(16) Inputs {
     In x[V];
@@ -105,7 +84,7 @@ template <class Store, class In, int H, int D> struct QuantChunks {
   static_assert(sizeof(Inputs) == 16 && sizeof(Vec16) == 16);
 
   KVF_HD static KVF_INLINE Vec16 load(const In* src, int64_t src_head, int h, int c) {
-    return load_chunk<Vec16>(src + h * src_head + c * V);
+    return load_vector<Vec16>(src + h * src_head + c * V);
   }
 
   KVF_HD static KVF_INLINE uint32_t amax(const Vec16& chunk) {
@@ -127,7 +106,7 @@ template <class Store, class In, int H, int D> struct QuantChunks {
     Codes out;
     KVF_UNROLL
     for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(to_float(in.x[i]) / scale);
-    store_chunk(dst + h * dst_head + c * V, out);
+    store_vector(dst + h * dst_head + c * V, out);
   }
 
   // Whether a token's codes and its output rows allow whole-chunk loads and 16-byte stores (a gather).
@@ -136,7 +115,7 @@ template <class Store, class In, int H, int D> struct QuantChunks {
   }
 
   KVF_HD static KVF_INLINE Codes load_codes(const Store* src, int64_t src_head, int h, int c) {
-    return load_chunk<Codes>(src + h * src_head + c * V);
+    return load_vector<Codes>(src + h * src_head + c * V);
   }
 
   // One chunk's values, code * scale rounded to the input dtype, stored in one 16-byte access.
@@ -144,7 +123,7 @@ template <class Store, class In, int H, int D> struct QuantChunks {
     Inputs out;
     KVF_UNROLL
     for (int i = 0; i < V; ++i) out.x[i] = from_float<In>(Codec<Store>::decode(codes.code[i]) * scale);
-    store_chunk(dst + h * dst_head + c * V, out);
+    store_vector(dst + h * dst_head + c * V, out);
   }
 };
 
