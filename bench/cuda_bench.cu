@@ -10,7 +10,8 @@
 //                 the hardware saturating convert;
 //   - bf16 twin:  for quantized variants, the same layout storing bf16.
 // Three timings per case: cudaEvents around repeated eager calls, CUDA-graph replay (of one op, and of
-// a whole 32-layer decode step for decode shapes), and the host's enqueue time per call. Each case
+// a whole 32-layer decode step for decode shapes), and the host's enqueue time per call. A lazy
+// variant's decode shape also times its commit alone: one graph launch that writes every staged layer. Each case
 // rotates layers and inputs so that its working set stays above L2; --cold also flushes L2 before
 // every timed call, outside the timed region. Each case's pool bytes (and scales) are checked against
 // the CPU backend's for the same inputs.
@@ -57,6 +58,14 @@ void check(cudaError_t e, const char* what) {
 // ---- baselines, written from scratch --------------------------------------------------------------
 
 __global__ void empty_kernel() {}
+
+// Keeps the GPU busy for `cycles` clocks, so that a call enqueued behind it starts as soon as it ends,
+// without waiting for the host.
+__global__ void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
 
 // Where token t goes: paged slots (page * P + offset), or (row, position) pairs (a ring wraps the
 // position by its window). False for padding (-1).
@@ -322,6 +331,7 @@ struct Timer {
   int iterations;
   bool cold;
   DeviceBuffer flush;  // twice L2: written before each cold iteration, untimed
+  long long spin_cycles = 0;  // 30 us of SM clocks: the host's time to enqueue a call, with room
 
   // Times `iterations` calls of launch(i): events around the loop (warm), or around each call after an
   // untimed L2 flush (cold). Returns microseconds per call; `host_us`, where given, gets the host's
@@ -364,37 +374,71 @@ struct Timer {
     t.eager_us = time_calls(op, &t.host_us);
   }
 
-  // Graphs of op(0) .. op(g - 1), each captured once, replayed in turn. A capture that fails (an op
-  // that synchronizes or allocates) is reported, not fatal.
+  // op(i) captured on the stream and instantiated; null, with `error` set, where the capture fails (an
+  // op that synchronizes or allocates).
+  template <class Op> cudaGraphExec_t capture(Op op, int i, std::string& error) {
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    try {
+      op(i);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    if (error.empty() && end != cudaSuccess) error = cudaGetErrorString(end);
+    cudaGetLastError();
+    cudaGraphExec_t exec = nullptr;
+    if (error.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      if (inst != cudaSuccess) error = cudaGetErrorString(inst);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    return error.empty() ? exec : nullptr;
+  }
+
+  // Graphs of op(0) .. op(g - 1), each captured once, replayed in turn. A capture that fails is
+  // reported, not fatal.
   template <class Op> void graph(Op op, int g, Timing& t) {
     std::vector<cudaGraphExec_t> execs;
-    for (int i = 0; i < g && t.graph_error.empty(); ++i) {
-      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-      std::string error;
-      try {
-        op(i);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      cudaGraph_t graph = nullptr;
-      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-      if (error.empty() && end != cudaSuccess) error = cudaGetErrorString(end);
-      cudaGetLastError();
-      cudaGraphExec_t exec = nullptr;
-      if (error.empty()) {
-        const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-        if (inst != cudaSuccess) error = cudaGetErrorString(inst);
-      }
-      if (graph) cudaGraphDestroy(graph);
-      if (!error.empty()) t.graph_error = error;
-      else execs.push_back(exec);
-    }
+    for (int i = 0; i < g && t.graph_error.empty(); ++i)
+      if (cudaGraphExec_t exec = capture(op, i, t.graph_error)) execs.push_back(exec);
     if (t.graph_error.empty()) {
       auto replay = [&](int i) { check(cudaGraphLaunch(execs[size_t(i) % execs.size()], stream), "graph launch"); };
       for (int i = 0; i < 3; ++i) replay(i);
       t.graph_us = time_calls(replay, nullptr);
     }
     for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+  }
+
+  // op(i) alone, as a graph, after prepare(i) has run eagerly and untimed (a lazy variant's staging,
+  // before its commit). Each call is captured afresh, since prepare changes the state op reads, and is
+  // launched behind a spin kernel, so that its events time the GPU's work and not the host's enqueue.
+  template <class Prepare, class Op> void graph_alone(Prepare prepare, Op op, int calls, Timing& t) {
+    std::vector<cudaGraphExec_t> execs;
+    std::vector<cudaEvent_t> events(size_t(2 * calls));
+    for (cudaEvent_t& e : events) check(cudaEventCreate(&e), "event");
+    for (int i = 0; i < calls && t.graph_error.empty(); ++i) {
+      prepare(i);
+      const cudaGraphExec_t exec = capture(op, i, t.graph_error);
+      if (!exec) break;
+      execs.push_back(exec);
+      spin_kernel<<<1, 1, 0, stream>>>(spin_cycles);
+      check(cudaEventRecord(events[size_t(2 * i)], stream), "record");
+      check(cudaGraphLaunch(exec, stream), "graph launch");
+      check(cudaEventRecord(events[size_t(2 * i + 1)], stream), "record");
+    }
+    check(cudaStreamSynchronize(stream), "sync");
+    if (t.graph_error.empty() && calls > 0) {
+      double ms = 0;
+      for (int i = 0; i < calls; ++i) {
+        float one = 0;
+        check(cudaEventElapsedTime(&one, events[size_t(2 * i)], events[size_t(2 * i + 1)]), "elapsed");
+        ms += one;
+      }
+      t.graph_us = 1000.0 * ms / calls;
+    }
+    for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
 };
 
@@ -403,7 +447,7 @@ struct Timer {
 struct Record {
   std::string variant, op, check = "not run";
   int64_t n = 0, bytes = 0;
-  Timing kvforge, untuned, reference, naive, twin, step;
+  Timing kvforge, untuned, reference, naive, twin, step, commit;
   double d2d_us = NAN;
 };
 
@@ -581,6 +625,15 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
       cache->commit();
     };
     timer.graph(step, int(std::min<size_t>(p->epochs.size(), 4)), rec.step);
+    // A lazy variant's commit by itself, the one launch that writes every layer's staged tokens.
+    if (lazy(d)) {
+      auto stage_every_layer = [&](int i) {
+        const size_t epoch = size_t(i) % p->epochs.size(), set = epoch % in.k.size();
+        for (int l = 0; l < L; ++l)
+          cache->append(l, tensor(in.k[set], s.n, d.heads), tensor(in.v[set], s.n, d.heads), targets[epoch].targets(d, s.n));
+      };
+      timer.graph_alone(stage_every_layer, [&](int) { cache->commit(); }, std::min(timer.iterations, 50), rec.commit);
+    }
   }
   cache->synchronize();
   // The same bytes, device to device.
@@ -722,7 +775,8 @@ void write_json(const std::string& path, const DeviceInfo& info, const std::stri
     out << (i ? ",\n" : "\n") << "    {\"variant\": " << quoted(r.variant) << ", \"op\": " << quoted(r.op) << ", \"n\": " << r.n
         << ", \"bytes\": " << r.bytes << ", \"check\": " << quoted(r.check) << ", \"d2d_us\": " << number(r.d2d_us)
         << ", \"kvforge\": " << timing_json(r.kvforge) << ", \"untuned\": " << timing_json(r.untuned)
-        << ", \"step\": " << timing_json(r.step) << ", \"reference\": " << timing_json(r.reference)
+        << ", \"step\": " << timing_json(r.step) << ", \"commit\": " << timing_json(r.commit)
+        << ", \"reference\": " << timing_json(r.reference)
         << ", \"naive\": " << timing_json(r.naive) << ", \"twin\": " << timing_json(r.twin) << "}";
   }
   out << "\n  ]\n}\n";
@@ -873,6 +927,7 @@ int main(int argc, char** argv) {
   Timer timer{nullptr, std::max(1, std::atoi(flag(argc, argv, "--iterations", "200").c_str())), has(argc, argv, "--cold"),
               DeviceBuffer(2 * info.l2_bytes)};
   check(cudaStreamCreateWithFlags(&timer.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  timer.spin_cycles = 30LL * std::max(info.sm_clock_mhz, 1000);
   // --kvf_tune is the CPU bench's spelling of the same thing.
   const std::string tune_model = flag(argc, argv, "--tune", flag(argc, argv, "--kvf_tune", ""));
   if (!tune_model.empty()) return tune(tune_model, flag(argc, argv, "--tune_out", "specs/tuning"), timer);
@@ -889,8 +944,8 @@ int main(int argc, char** argv) {
   check(cudaMemset(d2d_src.data, 1, size_t(d2d_src.bytes)), "memset");
   std::printf("%s: %d SMs, L2 %lld MiB; empty kernel %.2f us eager, %.2f us in a graph\n", info.name.c_str(), info.sms,
               (long long)(info.l2_bytes >> 20), empty.eager_us, empty.graph_us);
-  std::printf("| variant | op | n | eager us | graph us | host us | step us | GB/s | / D2D | / reference | / naive | check |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| variant | op | n | eager us | graph us | host us | step us | commit us | GB/s | / D2D | / reference | / naive | check |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Record> records;
   for (const VariantEntry& e : registry().variants()) {
     const VariantDescriptor& d = *e.descriptor;
@@ -904,8 +959,8 @@ int main(int argc, char** argv) {
       const Record r = run_case(e, twin, s, timer, d2d_src, d2d_dst, info.l2_bytes);
       records.push_back(r);
       const double us = r.kvforge.eager_us;
-      std::printf("| %s | %s | %lld | %.2f | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s |\n", r.variant.c_str(),
-                  r.op.c_str(), (long long)r.n, us, r.kvforge.graph_us, r.kvforge.host_us, r.step.graph_us,
+      std::printf("| %s | %s | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s |\n", r.variant.c_str(),
+                  r.op.c_str(), (long long)r.n, us, r.kvforge.graph_us, r.kvforge.host_us, r.step.graph_us, r.commit.graph_us,
                   double(r.bytes) / us / 1e3, r.d2d_us / us, r.reference.eager_us / us, r.naive.eager_us / us, r.check.c_str());
       std::fflush(stdout);
     }

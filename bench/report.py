@@ -179,7 +179,9 @@ def chart(rows, path, only=None):
 CUDA_RULE = (
     "Bytes moved as above. Times are µs per call: `eager` from cudaEvents around repeated calls, `graph` per "
     "replay of captured calls, `host` the host's enqueue time per call, `step` a whole 32-layer decode step "
-    "(every layer's append, and a lazy variant's commit) replayed as one graph. Each call moves to the next "
+    "(every layer's append, and a lazy variant's commit) replayed as one graph, `commit` a lazy variant's commit "
+    "of every staged layer alone (one graph launch, enqueued behind a busy kernel so the host's enqueue is not "
+    "timed). Each call moves to the next "
     "layer and, after all layers, to other inputs and targets, so the working set stays above L2; `cold` runs "
     "also flush L2 before each call, untimed. `÷ D2D` is a same-run cudaMemcpyAsync of half the bytes moved "
     "over kvforge's time (above 1, kvforge is faster); `÷ reference` a kernel written from scratch on vLLM's "
@@ -209,16 +211,16 @@ def cuda_markdown(data):
            f"L2 {dev['l2_bytes'] >> 20} MiB. Preset `{data['preset']}`, {'cold' if data.get('cold') else 'warm'} L2. "
            f"Empty kernel: {fmt(empty.get('eager_us'))} µs eager, {fmt(empty.get('graph_us'))} µs in a graph.\n",
            CUDA_RULE + "\n",
-           "| op | n | variant | eager µs | graph µs | host µs | step µs | GB/s | ÷ D2D | ÷ reference | ÷ naive | "
-           "÷ bf16 twin | tuned ÷ default | check |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| op | n | variant | eager µs | graph µs | host µs | step µs | commit µs | GB/s | ÷ D2D | ÷ reference | "
+           "÷ naive | ÷ bf16 twin | tuned ÷ default | check |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in sorted(cuda_rows(data), key=lambda r: (r["op"], r["n"], r["variant"])):
         if r["us"] is None:
-            out.append(f"| {r['op']} | {r['n']} | `{r['variant']}` | | | | | | | | | | | {r['check']} |")
+            out.append(f"| {r['op']} | {r['n']} | `{r['variant']}` | | | | | | | | | | | | {r['check']} |")
             continue
         graph = fmt(r["kvforge"].get("graph_us")) or ("not capturable" if r["kvforge"].get("graph_error") else "")
         out.append(f"| {r['op']} | {r['n']} | `{r['variant']}` | {fmt(r['us'])} | {graph} | {fmt(r['kvforge'].get('host_us'))} | "
-                   f"{fmt(r['step'].get('graph_us'))} | {r['gbps']:.0f} | {fmt(r['to_d2d'])} | {fmt(r['to_reference'])} | "
+                   f"{fmt(r['step'].get('graph_us'))} | {fmt((r.get('commit') or {}).get('graph_us'))} | {r['gbps']:.0f} | {fmt(r['to_d2d'])} | {fmt(r['to_reference'])} | "
                    f"{fmt(r['to_naive'])} | {fmt(r['to_twin'])} | {fmt(r['tuned'])} | {r['check']} |")
     errors = sorted({(r["variant"], r["kvforge"]["graph_error"]) for r in data["records"] if r["kvforge"].get("graph_error")})
     if errors:
