@@ -346,7 +346,8 @@ template <class Traits, class Exec> struct Ops {
     const int64_t items = int64_t(a.num_layers) * a.tokens;
     // A short ring append finds each row's new length by reading all its targets in every item
     // (write_target), rather than in a pass of its own: one launch on CUDA.
-    const bool scan_ring = kAddressing == Addressing::ring && a.num_layers == 1 && a.tokens <= Exec::kScannedRingTokens;
+    // (The run-time terms come first, so that the flag is never a constant the lambdas need not capture.)
+    const bool scan_ring = a.num_layers == 1 && a.tokens <= Exec::kScannedRingTokens && kAddressing == Addressing::ring;
     // The targets' checks go with the operation's first launch.
     IndexChecks checks = a.checks;
     if constexpr (kAddressing == Addressing::ring) {
@@ -585,9 +586,9 @@ template <class Traits, class Exec> struct Ops {
         // pieces of 64 KiB, as a slice copy_ does, rather than row by row.
         if (a.s.seq_or_slot == D && a.k.token_stride == D && a.v.token_stride == D) {
           const int64_t run = a.count * D;
-          const int64_t piece = (int64_t(64) << 10) / int64_t(sizeof(In));
+          constexpr int64_t piece = (int64_t(64) << 10) / int64_t(sizeof(In));
           const int64_t pieces = (run + piece - 1) / piece;
-          ex.for_each_item(2 * H * pieces, Fixed<1>{}, piece * int64_t(sizeof(In)), [a, run, piece, pieces](int64_t i, int, int) {
+          ex.for_each_item(2 * H * pieces, Fixed<1>{}, piece * int64_t(sizeof(In)), [a, run, pieces](int64_t i, int, int) {
             if (a.status->code) return;
             const int kv = int(i / (H * pieces));
             const int64_t h = (i / pieces) % H, first = (i % pieces) * piece;

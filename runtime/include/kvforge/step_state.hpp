@@ -69,7 +69,6 @@ class DeviceStepState {
   Buffer table_, lengths_, dropped_;
   Buffer rows_, new_tokens_, seq_lens_, held_, query_start_, indptr_, last_page_len_, slots_, indices_;
   Buffer table_writes_, row_writes_, scan_temp_;
-  int64_t scan_temp_bytes_ = 0;
   DeviceStep step_;
 };
 
