@@ -460,8 +460,6 @@ template <class Traits, class Exec> struct Ops {
   // alone gives (no load); write_target reads the target. `row` >= 0 where the item raises that row's
   // length to `length` (record_length).
   struct WritePlace {
-    int l = 0;              // the item's layer among the call's
-    int64_t t = 0;          // its token within the layer
     int64_t target = 0;     // its entry in the targets
     int layer = 0;          // the pool layer it writes
     const In* k = nullptr;  // its inputs
@@ -472,13 +470,13 @@ template <class Traits, class Exec> struct Ops {
 
   // Item i of a write: layer i / tokens, token i % tokens.
   KVF_HD static KVF_INLINE WritePlace write_source(const WriteArgs<Store, In>& a, int64_t i) {
+    const int l = a.num_layers == 1 ? 0 : int(i / a.tokens);  // an append divides by nothing
+    const int64_t t = i - l * a.tokens;
     WritePlace w;
-    w.l = a.num_layers == 1 ? 0 : int(i / a.tokens);  // an append divides by nothing
-    w.t = i - w.l * a.tokens;
-    w.target = w.l * a.target_layer_stride + w.t;
-    w.layer = a.first_layer + w.l;
-    w.k = a.k.data + w.l * a.input_layer_stride + w.t * a.k.token_stride;
-    w.v = a.v.data + w.l * a.input_layer_stride + w.t * a.v.token_stride;
+    w.target = l * a.target_layer_stride + t;
+    w.layer = a.first_layer + l;
+    w.k = a.k.data + l * a.input_layer_stride + t * a.k.token_stride;
+    w.v = a.v.data + l * a.input_layer_stride + t * a.v.token_stride;
     return w;
   }
 
