@@ -23,7 +23,10 @@ void check(cudaError_t err, const char* what) {
 
 // The checks of calls too long to check inside their own launch (CudaExec::for_each_item): all of
 // an operation's checks (a row layout's rows and positions) in one launch.
+// The operation's launch, queued right behind, starts at once and issues its loads meanwhile
+// (CudaExec::launch); it waits for this grid before it reads the status word.
 __global__ void check_indices_kernel(IndexChecks checks) {
+  let_next_grid_start();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int c = 0; c < checks.count; ++c) {
     const IndexCheckArgs& a = checks.check[c];

@@ -9,6 +9,7 @@
 
 #include "kvforge/dtype.hpp"
 #include "kvforge/errors.hpp"
+#include "kvforge/item_gate.hpp"
 #include "kvforge/op_args.hpp"
 #include "kvforge/op_table.hpp"
 #include "kvforge/vocab.hpp"
@@ -20,40 +21,36 @@ void throw_cuda_error(cudaError_t err, const char* what);
 // capture stays legal.
 void check_indices_on_device(void* stream, const IndexChecks& checks);
 
-// Records a failed check in the status word; the first failure to claim it records itself.
-__device__ inline void record_index_failure(const IndexCheckArgs& a, int64_t i, int64_t value) {
-  if (atomicCAS(&a.status->code, 0, a.code) == 0) {
-    a.status->index = i;
-    a.status->value = value;
-    a.status->lo = a.lo;
-    a.status->hi = a.hi;
-  }
-}
-
 // A block is Lanes x items: an item's lanes are threadIdx.x and its place in the block threadIdx.y,
 // so neither needs a division, and a body inlined here sees its lane count as a constant. A thread
 // takes items a grid apart, several where the launch asks for it (Tuning::cuda_items_per_thread).
-// With `Checked`, every block first checks every index of `checks` and goes on only if all pass: a
-// failure then writes nothing anywhere without a check launch of its own. Block 0 records it.
+// With `Checked`, the launch checks every index of `checks` itself, and a failure writes nothing
+// anywhere without a check launch of its own: a plain body runs once its block has found them all
+// good; a gated body (op_args.hpp) gets one item per thread and the block's verdict from its gate,
+// after it has issued its own loads. Without, a launch may overlap the check launch before it
+// (CudaExec::launch), and waits for it before it reads the status word: a gated body at its gate, a
+// plain one before anything.
 template <int Lanes, bool Checked, class Body>
 __global__ void __launch_bounds__(tunables::cuda_block_threads.hi) item_kernel(int64_t items, IndexChecks checks,
                                                                               Body body) {
-  if constexpr (Checked) {
-    const int thread = int(threadIdx.y) * Lanes + int(threadIdx.x), threads = Lanes * int(blockDim.y);
-    bool failed = false;
-    for (int c = 0; c < checks.count; ++c)
-      for (int64_t i = thread; i < checks.check[c].count; i += threads) {
-        int64_t value;
-        if (!index_passes(checks.check[c], i, value)) {
-          failed = true;
-          if (blockIdx.x == 0) record_index_failure(checks.check[c], i, value);
-        }
-      }
-    if (__syncthreads_or(failed)) return;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if constexpr (IsGated<Body>::value) {
+    const ItemGate gate{Checked ? &checks : nullptr};
+    if constexpr (Checked) {
+      if (first < items) body.body(first, int(threadIdx.x), Lanes, gate); else (void)gate.closed(checks.check[0].status);
+      return;
+    }
+    const int64_t stride = int64_t(gridDim.x) * blockDim.y;
+    for (int64_t item = first; item < items; item += stride) body.body(item, int(threadIdx.x), Lanes, gate);
+  } else {
+    if constexpr (Checked) {
+      if (block_refuses(checks)) return;
+    } else {
+      wait_for_prior_grid();
+    }
+    const int64_t stride = int64_t(gridDim.x) * blockDim.y;
+    for (int64_t item = first; item < items; item += stride) body(item, int(threadIdx.x), Lanes);
   }
-  const int64_t stride = int64_t(gridDim.x) * blockDim.y;
-  for (int64_t item = int64_t(blockIdx.x) * blockDim.y + threadIdx.y; item < items; item += stride)
-    body(item, int(threadIdx.x), Lanes);
 }
 
 struct CudaExec {
@@ -72,20 +69,58 @@ struct CudaExec {
     return CudaExec{static_cast<cudaStream_t>(l.stream), l.tuning.cuda_block_threads, l.tuning.cuda_items_per_thread};
   }
 
-  // Streaming multiprocessors of the current device, read once per device.
-  static int sm_count() {
-    static int counts[64] = {};
+  // What the launches ask of the current device, read once per device.
+  struct DeviceFacts {
+    int sms = 1;                        // streaming multiprocessors
+    bool overlaps_prior_grid = false;   // programmatic dependent launch: sm_90 and later
+  };
+  static const DeviceFacts& device_facts() {
+    static DeviceFacts facts[64];
+    static bool known[64] = {};
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 1;
-    if (!counts[device]) {
-      int n = 0;
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-      counts[device] = n > 0 ? n : 1;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
+      static const DeviceFacts unknown;
+      return unknown;
     }
-    return counts[device];
+    if (!known[device]) {
+      int sms = 0, major = 0;
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      facts[device] = DeviceFacts{sms > 0 ? sms : 1, major >= 9};
+      known[device] = true;
+    }
+    return facts[device];
   }
 
-  // Runs body(item, lane, Lanes) for every item, after `checks` (fused into the launch where short).
+  // One item_kernel launch. One that follows a check launch (`after_checks`) may start while that
+  // still runs, where the device allows it: its blocks issue their loads and wait at their gates
+  // (wait_for_prior_grid), so that the check launch's time hides behind them rather than adding to
+  // the call's. Only after our own check kernel: its predecessors had all finished when it began, so
+  // everything but its status word is already in place, and it asks for the overlap itself.
+  template <int Lanes, bool Checked, class Body>
+  void launch(int64_t blocks, dim3 block, int64_t items, const IndexChecks& checks, const Body& body,
+              bool after_checks) const {
+    if (after_checks && device_facts().overlaps_prior_grid) {
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3{unsigned(blocks), 1u, 1u};
+      config.blockDim = block;
+      config.stream = stream;
+      cudaLaunchAttribute overlap[1];
+      overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      overlap[0].val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = overlap;
+      config.numAttrs = 1;
+      const cudaError_t err = cudaLaunchKernelEx(&config, item_kernel<Lanes, Checked, Body>, items, checks, body);
+      if (err != cudaSuccess) throw_cuda_error(err, "kernel launch");
+      return;
+    }
+    item_kernel<Lanes, Checked><<<unsigned(blocks), block, 0, stream>>>(items, checks, body);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) throw_cuda_error(err, "kernel launch");
+  }
+
+  // Runs body(item, lane, Lanes) for every item, after `checks` (fused into the launch where short); a
+  // gated body (op_args.hpp) gets its gate as well.
   template <int Lanes, class Body>
   void for_each_item(int64_t items, Fixed<Lanes>, int64_t /*item_bytes*/, Body body,
                      const IndexChecks& checks = IndexChecks{}) const {
@@ -97,18 +132,18 @@ struct CudaExec {
     // A launch too small to give every SM a block (a decode step's append) takes smaller blocks, down
     // to one warp, so that more SMs issue its loads and stores. An item keeps its lanes (a quantized
     // item's warp reduction is unchanged).
-    const int64_t sms = sm_count();
+    const int64_t sms = device_facts().sms;
     while (per_block > 1 && (items + per_block - 1) / per_block < sms && (per_block / 2) * Lanes >= 32) per_block /= 2;
-    const int64_t items_per_block = int64_t(per_block) * (items_per_thread > 1 ? items_per_thread : 1);
+    // A gated body in a checking launch takes one item per thread: its gate is a barrier of the block.
+    const bool one_each = fused && IsGated<Body>::value;
+    const int64_t items_per_block = int64_t(per_block) * (items_per_thread > 1 && !one_each ? items_per_thread : 1);
     const int64_t blocks = (items + items_per_block - 1) / items_per_block;
     const dim3 block{unsigned(Lanes), unsigned(per_block), 1u};
     if (fused) {
-      item_kernel<Lanes, true><<<unsigned(blocks), block, 0, stream>>>(items, checks, body);
+      launch<Lanes, true>(blocks, block, items, checks, body, false);
     } else {
-      item_kernel<Lanes, false><<<unsigned(blocks), block, 0, stream>>>(items, IndexChecks{}, body);
+      launch<Lanes, false>(blocks, block, items, IndexChecks{}, body, checks.count > 0);
     }
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) throw_cuda_error(err, "kernel launch");
   }
 
   // The maximum over each aligned group of `Group` lanes of an item's `Lanes` threads (powers of two up

@@ -15,6 +15,7 @@
 #include "kvforge/config.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/geometry.hpp"
+#include "kvforge/item_gate.hpp"
 #include "kvforge/op_args.hpp"
 #include "kvforge/op_table.hpp"
 #include "kvforge/quant.hpp"
@@ -406,11 +407,10 @@ template <class Traits, class Exec> struct Ops {
         return;
       }
     }
-    ex.for_each_item(items, Fixed<kTokenLanes>{}, item_bytes(a.ext), [a, scan_ring] KVF_HD(int64_t i, int lane, int lanes) {
-      // The status word, the target and (where the executor holds tokens in its lanes) the inputs
-      // load together, none waiting for another: on a GPU, one wait on memory before the stores
-      // rather than three in a row. Nothing is written before the status word is read.
-      const int32_t halted = a.status->code;
+    ex.for_each_item(items, Fixed<kTokenLanes>{}, item_bytes(a.ext), gated([a, scan_ring] KVF_HD(int64_t i, int lane, int lanes, const ItemGate& gate) {
+      // The target, (where the executor holds tokens in its lanes) the inputs, the status word and
+      // the launch's own index checks all load together, none waiting for another (ItemGate): on a
+      // GPU, one wait on memory before the stores rather than three in a row.
       WritePlace w = write_source(a, i);
       const TokenHeads<const In> k_in{w.k, a.k.head_stride}, v_in{w.v, a.v.head_stride};
       [[maybe_unused]] WrittenToken token;
@@ -425,8 +425,11 @@ template <class Traits, class Exec> struct Ops {
           load_chunks(v_regs, v_in.data, v_in.head_stride, lane, 0);
         }
       }
-      const bool writes = write_target(a, scan_ring, w);
-      if (halted) return;
+      // A ring's target reads its row's length at a row index that only the checks make safe.
+      constexpr bool kTargetReadsRows = kAddressing == Addressing::ring;
+      bool writes = !kTargetReadsRows && write_target(a, scan_ring, w);
+      if (gate.closed(a.status)) return;
+      if constexpr (kTargetReadsRows) writes = write_target(a, scan_ring, w);
       record_length(a, w, lane);
       if (!writes) return;
       const int layer = w.layer;
@@ -453,7 +456,7 @@ template <class Traits, class Exec> struct Ops {
         token.store(TokenHeads<Store>{dst, a.s.head}, TokenHeads<Store>{dst + a.s.kv, a.s.head}, k_in, v_in, a.ext, lane,
                     lanes);
       }
-    }, checks);
+    }), checks);
   }
 
   // Where one item of a write goes, and its K and V input. write_source fills what the item's index
@@ -551,9 +554,9 @@ template <class Traits, class Exec> struct Ops {
   static void stage(const Exec& ex, const StageArgs<In>& a) {
     ex.for_each_item(
         a.tokens, Fixed<kStageLanes>{}, item_bytes<In>(a.ext),
-        [a] KVF_HD(int64_t t, int lane, int lanes) {
-          // The status word, the targets and (as a write's) the tokens load together.
-          const int32_t halted = a.status->code;
+        gated([a] KVF_HD(int64_t t, int lane, int lanes, const ItemGate& gate) {
+          // The targets, (as a write's) the tokens, the status word and the launch's checks load
+          // together.
           const StagedTargets& to = a.targets;
           const bool copies_targets = lane == 0;
           const int64_t slot = copies_targets && to.slots ? to.slots[t] : -1;
@@ -563,7 +566,7 @@ template <class Traits, class Exec> struct Ops {
           const TokenHeads<const In> v_in{a.v_in.data + t * a.v_in.token_stride, a.v_in.head_stride};
           StagedToken token;
           token.load(k_in, v_in, lane);
-          if (halted) return;
+          if (gate.closed(a.status)) return;
           const int d = int(head_dim(a.ext));
           const int64_t stage_row = int64_t(int(heads(a.ext))) * d;
           token.store(TokenHeads<In>{a.k_stage + t * stage_row, d}, TokenHeads<In>{a.v_stage + t * stage_row, d}, k_in, v_in,
@@ -572,7 +575,7 @@ template <class Traits, class Exec> struct Ops {
           if (to.slots) to.slots_stage[t] = slot;
           if (to.rows) to.rows_stage[t] = row;
           if (to.positions) to.positions_stage[t] = position;
-        },
+        }),
         a.checks);
   }
 
@@ -632,14 +635,13 @@ template <class Traits, class Exec> struct Ops {
         return;
       }
     }
-    ex.for_each_item(a.count, Fixed<kTokenLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t j, int lane, int lanes) {
-      // The status word loads beside the page-table entry (as write's does beside its target): one
-      // test of both, so that the compiler cannot wait on the first before it loads the second. A
+    ex.for_each_item(a.count, Fixed<kTokenLanes>{}, item_bytes(a.ext), gated([a] KVF_HD(int64_t j, int lane, int lanes, const ItemGate& gate) {
+      // The page-table entry loads before the gate reads the status word and the launch's checks (as
+      // write's target does): the pool is read only once the checks have passed the page. A
       // negative page is refused by the range's checks; here it only keeps the test whole.
-      const int32_t halted = a.status->code;
       int64_t unit, slot;
       locate_position(a.ext, a.row, a.pages, a.begin + j, unit, slot);
-      if ((halted != 0) | (unit < 0)) return;
+      if (gate.closed(a.status) | (unit < 0)) return;
       const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
       if constexpr (kChunkedQuant) {
         In* k_out = a.k.data + j * a.k.token_stride;
@@ -666,7 +668,7 @@ template <class Traits, class Exec> struct Ops {
                             TokenHeads<const Store>{src, a.s.head}, TokenHeads<const Store>{src + a.s.kv, a.s.head},
                             heads(a.ext), head_dim(a.ext), lane, lanes);
       }
-    }, a.checks);
+    }), a.checks);
   }
 
   static void zero_row(const Exec& ex, const ZeroRowArgs<Store>& a) {
