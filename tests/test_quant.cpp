@@ -96,6 +96,53 @@ TEST(Codec, DynamicScaleIsAmaxOverQmaxRoundedUpAndNeverZero) {
   EXPECT_LE(std::fabs(0.3f / s), 127.0f);
 }
 
+// The quantizers divide by a scale through its reciprocal and one fused correction (ScaleDivisor).
+// Over every bf16 and every fp16 value, against dynamic scales of random groups (fp32 and bf16-rounded)
+// and scales at the ends of the range where the divisor falls back to division, it must give IEEE
+// division's quotient bit for bit wherever that could make a nonzero code (|x / s| >= 2^-20), and
+// below that a value of the same sign that is as small: the same code in every format.
+TEST(Codec, ScaleDivisorGivesTheIeeeQuotient) {
+  std::vector<float> scales{1.0f, 0.5f, 3.0f, 1e-3f, 0x1p-80f, 0x1.fffffep-81f, 0x1p-60f, 1e-20f, 0x1p125f,
+                            0x1.000002p125f, 1e-40f, 3.0e38f, 1.0f / 127.0f, 1.0f / 448.0f, 1.0f / 57344.0f};
+  std::mt19937 rng(11);
+  for (int i = 0; i < 200; ++i) {
+    const float amax = std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng),
+                                  std::uniform_int_distribution<int>(-120, 120)(rng));
+    const uint32_t bits = detail::magnitude_bits(amax);
+    scales.push_back(to_float(detail::dynamic_scale<int8_t, float>(bits)));
+    scales.push_back(to_float(detail::dynamic_scale<int8_t, bf16>(bits)));
+    scales.push_back(to_float(detail::dynamic_scale<fp8_e4m3, bf16>(bits)));
+    scales.push_back(to_float(detail::dynamic_scale<fp8_e5m2, float>(bits)));
+  }
+  int fused = 0;
+  for (float s : scales) {
+    const detail::ScaleDivisor divisor(s);
+    fused += divisor.fused;
+    for (uint32_t bits = 0; bits < 65536; ++bits)
+      for (float x : {to_float(bf16{uint16_t(bits)}), to_float(fp16{uint16_t(bits)})}) {
+        const float want = x / s;
+        // divide() as this build's cores take it, and the fused path itself wherever it applies.
+        for (float got : {divisor.divide(x), divisor.fused ? divisor.fused_quotient(x) : want}) {
+          if (!(std::fabs(want) < 0x1p-20f)) {
+            ASSERT_TRUE(same_float(got, want)) << x << " / " << s << ": " << got << " vs " << want;
+          } else {
+            ASSERT_TRUE(std::fabs(got) < 0x1p-19f && std::signbit(got) == std::signbit(want))
+                << x << " / " << s << ": " << got << " vs " << want;
+          }
+          ASSERT_EQ(code_byte(detail::Codec<int8_t>::encode(got)), code_byte(detail::Codec<int8_t>::encode(want)));
+          ASSERT_EQ(detail::Codec<fp8_e4m3>::encode(got).bits, detail::Codec<fp8_e4m3>::encode(want).bits);
+          ASSERT_EQ(detail::Codec<fp8_e5m2>::encode(got).bits, detail::Codec<fp8_e5m2>::encode(want).bits);
+        }
+      }
+  }
+  // Both paths ran: the ends of the range divide, the rest take the product.
+  EXPECT_GT(fused, int(scales.size()) / 2);
+  EXPECT_LT(fused, int(scales.size()));
+  EXPECT_TRUE(detail::ScaleDivisor(0x1p-80f).fused);
+  EXPECT_FALSE(detail::ScaleDivisor(0x1.fffffep-81f).fused);
+  EXPECT_FALSE(detail::ScaleDivisor(3.0e38f).fused);
+}
+
 // The CUDA write's chunked quantizer (quant_chunks.hpp), run lane by lane on the host: its lanes
 // cover each element of a token exactly once, a head's chunks lie in one aligned group of lanes (the
 // group its scale is reduced over), and its per-chunk amax and packed encode give the reference's
@@ -139,7 +186,7 @@ template <class Store, class In, int H, int D> void check_chunked_quantizer(DTyp
         int h, c;
         if (!Chunks::chunk_at(lane, p, k, h, c)) continue;
         const float scale = to_float(detail::dynamic_scale<Store, float>(head_amax[h]));
-        Chunks::encode(codes.data(), D, h, c, Chunks::load(x.data(), D, h, c), scale);
+        Chunks::encode(codes.data(), D, h, c, Chunks::load(x.data(), D, h, c), detail::ScaleDivisor(scale));
       }
   }
   for (int h = 0; h < H; ++h) {

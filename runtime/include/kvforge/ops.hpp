@@ -72,7 +72,9 @@ template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const
 
 template <int D, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
-  for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = Codec<Code>::encode(to_float(src[i]) / scale);
+  const ScaleDivisor divisor(scale);
+  for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes))
+    dst[i] = Codec<Code>::encode(divisor.divide(to_float(src[i])));
 }
 
 template <int D, class Exec, class Out, class Code>
@@ -292,8 +294,9 @@ template <class Traits, class Exec> struct Ops {
           if (lane % Chunks::Lh == 0 && h < H) scale[h * scale_head] = stored;
           s = to_float(stored);
         }
+        const ScaleDivisor divisor(s);
         Chunks::template for_each_chunk<1>(lane, first + r, [&](int, int k, int h, int c) {
-          Chunks::encode(dst, dst_head, h, c, regs[r][k], s);
+          Chunks::encode(dst, dst_head, h, c, regs[r][k], divisor);
         });
       }
     }

@@ -100,12 +100,13 @@ template <class Store, class In, int H, int D> struct QuantChunks {
   }
 
   // One chunk's codes, stored in one access of kCodeBytes.
-  KVF_HD static KVF_INLINE void encode(Store* dst, int64_t dst_head, int h, int c, const Vec16& chunk, float scale) {
+  KVF_HD static KVF_INLINE void encode(Store* dst, int64_t dst_head, int h, int c, const Vec16& chunk,
+                                             const ScaleDivisor& divisor) {
     Inputs in;
     std::memcpy(&in, &chunk, sizeof in);
     Codes out;
     KVF_UNROLL
-    for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(to_float(in.x[i]) / scale);
+    for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(divisor.divide(to_float(in.x[i])));
     store_vector(dst + h * dst_head + c * V, out);
   }
 
