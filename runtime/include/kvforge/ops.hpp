@@ -364,9 +364,10 @@ template <class Traits, class Exec> struct Ops {
             [a] KVF_HD(int64_t i, int, int) {
               if (a.status->code) return;
               const int l = int(i / a.tokens);
-              const int64_t target = l * a.target_layer_stride + (i - l * a.tokens);
+              const int64_t t = i - l * a.tokens, target = l * a.target_layer_stride + t;
               const int32_t r = a.rows[target], p = a.positions[target];
-              if (r >= 0 && p >= 0) Exec::atomic_max(&a.row_length[r], p + 1);
+              if (r >= 0 && p >= 0 && !next_token_records(a, t + 1 < a.tokens ? target + 1 : -1, r, p))
+                Exec::atomic_max(&a.row_length[r], p + 1);
             },
             checks);
         checks = IndexChecks{};
@@ -472,7 +473,16 @@ template <class Traits, class Exec> struct Ops {
     const In* v = nullptr;
     int64_t unit = 0, slot = 0;
     int32_t row = -1, length = 0;
+    int64_t next = -1;      // the same layer's next token's entry, or -1
   };
+
+  // Whether the same layer's next token (entry `next`) goes to row r at position p or later: that
+  // token then raises the row's length at least as far, so this one need not. A prefill then raises
+  // each row's length once rather than once per token, which on a GPU is thousands of atomics on one
+  // word; the two entries share a cache line with the token's own.
+  KVF_HD static KVF_INLINE bool next_token_records(const WriteArgs<Store, In>& a, int64_t next, int32_t r, int32_t p) {
+    return next >= 0 && a.rows[next] == r && a.positions[next] >= p;
+  }
 
   // Item i of a write: layer i / tokens, token i % tokens.
   KVF_HD static KVF_INLINE WritePlace write_source(const WriteArgs<Store, In>& a, int64_t i) {
@@ -480,6 +490,7 @@ template <class Traits, class Exec> struct Ops {
     const int64_t t = i - l * a.tokens;
     WritePlace w;
     w.target = l * a.target_layer_stride + t;
+    w.next = t + 1 < a.tokens ? w.target + 1 : -1;
     w.layer = a.first_layer + l;
     w.k = a.k.data + l * a.input_layer_stride + t * a.k.token_stride;
     w.v = a.v.data + l * a.input_layer_stride + t * a.v.token_stride;
@@ -512,6 +523,7 @@ template <class Traits, class Exec> struct Ops {
       } else if (a.row_length) {
         w.row = r, w.length = p + 1;
       }
+      if (w.row >= 0 && next_token_records(a, w.next, r, p)) w.row = -1;
       locate_position(a.ext, r, nullptr, p, w.unit, w.slot);
     }
     return true;
