@@ -26,7 +26,7 @@ void check_indices_on_device(void* stream, const IndexChecks& checks);
 // takes items a grid apart, several where the launch asks for it (Tuning::cuda_items_per_thread).
 // With `Checked`, the launch checks every index of `checks` itself, and a failure writes nothing
 // anywhere without a check launch of its own: a plain body runs once its block has found them all
-// good; a gated body (op_args.hpp) gets one item per thread and the block's verdict from its gate,
+// good; a gated body (item_gate.hpp) gets one item per thread and the block's verdict from its gate,
 // after it has issued its own loads. Without, a launch may overlap the check launch before it
 // (CudaExec::launch), and waits for it before it reads the status word: a gated body at its gate, a
 // plain one before anything.
@@ -120,7 +120,7 @@ struct CudaExec {
   }
 
   // Runs body(item, lane, Lanes) for every item, after `checks` (fused into the launch where short); a
-  // gated body (op_args.hpp) gets its gate as well.
+  // gated body (item_gate.hpp) gets its gate as well.
   template <int Lanes, class Body>
   void for_each_item(int64_t items, Fixed<Lanes>, int64_t /*item_bytes*/, Body body,
                      const IndexChecks& checks = IndexChecks{}) const {
