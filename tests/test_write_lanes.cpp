@@ -47,6 +47,17 @@ template <class T, int H, int D, int P> struct PagedTraits {
   static constexpr Quant quant = Quant::none;
 };
 
+// The strides of a PagedTraits pool of `pages` pages, [layer, kv, page, head, slot, dim].
+template <class Traits> Strides pool_strides(int pages) {
+  Strides s;
+  s.seq_or_slot = Traits::head_dim;
+  s.head = int64_t(Traits::page_size) * Traits::head_dim;
+  s.row_or_page = Traits::heads * s.head;
+  s.kv = pages * s.row_or_page;
+  s.layer = 2 * s.kv;
+  return s;
+}
+
 // Appends `tokens` tokens with random values to layer `layer` of a 2-layer pool of `pages` pages,
 // through the CUDA item body, with a shuffled slot per token (every third token padding), from inputs
 // whose heads are `head_gap` elements apart beyond D (0: dense; odd: rows not 16-byte aligned).
@@ -56,7 +67,7 @@ template <class Traits> void check_write(int pages, int tokens, int layer, int h
   using Ops = detail::Ops<Traits, HostLanesExec>;
   SCOPED_TRACE(::testing::Message() << "H=" << H << " D=" << D << " P=" << P << " " << sizeof(T) << "-byte elements, "
                                     << tokens << " tokens, head gap " << head_gap << ", "
-                                    << (Ops::WrittenToken::kHolds ? "held in lanes" : "copied after the target"));
+                                    << (Ops::template WrittenToken<false>::kHolds ? "held in lanes" : "copied after the target"));
   std::mt19937 rng(seed);
   const int64_t head_stride = D + head_gap, token_stride = H * head_stride;
   auto random_tokens = [&] {
@@ -76,12 +87,7 @@ template <class Traits> void check_write(int pages, int tokens, int layer, int h
   slots.resize(size_t(tokens));
   for (int t = 2; t < tokens; t += 3) slots[size_t(t)] = -1;
 
-  Strides s;  // [layer, kv, page, head, slot, dim]
-  s.seq_or_slot = D;
-  s.head = int64_t(P) * D;
-  s.row_or_page = H * s.head;
-  s.kv = pages * s.row_or_page;
-  s.layer = 2 * s.kv;
+  const Strides s = pool_strides<Traits>(pages);
   // A 16-byte-aligned pool, one sentinel byte pattern throughout.
   std::vector<Vec16Storage> storage(size_t(L * s.layer * int64_t(sizeof(T)) / 16 + 1));
   std::memset(storage.data(), 0xa5, storage.size() * sizeof(Vec16Storage));
@@ -160,6 +166,56 @@ template <class Traits> void check_stage(int tokens, int head_gap, uint32_t seed
   }
 }
 
+// A gather through the same lanes: positions [begin, begin + count) of a sequence whose pages are
+// shuffled, out of layer `layer` of a 2-layer pool of random bytes, into [T, H, D] outputs whose heads
+// are `head_gap` elements apart beyond D. Every output byte is checked, the gaps' sentinels too.
+template <class Traits> void check_gather(int pages, int64_t begin, int64_t count, int layer, int head_gap, uint32_t seed) {
+  using T = typename Traits::storage_t;
+  constexpr int H = Traits::heads, D = Traits::head_dim, P = Traits::page_size, L = 2;
+  SCOPED_TRACE(::testing::Message() << "gather H=" << H << " D=" << D << " P=" << P << ", positions " << begin << " + "
+                                    << count << ", head gap " << head_gap);
+  std::mt19937 rng(seed);
+  const Strides s = pool_strides<Traits>(pages);
+  std::vector<Vec16Storage> storage(size_t(L * s.layer * int64_t(sizeof(T)) / 16 + 1));
+  for (Vec16Storage& v : storage)
+    for (unsigned char& b : v.bytes) b = static_cast<unsigned char>(rng());
+  const T* pool = reinterpret_cast<const T*>(storage.data());
+  std::vector<int32_t> page_table(static_cast<size_t>(pages));
+  for (int p = 0; p < pages; ++p) page_table[size_t(p)] = p;
+  std::shuffle(page_table.begin(), page_table.end(), rng);
+
+  const int64_t head_stride = D + head_gap, token_stride = H * head_stride, offset = head_gap % 2;
+  const size_t out_elems = size_t(count * token_stride + 1);
+  std::vector<unsigned char> want[2];
+  std::vector<Vec16Storage> got[2];
+  for (int kv = 0; kv < 2; ++kv) {
+    got[kv].assign(out_elems * sizeof(T) / 16 + 1, Vec16Storage{});
+    std::memset(got[kv].data(), 0x5a, got[kv].size() * sizeof(Vec16Storage));
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(got[kv].data());
+    want[kv].assign(bytes, bytes + got[kv].size() * sizeof(Vec16Storage));
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t pos = begin + j, page = page_table[size_t(pos / P)], slot = pos % P;
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d) {
+          const int64_t from = ((((int64_t(layer) * 2 + kv) * pages + page) * H + h) * P + slot) * D + d;
+          const int64_t to = offset + j * token_stride + h * head_stride + d;
+          std::memcpy(want[kv].data() + to * int64_t(sizeof(T)), pool + from, sizeof(T));
+        }
+    }
+  }
+  detail::DeviceStatus status{};
+  T* k_out = reinterpret_cast<T*>(got[0].data()) + offset;
+  T* v_out = reinterpret_cast<T*>(got[1].data()) + offset;
+  detail::GatherArgs<T, T> a{pool, s, detail::ScaleRef{nullptr, Strides{}}, {k_out, token_stride, head_stride},
+                             {v_out, token_stride, head_stride}, layer, 0, page_table.data(), begin, count, &status};
+  detail::Ops<Traits, HostLanesExec>::gather(HostLanesExec{{int64_t(1) << 40, 0, false}}, a);
+  for (int kv = 0; kv < 2; ++kv) {
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(got[kv].data());
+    for (size_t b = 0; b < want[kv].size(); ++b)
+      ASSERT_EQ(bytes[b], want[kv][b]) << (kv ? "V" : "K") << " output byte " << b << " (element " << b / sizeof(T) << ")";
+  }
+}
+
 // A status word already set (an earlier operation's failed check) stops the write before it stores.
 template <class Traits> void check_halted_write() {
   using T = typename Traits::storage_t;
@@ -169,8 +225,7 @@ template <class Traits> void check_halted_write() {
   std::memset(storage.data(), 0xa5, storage.size() * sizeof(Vec16Storage));
   const std::vector<Vec16Storage> before = storage;
   const int64_t slot = 0;
-  Strides s;
-  s.seq_or_slot = D, s.head = int64_t(P) * D, s.row_or_page = H * s.head, s.kv = s.row_or_page, s.layer = 2 * s.kv;
+  const Strides s = pool_strides<Traits>(1);
   detail::DeviceStatus status{};
   status.code = detail::kCheckSlots;
   detail::WriteArgs<T, T> a{reinterpret_cast<T*>(storage.data()), s, detail::ScaleRef{nullptr, Strides{}},
@@ -182,7 +237,7 @@ template <class Traits> void check_halted_write() {
 }
 
 TEST(CudaWriteOnHostLanes, HeldTokensLandWhereTheReferenceSays) {
-  static_assert(detail::Ops<PagedTraits<bf16, 8, 128, 16>, HostLanesExec>::WrittenToken::kHolds);
+  static_assert(detail::Ops<PagedTraits<bf16, 8, 128, 16>, HostLanesExec>::WrittenToken<false>::kHolds);
   // One vector a lane (llama3-8b's K and V: 128 lanes).
   check_write<PagedTraits<bf16, 8, 128, 16>>(8, 40, 1, 0, 1);
   // Two vectors a lane: 32 heads of 128 take 512 vectors over 256 lanes.
@@ -191,16 +246,30 @@ TEST(CudaWriteOnHostLanes, HeldTokensLandWhereTheReferenceSays) {
   check_write<PagedTraits<float, 3, 40, 7>>(9, 50, 1, 8, 3);
   // Rows not 16-byte aligned in the input: the body copies after reading the target instead.
   check_write<PagedTraits<fp16, 5, 64, 16>>(6, 33, 0, 1, 4);
+  // The first row aligned, the others 4 bytes off: the call takes the body with the element path, which
+  // tests each token's rows (the body without it would trap on its first misaligned vector).
+  check_write<PagedTraits<bf16, 8, 128, 16>>(8, 40, 1, 2, 6);
   // Too many vectors to hold (8 a lane): copied after the target.
-  static_assert(!detail::Ops<PagedTraits<fp16, 64, 256, 2>, HostLanesExec>::WrittenToken::kHolds);
+  static_assert(!detail::Ops<PagedTraits<fp16, 64, 256, 2>, HostLanesExec>::WrittenToken<false>::kHolds);
   check_write<PagedTraits<fp16, 64, 256, 2>>(8, 9, 1, 0, 5);
 }
 
 TEST(CudaWriteOnHostLanes, StagedTokensLandWhereTheReferenceSays) {
-  static_assert(detail::Ops<PagedTraits<bf16, 8, 128, 16>, HostLanesExec>::StagedToken::kHolds);
+  static_assert(detail::Ops<PagedTraits<bf16, 8, 128, 16>, HostLanesExec>::StagedToken<false>::kHolds);
   check_stage<PagedTraits<bf16, 8, 128, 16>>(21, 0, 11);
   check_stage<PagedTraits<float, 3, 40, 7>>(13, 8, 12);
   check_stage<PagedTraits<fp16, 5, 64, 16>>(10, 1, 13);  // inputs off 16 bytes: copied at the store
+  check_stage<PagedTraits<bf16, 8, 128, 16>>(9, 2, 14);   // heads 4 bytes off, the first row aligned
+}
+
+TEST(CudaWriteOnHostLanes, GatheredTokensMatchThePool) {
+  static_assert(detail::Ops<PagedTraits<bf16, 8, 128, 16>, HostLanesExec>::GatheredToken<true>::kHolds);
+  check_gather<PagedTraits<bf16, 8, 128, 16>>(6, 5, 70, 1, 0, 21);       // every row whole vectors
+  check_gather<PagedTraits<bf16, 32, 128, 4>>(12, 0, 45, 0, 0, 22);      // two vectors a lane
+  check_gather<PagedTraits<float, 3, 40, 7>>(9, 3, 50, 1, 8, 23);        // heads 8 floats apart: still whole
+  check_gather<PagedTraits<bf16, 8, 128, 16>>(6, 2, 60, 0, 2, 24);       // heads 4 bytes off: element path
+  check_gather<PagedTraits<fp16, 5, 64, 16>>(5, 1, 33, 1, 1, 25);        // outputs off 16 bytes
+  check_gather<PagedTraits<fp16, 64, 256, 2>>(8, 1, 9, 0, 0, 26);        // too many vectors to hold
 }
 
 TEST(CudaWriteOnHostLanes, SetStatusWordWritesNothing) {

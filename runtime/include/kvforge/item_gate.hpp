@@ -22,12 +22,15 @@ __device__ inline void record_index_failure(const IndexCheckArgs& a, int64_t i, 
 }
 
 // Whether any index of `checks` fails, decided by a whole CUDA block: each thread checks a share and
-// every thread gets the answer. Block 0 records a failure, so it is recorded once per launch.
+// every thread gets the answer. Block 0 records a failure, so it is recorded once per launch. Only
+// launches that check themselves call it, whose checks are short (CudaExec::kFusedCheckEntries): 32-bit
+// positions keep the registers a body holds across it to a minimum.
 __device__ inline bool block_refuses(const IndexChecks& checks) {
   const int thread = int(threadIdx.y * blockDim.x + threadIdx.x), threads = int(blockDim.x * blockDim.y);
   bool failed = false;
-  for (int c = 0; c < checks.count; ++c)
-    for (int64_t i = thread; i < checks.check[c].count; i += threads) {
+  KVF_UNROLL
+  for (int c = 0; c < kMaxIndexChecks; ++c)
+    for (int i = thread; c < checks.count && i < int(checks.check[c].count); i += threads) {
       int64_t value;
       if (!index_passes(checks.check[c], i, value)) {
         failed = true;

@@ -37,8 +37,9 @@ KVF_HD KVF_INLINE bool index_passes(const IndexCheckArgs& a, int64_t i, int64_t&
 // The index checks of one append or gather, given to the operation itself so that an executor can run
 // them inside the operation's own launch (CUDA, for decode-sized calls: one launch, not four). Either
 // way they finish before anything is written, and a failure writes nothing anywhere.
+inline constexpr int kMaxIndexChecks = 3;  // an append's slots, or rows and positions; a gather's range
 struct IndexChecks {
-  IndexCheckArgs check[3];
+  IndexCheckArgs check[kMaxIndexChecks];
   int count = 0;
   void add(const IndexCheckArgs& a) { check[count++] = a; }
   int64_t entries() const {

@@ -151,7 +151,9 @@ template <class Traits, class Exec> struct Ops {
   // executor holds tokens in its lanes (CUDA) and the rows allow 16-byte accesses, the item loads them
   // before it knows where they go (token_vectors.hpp), so that its target and the status word load
   // alongside; it stores them after. Otherwise it copies them straight from the inputs at the store.
-  template <class Dst, int Lanes> struct FloatToken {
+  // With kAlignedRows (the host found every row of the call whole 16-byte vectors) it tests nothing
+  // and has no element path to fall back to.
+  template <class Dst, int Lanes, bool kAlignedRows> struct FloatToken {
     using Vectors = TokenVectors<In, H, D, Lanes>;
     static constexpr bool kHolds = Exec::kHoldsTokens && !kRuntime && std::is_same_v<Dst, In> && Vectors::kHeld;
     Vectors vectors;
@@ -159,23 +161,44 @@ template <class Traits, class Exec> struct Ops {
 
     KVF_HD KVF_INLINE void load(TokenHeads<const In> k, TokenHeads<const In> v, int lane) {
       if constexpr (kHolds) {
-        held = Vectors::aligned(k.data, k.head_stride) && Vectors::aligned(v.data, v.head_stride);
+        held = kAlignedRows || (Vectors::aligned(k.data, k.head_stride) && Vectors::aligned(v.data, v.head_stride));
         if (held) vectors.load(k, v, lane);
       }
     }
     KVF_HD KVF_INLINE void store(TokenHeads<Dst> k_out, TokenHeads<Dst> v_out, TokenHeads<const In> k,
                                  TokenHeads<const In> v, const Extents& e, int lane, int lanes) const {
-      if constexpr (kHolds) {
-        if (held && Vectors::aligned(k_out.data, k_out.head_stride) && Vectors::aligned(v_out.data, v_out.head_stride)) {
-          vectors.store(k_out, v_out, lane);
-          return;
+      if constexpr (kHolds && kAlignedRows) {
+        vectors.store(k_out, v_out, lane);
+      } else {
+        if constexpr (kHolds) {
+          if (held && Vectors::aligned(k_out.data, k_out.head_stride) && Vectors::aligned(v_out.data, v_out.head_stride)) {
+            vectors.store(k_out, v_out, lane);
+            return;
+          }
         }
+        Exec::copy_heads_kv(k_out, v_out, k, v, heads(e), head_dim(e), lane, lanes);
       }
-      Exec::copy_heads_kv(k_out, v_out, k, v, heads(e), head_dim(e), lane, lanes);
     }
   };
-  using WrittenToken = FloatToken<Store, kTokenLanes>;  // an append's or commit's, float layouts
-  using StagedToken = FloatToken<In, kStageLanes>;      // a lazy append's, into staging
+  template <bool kAlignedRows> using WrittenToken = FloatToken<Store, kTokenLanes, kAlignedRows>;  // an append's or commit's
+  template <bool kAlignedRows> using StagedToken = FloatToken<In, kStageLanes, kAlignedRows>;      // a lazy append's
+  template <bool kAlignedRows> using GatheredToken = FloatToken<In, kTokenLanes, kAlignedRows>;    // a gather's, Store = In
+
+  // An executor that holds tokens in its lanes (CUDA) compiles write, stage and gather twice: for calls
+  // whose every row is whole aligned 16-byte vectors (whole code chunks, where quantized), as the host
+  // finds once per call (rows_on_boundary), a body with no element-by-element path; and the full one
+  // for the rest. That path's registers would otherwise be every launch's: 64 a thread for a bf16
+  // append where the vector path needs 32, half the threads an SM can hold, and spills besides.
+  // kSplitsOnVectors: stage's two bodies; kSplitsPoolOnVectors: write's and gather's, whose vector path
+  // needs the pool to store the input type, or whole chunks of codes.
+  static constexpr bool kSplitsOnVectors = Exec::kHoldsTokens && !kRuntime && TokenVectors<In, H, D, 1>::kWhole;
+  static constexpr bool kSplitsPoolOnVectors = kSplitsOnVectors && (kChunkedQuant || std::is_same_v<Store, In>);
+  // Whether every pool row starts where the vector path needs: on a 16-byte vector, or on one chunk's
+  // codes.
+  static bool pool_rows_aligned(const Store* pool, const Strides& s) {
+    return rows_on_boundary(pool, {s.layer, s.kv, s.row_or_page, s.seq_or_slot, s.head},
+                            kChunkedQuant ? Chunks::kCodeBytes : 16);
+  }
   // The most tokens one work item of write and gather takes when it walks a tile head by head
   // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1.
   static constexpr int kTile = positions_inside_heads<Traits>() ? Exec::kTileItems : 1;
@@ -366,7 +389,8 @@ template <class Traits, class Exec> struct Ops {
               const int l = int(i / a.tokens);
               const int64_t t = i - l * a.tokens, target = l * a.target_layer_stride + t;
               const int32_t r = a.rows[target], p = a.positions[target];
-              if (r >= 0 && p >= 0 && !next_token_records(a, t + 1 < a.tokens ? target + 1 : -1, r, p))
+              const NextEntry next = next_entry(a, t + 1 < a.tokens ? target + 1 : -1);
+              if (r >= 0 && p >= 0 && !next_token_records(next, r, p))
                 Exec::atomic_max(&a.row_length[r], p + 1);
             },
             checks);
@@ -411,19 +435,34 @@ template <class Traits, class Exec> struct Ops {
         return;
       }
     }
+    if constexpr (kSplitsPoolOnVectors) {
+      if (pool_rows_aligned(a.pool, a.s) &&
+          rows_on_boundary(a.k.data, {a.k.token_stride, a.k.head_stride, a.input_layer_stride}, 16) &&
+          rows_on_boundary(a.v.data, {a.v.token_stride, a.v.head_stride, a.input_layer_stride}, 16))
+        return write_tokens<true>(ex, a, checks, scan_ring);
+    }
+    write_tokens<false>(ex, a, checks, scan_ring);
+  }
+
+  // write's items one token each (every executor but a tiling CPU walk), with kAlignedRows where every
+  // row of the call is whole vectors (kSplitsPoolOnVectors).
+  template <bool kAlignedRows>
+  static void write_tokens(const Exec& ex, const WriteArgs<Store, In>& a, const IndexChecks& checks, bool scan_ring) {
+    const int64_t items = int64_t(a.num_layers) * a.tokens;
     ex.for_each_item(items, Fixed<kTokenLanes>{}, item_bytes(a.ext), gated([a, scan_ring] KVF_HD(int64_t i, int lane, int lanes, const ItemGate& gate) {
       // The target, (where the executor holds tokens in its lanes) the inputs, the status word and
       // the launch's own index checks all load together, none waiting for another (ItemGate): on a
       // GPU, one wait on memory before the stores rather than three in a row.
       WritePlace w = write_source(a, i);
       const TokenHeads<const In> k_in{w.k, a.k.head_stride}, v_in{w.v, a.v.head_stride};
-      [[maybe_unused]] WrittenToken token;
+      [[maybe_unused]] WrittenToken<kAlignedRows> token;
       [[maybe_unused]] ChunkRegs k_regs, v_regs;
       [[maybe_unused]] bool chunks_held = false;
       if constexpr (!kQuantized) {
         token.load(k_in, v_in, lane);
       } else if constexpr (kChunkedQuant && Chunks::kPreload) {
-        chunks_held = Chunks::inputs_aligned(k_in.data, k_in.head_stride) && Chunks::inputs_aligned(v_in.data, v_in.head_stride);
+        chunks_held = kAlignedRows || (Chunks::inputs_aligned(k_in.data, k_in.head_stride) &&
+                                       Chunks::inputs_aligned(v_in.data, v_in.head_stride));
         if (chunks_held) {
           load_chunks(k_regs, k_in.data, k_in.head_stride, lane, 0);
           load_chunks(v_regs, v_in.data, v_in.head_stride, lane, 0);
@@ -442,8 +481,8 @@ template <class Traits, class Exec> struct Ops {
       Store* dst = a.pool + element_offset(a.s, layer, 0, unit, slot);
       if constexpr (kChunkedQuant) {
         const bool loaded = !Chunks::kPreload || chunks_held;
-        if (loaded && Chunks::aligned(k, a.k.head_stride, dst, a.s.head) &&
-            Chunks::aligned(v, a.v.head_stride, dst + a.s.kv, a.s.head)) {
+        if (kAlignedRows || (loaded && Chunks::aligned(k, a.k.head_stride, dst, a.s.head) &&
+                             Chunks::aligned(v, a.v.head_stride, dst + a.s.kv, a.s.head))) {
           quantize_token_chunked(k_regs, dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k,
                                  a.k.head_stride, lane);
           quantize_token_chunked(v_regs, dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot),
@@ -452,10 +491,12 @@ template <class Traits, class Exec> struct Ops {
         }
       }
       if constexpr (kQuantized) {
-        quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k, a.k.head_stride,
-                       lane, lanes);
-        quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head, v,
-                       a.v.head_stride, lane, lanes);
+        if constexpr (!(kChunkedQuant && kAlignedRows)) {  // the element path
+          quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k, a.k.head_stride,
+                         lane, lanes);
+          quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head, v,
+                         a.v.head_stride, lane, lanes);
+        }
       } else {
         token.store(TokenHeads<Store>{dst, a.s.head}, TokenHeads<Store>{dst + a.s.kv, a.s.head}, k_in, v_in, a.ext, lane,
                     lanes);
@@ -476,12 +517,22 @@ template <class Traits, class Exec> struct Ops {
     int64_t next = -1;      // the same layer's next token's entry, or -1
   };
 
-  // Whether the same layer's next token (entry `next`) goes to row r at position p or later: that
-  // token then raises the row's length at least as far, so this one need not. A prefill then raises
-  // each row's length once rather than once per token, which on a GPU is thousands of atomics on one
-  // word; the two entries share a cache line with the token's own.
-  KVF_HD static KVF_INLINE bool next_token_records(const WriteArgs<Store, In>& a, int64_t next, int32_t r, int32_t p) {
-    return next >= 0 && a.rows[next] == r && a.positions[next] >= p;
+  // The same layer's next token's row and position (entry `next`; -1 where there is none). A token
+  // loads it beside its own, not after: the two entries share a cache line, and on a GPU a load that
+  // waited for the token's own row would be a second trip to memory before the item may write.
+  struct NextEntry {
+    int32_t row = -1, position = -1;
+  };
+  KVF_HD static KVF_INLINE NextEntry next_entry(const WriteArgs<Store, In>& a, int64_t next) {
+    NextEntry e;
+    if (next >= 0) e.row = a.rows[next], e.position = a.positions[next];
+    return e;
+  }
+  // Whether that next token goes to row r (>= 0) at position p or later: it then raises the row's
+  // length at least as far, so this one need not. A prefill then raises each row's length once rather
+  // than once per token, which on a GPU is thousands of atomics on one word.
+  KVF_HD static KVF_INLINE bool next_token_records(const NextEntry& next, int32_t r, int32_t p) {
+    return next.row == r && next.position >= p;
   }
 
   // Item i of a write: layer i / tokens, token i % tokens.
@@ -511,6 +562,7 @@ template <class Traits, class Exec> struct Ops {
     } else {
       const int32_t r = a.rows[w.target];
       const int32_t p = a.positions[w.target];
+      const NextEntry next = next_entry(a, w.next);
       if (r < 0 || p < 0) return false;
       if constexpr (kAddressing == Addressing::ring) {
         int32_t length = a.row_length[r];
@@ -523,7 +575,7 @@ template <class Traits, class Exec> struct Ops {
       } else if (a.row_length) {
         w.row = r, w.length = p + 1;
       }
-      if (w.row >= 0 && next_token_records(a, w.next, r, p)) w.row = -1;
+      if (w.row >= 0 && next_token_records(next, r, p)) w.row = -1;
       locate_position(a.ext, r, nullptr, p, w.unit, w.slot);
     }
     return true;
@@ -567,19 +619,29 @@ template <class Traits, class Exec> struct Ops {
 
   // A lazy append: the tokens and their targets into staging, for commit() to write.
   static void stage(const Exec& ex, const StageArgs<In>& a) {
+    if constexpr (kSplitsOnVectors) {
+      if (rows_on_boundary(a.k_in.data, {a.k_in.token_stride, a.k_in.head_stride}, 16) &&
+          rows_on_boundary(a.v_in.data, {a.v_in.token_stride, a.v_in.head_stride}, 16) &&
+          rows_on_boundary<In>(a.k_stage, {D}, 16) && rows_on_boundary<In>(a.v_stage, {D}, 16))
+        return stage_tokens<true>(ex, a);
+    }
+    stage_tokens<false>(ex, a);
+  }
+  template <bool kAlignedRows> static void stage_tokens(const Exec& ex, const StageArgs<In>& a) {
     ex.for_each_item(
         a.tokens, Fixed<kStageLanes>{}, item_bytes<In>(a.ext),
         gated([a] KVF_HD(int64_t t, int lane, int lanes, const ItemGate& gate) {
           // The targets, (as a write's) the tokens, the status word and the launch's checks load
-          // together.
+          // together. A paged layout stages slots; the others rows and positions.
           const StagedTargets& to = a.targets;
+          constexpr bool kSlots = kAddressing == Addressing::paged;
           const bool copies_targets = lane == 0;
-          const int64_t slot = copies_targets && to.slots ? to.slots[t] : -1;
-          const int32_t row = copies_targets && to.rows ? to.rows[t] : -1;
-          const int32_t position = copies_targets && to.positions ? to.positions[t] : -1;
+          const int64_t slot = kSlots && copies_targets ? to.slots[t] : -1;
+          const int32_t row = !kSlots && copies_targets ? to.rows[t] : -1;
+          const int32_t position = !kSlots && copies_targets ? to.positions[t] : -1;
           const TokenHeads<const In> k_in{a.k_in.data + t * a.k_in.token_stride, a.k_in.head_stride};
           const TokenHeads<const In> v_in{a.v_in.data + t * a.v_in.token_stride, a.v_in.head_stride};
-          StagedToken token;
+          StagedToken<kAlignedRows> token;
           token.load(k_in, v_in, lane);
           if (gate.closed(a.status)) return;
           const int d = int(head_dim(a.ext));
@@ -587,9 +649,12 @@ template <class Traits, class Exec> struct Ops {
           token.store(TokenHeads<In>{a.k_stage + t * stage_row, d}, TokenHeads<In>{a.v_stage + t * stage_row, d}, k_in, v_in,
                       a.ext, lane, lanes);
           if (!copies_targets) return;
-          if (to.slots) to.slots_stage[t] = slot;
-          if (to.rows) to.rows_stage[t] = row;
-          if (to.positions) to.positions_stage[t] = position;
+          if constexpr (kSlots) {
+            to.slots_stage[t] = slot;
+          } else {
+            to.rows_stage[t] = row;
+            to.positions_stage[t] = position;
+          }
         }),
         a.checks);
   }
@@ -650,6 +715,16 @@ template <class Traits, class Exec> struct Ops {
         return;
       }
     }
+    if constexpr (kSplitsPoolOnVectors) {
+      if (pool_rows_aligned(a.pool, a.s) && rows_on_boundary(a.k.data, {a.k.token_stride, a.k.head_stride}, 16) &&
+          rows_on_boundary(a.v.data, {a.v.token_stride, a.v.head_stride}, 16))
+        return gather_tokens<true>(ex, a);
+    }
+    gather_tokens<false>(ex, a);
+  }
+
+  // gather's items one token each, with kAlignedRows where every row of the call is whole vectors.
+  template <bool kAlignedRows> static void gather_tokens(const Exec& ex, const GatherArgs<Store, In>& a) {
     ex.for_each_item(a.count, Fixed<kTokenLanes>{}, item_bytes(a.ext), gated([a] KVF_HD(int64_t j, int lane, int lanes, const ItemGate& gate) {
       // The page-table entry loads before the gate reads the status word and the launch's checks (as
       // write's target does): the pool is read only once the checks have passed the page. A
@@ -658,30 +733,36 @@ template <class Traits, class Exec> struct Ops {
       locate_position(a.ext, a.row, a.pages, a.begin + j, unit, slot);
       if (gate.closed(a.status) | (unit < 0)) return;
       const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot);
+      const TokenHeads<In> k_out{a.k.data + j * a.k.token_stride, a.k.head_stride};
+      const TokenHeads<In> v_out{a.v.data + j * a.v.token_stride, a.v.head_stride};
       if constexpr (kChunkedQuant) {
-        In* k_out = a.k.data + j * a.k.token_stride;
-        In* v_out = a.v.data + j * a.v.token_stride;
-        if (Chunks::aligned_codes(src, a.s.head, k_out, a.k.head_stride) &&
-            Chunks::aligned_codes(src + a.s.kv, a.s.head, v_out, a.v.head_stride)) {
-          dequantize_token_chunked(k_out, a.k.head_stride, v_out, a.v.head_stride, src, a.s.head, a.s.kv,
+        if (kAlignedRows || (Chunks::aligned_codes(src, a.s.head, k_out.data, k_out.head_stride) &&
+                             Chunks::aligned_codes(src + a.s.kv, a.s.head, v_out.data, v_out.head_stride))) {
+          dequantize_token_chunked(k_out.data, k_out.head_stride, v_out.data, v_out.head_stride, src, a.s.head, a.s.kv,
                                    scale_at(a.scales, a.layer, 0, unit, slot), scale_at(a.scales, a.layer, 1, unit, slot),
                                    a.scales.s.head, lane);
           return;
         }
       }
       if constexpr (kQuantized) {
-        const Rows3<In> out[2] = {a.k, a.v};
-        for (int kv = 0; kv < 2; ++kv) {
-          const Scale* scale = scale_at(a.scales, a.layer, kv, unit, slot);
-          for (int h = 0; h < H; ++h)
-            decode_row<D, Exec>(out[kv].data + j * out[kv].token_stride + h * out[kv].head_stride,
-                          src + kv * a.s.kv + h * a.s.head, to_float(scale[h * a.scales.s.head]), lane, lanes);
+        if constexpr (!(kChunkedQuant && kAlignedRows)) {  // the element path
+          const TokenHeads<In> out[2] = {k_out, v_out};
+          for (int kv = 0; kv < 2; ++kv) {
+            const Scale* scale = scale_at(a.scales, a.layer, kv, unit, slot);
+            for (int h = 0; h < H; ++h)
+              decode_row<D, Exec>(out[kv].data + h * out[kv].head_stride, src + kv * a.s.kv + h * a.s.head,
+                                  to_float(scale[h * a.scales.s.head]), lane, lanes);
+          }
         }
+      } else if constexpr (std::is_same_v<Store, In>) {
+        // K and V of the token in the item's lanes, then out (a write's token, the other way).
+        const TokenHeads<const In> k_src{src, a.s.head}, v_src{src + a.s.kv, a.s.head};
+        GatheredToken<kAlignedRows> token;
+        token.load(k_src, v_src, lane);
+        token.store(k_out, v_out, k_src, v_src, a.ext, lane, lanes);
       } else {
-        Exec::copy_heads_kv(TokenHeads<In>{a.k.data + j * a.k.token_stride, a.k.head_stride},
-                            TokenHeads<In>{a.v.data + j * a.v.token_stride, a.v.head_stride},
-                            TokenHeads<const Store>{src, a.s.head}, TokenHeads<const Store>{src + a.s.kv, a.s.head},
-                            heads(a.ext), head_dim(a.ext), lane, lanes);
+        Exec::copy_heads_kv(k_out, v_out, TokenHeads<const Store>{src, a.s.head},
+                            TokenHeads<const Store>{src + a.s.kv, a.s.head}, heads(a.ext), head_dim(a.ext), lane, lanes);
       }
     }), a.checks);
   }

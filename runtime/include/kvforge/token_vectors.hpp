@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kvforge/config.hpp"
 #include "kvforge/op_args.hpp"
@@ -22,22 +24,43 @@ struct alignas(16) Vec16 {
 #endif
 
 // One whole vector at `at`, in one access on the device; the host (tests) copies bytes, which its
-// compiler's aliasing rules need.
+// compiler's aliasing rules need, and traps where the device would fault: on an address off the
+// vector's alignment.
 template <class Vector, class E> KVF_HD KVF_INLINE Vector load_vector(const E* at) {
 #if defined(__CUDA_ARCH__)
   return *reinterpret_cast<const Vector*>(at);
 #else
+  if (reinterpret_cast<uintptr_t>(at) % alignof(Vector) != 0) __builtin_trap();
   Vector v;
   std::memcpy(&v, at, sizeof v);
   return v;
 #endif
 }
+// On the device the store is spelled as one vector store of its width (st.global.cg: kept in L2 as a
+// plain store is, past L1), because NVVM splits a plain struct assignment into 32-bit stores in some
+// bodies (a lazy append's staging), which quarters the store instructions' width.
 template <class Vector, class E> KVF_HD KVF_INLINE void store_vector(E* at, const Vector& v) {
 #if defined(__CUDA_ARCH__)
-  *reinterpret_cast<Vector*>(at) = v;
+  static_assert(sizeof(Vector) == 16 || sizeof(Vector) == 8 || sizeof(Vector) == 4, "a vector store is 4, 8 or 16 bytes");
+  using Word = std::conditional_t<sizeof(Vector) == 16, uint4, std::conditional_t<sizeof(Vector) == 8, uint2, unsigned>>;
+  Word word;
+  memcpy(&word, &v, sizeof word);
+  __stcg(reinterpret_cast<Word*>(at), word);
 #else
+  if (reinterpret_cast<uintptr_t>(at) % alignof(Vector) != 0) __builtin_trap();
   std::memcpy(at, &v, sizeof v);
 #endif
+}
+
+// Whether every row of one side of a call starts on a `bytes` boundary: its base, and each stride
+// between its rows (in elements of T), are multiples of it. The host asks this once per call, so that
+// a call whose every row is whole vectors runs a kernel compiled without the element-by-element path
+// (ops.hpp, kSplitsOnVectors).
+template <class T> bool rows_on_boundary(const T* base, std::initializer_list<int64_t> strides, int64_t bytes) {
+  if (reinterpret_cast<uintptr_t>(base) % uintptr_t(bytes) != 0) return false;
+  for (const int64_t stride : strides)
+    if (stride * int64_t(sizeof(T)) % bytes != 0) return false;
+  return true;
 }
 
 // A token's [H, D] row of K and of V as 16-byte vectors spread over `Lanes` lanes: vector i (head
@@ -52,7 +75,12 @@ template <class T, int H, int D, int Lanes> struct TokenVectors {
   static constexpr bool kHeld = kWhole && kShare >= 1 && kShare <= 4;
   static constexpr int kPerLane = kHeld ? kShare : 1;
 
+#if defined(__CUDA_ARCH__)
   Vec16 k[kPerLane], v[kPerLane];
+#else
+  // Zeroed on the host (tests' lanes), whose compiler cannot see that store reads only what load filled.
+  Vec16 k[kPerLane] = {}, v[kPerLane] = {};
+#endif
 
   // Whether a side's rows allow 16-byte accesses.
   KVF_HD static KVF_INLINE bool aligned(const T* base, int64_t head_stride) {
@@ -63,7 +91,7 @@ template <class T, int H, int D, int Lanes> struct TokenVectors {
     KVF_UNROLL
     for (int r = 0; r < kPerLane; ++r) {
       const int i = lane + r * Lanes;
-      if (i >= kVectors) break;
+      if (kVectors % Lanes != 0 && i >= kVectors) break;  // lane < Lanes: only a partial share ends early
       const int h = i / kPerHead, at = i % kPerHead * kElems;
       k[r] = load_vector<Vec16>(k_src.data + h * k_src.head_stride + at);
       v[r] = load_vector<Vec16>(v_src.data + h * v_src.head_stride + at);
@@ -74,7 +102,7 @@ template <class T, int H, int D, int Lanes> struct TokenVectors {
     KVF_UNROLL
     for (int r = 0; r < kPerLane; ++r) {
       const int i = lane + r * Lanes;
-      if (i >= kVectors) break;
+      if (kVectors % Lanes != 0 && i >= kVectors) break;  // lane < Lanes: only a partial share ends early
       const int h = i / kPerHead, at = i % kPerHead * kElems;
       store_vector(k_dst.data + h * k_dst.head_stride + at, k[r]);
       store_vector(v_dst.data + h * v_dst.head_stride + at, v[r]);
