@@ -104,9 +104,13 @@ template <class Store, class In, int H, int D> struct QuantChunks {
                                              const ScaleDivisor& divisor) {
     Inputs in;
     std::memcpy(&in, &chunk, sizeof in);
+    float quotient[V];
+    KVF_UNROLL
+    for (int i = 0; i < V; ++i) quotient[i] = to_float(in.x[i]);
+    divisor.divide_all(quotient);
     Codes out;
     KVF_UNROLL
-    for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(divisor.divide(to_float(in.x[i])));
+    for (int i = 0; i < V; ++i) out.code[i] = Codec<Store>::encode(quotient[i]);
     store_vector(dst + h * dst_head + c * V, out);
   }
 
