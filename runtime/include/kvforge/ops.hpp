@@ -54,9 +54,7 @@ template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const
   if constexpr (Half16<In>::value) {
     uint16_t m = 0;
     for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) {
-      const uint16_t a = uint16_t(src[i].bits & 0x7fffu);
-      // A mask, not a select: only this form vectorizes (in 16-bit lanes) with GCC 12.
-      const uint16_t finite = uint16_t(a & uint16_t(0u - uint16_t(a < Half16<In>::kInfinityBits)));
+      const uint16_t finite = finite_magnitude16(src[i]);
       m = m > finite ? m : finite;
     }
     return magnitude_bits(to_float(In{m}));

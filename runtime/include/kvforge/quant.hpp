@@ -47,6 +47,11 @@ template <> struct Half16<bf16> : std::true_type {
 template <> struct Half16<fp16> : std::true_type {
   static constexpr uint16_t kInfinityBits = 0x7c00;
 };
+// A 16-bit float's magnitude bits where it is finite, else 0: one term of such an amax.
+template <class T> KVF_HD KVF_INLINE uint16_t finite_magnitude16(T x) {
+  const uint16_t a = uint16_t(x.bits & 0x7fffu);
+  return uint16_t(a & uint16_t(0u - uint16_t(a < Half16<T>::kInfinityBits)));  // a mask: GCC 12 vectorizes only this form
+}
 
 // Rounds a float of magnitude below 2^22 to the nearest integer, ties to even, by adding and
 // subtracting 1.5 * 2^23 (IEEE round-to-nearest does the rounding); unlike rintf it vectorizes

@@ -45,6 +45,8 @@ template <class Store, class In, int H, int D> struct QuantChunks {
 
   // Head and chunk of a lane's k-th chunk in pass p; false where that lands past the row or the heads.
   KVF_HD static KVF_INLINE bool chunk_at(int lane, int p, int k, int& h, int& c) {
+    static_assert((L & (L - 1)) == 0, "an item's lanes are a power of two");
+    lane &= L - 1;  // a no-op (lane < L) that tells the compiler so: whole passes then test nothing
     h = p * P + lane / Lh;
     c = lane % Lh + k * Lh;
     return h < H && c < C;
@@ -87,9 +89,20 @@ template <class Store, class In, int H, int D> struct QuantChunks {
     return load_vector<Vec16>(src + h * src_head + c * V);
   }
 
+  // 16-bit inputs take their maximum in integers (Half16), converting only it: a chunk's values are
+  // converted once, by encode, and the compiler holds the raw chunk, not 8 floats, until then.
   KVF_HD static KVF_INLINE uint32_t amax(const Vec16& chunk) {
     Inputs in;
     std::memcpy(&in, &chunk, sizeof in);
+    if constexpr (Half16<In>::value) {
+      uint16_t m = 0;
+      KVF_UNROLL
+      for (int i = 0; i < V; ++i) {
+        const uint16_t finite = finite_magnitude16(in.x[i]);
+        m = m > finite ? m : finite;
+      }
+      return magnitude_bits(to_float(In{m}));
+    }
     uint32_t m = 0;
     KVF_UNROLL
     for (int i = 0; i < V; ++i) {
