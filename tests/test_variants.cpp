@@ -60,7 +60,8 @@ class Driver {
   }
 
   // One step: every sequence gets a prefill chunk or one decode token; padding is mixed in; the token
-  // order is shuffled; on odd steps the input has a head stride wider than the row.
+  // order is shuffled; on some steps the input's heads lie further apart than a row: by whole 16-byte
+  // vectors, or by one element, which leaves rows off 16 bytes (an executor's element path).
   void step(int index) {
     struct Token {
       int64_t seq, pos;
@@ -87,7 +88,7 @@ class Driver {
     }
     const TokenTargets targets = d_.paged() ? TokenTargets::paged(arena_.index(slots))
                                             : TokenTargets::row_positions(arena_.index(rows), arena_.index(positions));
-    const int64_t head_stride = index % 2 ? dim_ + 8 : dim_;
+    const int64_t head_stride = dim_ + (index % 3 == 1 ? 8 : index % 3 == 2 ? 1 : 0);
     for (int layer : layers_) {
       std::vector<unsigned char> k(size_t(T * heads_ * head_stride * esize_)), v(k.size());
       for (int64_t t = 0; t < T; ++t) {
@@ -160,20 +161,22 @@ class Driver {
         if (!ref_.window) end = capacity_;  // also check that unwritten positions read as zero
         if (end == begin) continue;
         const int64_t n = end - begin;
-        const int64_t bytes = heads_ * n * dim_ * esize_;
+        // [H, n, D], every other gather with one element between heads (rows then off 16 bytes).
+        const int64_t head_stride = n * dim_ + (verify_calls_++ % 2);
+        const int64_t bytes = heads_ * head_stride * esize_;
         void* ko = arena_.zeros(bytes);
         void* vo = arena_.zeros(bytes);
         std::vector<int32_t> pages;
         cache_->gather(layer, range_of(s, begin, end, pages),
-                       TensorView::contiguous(ko, d_.input, arena_.device(), heads_, n, dim_),
-                       TensorView::contiguous(vo, d_.input, arena_.device(), heads_, n, dim_));
+                       TensorView{ko, d_.input, arena_.device(), {heads_, n, dim_}, {head_stride, dim_, 1}},
+                       TensorView{vo, d_.input, arena_.device(), {heads_, n, dim_}, {head_stride, dim_, 1}});
         cache_->synchronize();
         const auto kh = arena_.fetch(ko, bytes), vh = arena_.fetch(vo, bytes);
         for (int h = 0; h < heads_; ++h)
           for (int64_t j = 0; j < n; ++j) {
             const uint64_t id = ref_.at(layer, s, begin + j);
             for (int x = 0; x < dim_; ++x) {
-              const size_t at = size_t(((h * n + j) * dim_ + x) * esize_);
+              const size_t at = size_t((h * head_stride + j * dim_ + x) * esize_);
               const float want_k = expected(layer, id, 0, h, x);
               const float want_v = expected(layer, id, 1, h, x);
               if (load_as(d_.input, kh.data() + at) != want_k || load_as(d_.input, vh.data() + at) != want_v) {
@@ -360,6 +363,7 @@ class Driver {
   Reference ref_;
   std::map<std::pair<uint64_t, int>, RefToken> quantized_;
   uint64_t last_id_ = 0;
+  int64_t verify_calls_ = 0;
   struct Pending {
     int layer;
     int64_t seq, pos;
