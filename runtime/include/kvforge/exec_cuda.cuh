@@ -30,9 +30,15 @@ void check_indices_on_device(void* stream, const IndexChecks& checks);
 // after it has issued its own loads. Without, a launch may overlap the check launch before it
 // (CudaExec::launch), and waits for it before it reads the status word: a gated body at its gate, a
 // plain one before anything.
+// A launch that checks its own indices (a decode step's) runs blocks of at most this many threads, or
+// one item where an item has more lanes, and its kernel is compiled for that. Under the bound of 1024,
+// ptxas held a row layout's decode append to 32 registers by spilling the K it had loaded: a local
+// store that waits for the load, so that the checks' loads issued only once K had arrived.
+template <int Lanes> constexpr int checked_block_threads() { return Lanes > 256 ? Lanes : 256; }
+
 template <int Lanes, bool Checked, class Body>
-__global__ void __launch_bounds__(tunables::cuda_block_threads.hi) item_kernel(int64_t items, IndexChecks checks,
-                                                                              Body body) {
+__global__ void __launch_bounds__(Checked ? checked_block_threads<Lanes>() : tunables::cuda_block_threads.hi)
+    item_kernel(int64_t items, IndexChecks checks, Body body) {
   const int64_t first = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if constexpr (IsGated<Body>::value) {
     const ItemGate gate{Checked ? &checks : nullptr};
@@ -129,6 +135,7 @@ struct CudaExec {
     if (!fused && checks.count > 0) check_indices_on_device(stream, checks);
     if (items <= 0) return;
     int per_block = Lanes >= block_threads ? 1 : block_threads / Lanes;
+    if (fused && per_block * Lanes > checked_block_threads<Lanes>()) per_block = checked_block_threads<Lanes>() / Lanes;
     // A launch too small to give every SM a block (a decode step's append) takes smaller blocks, down
     // to one warp, so that more SMs issue its loads and stores. An item keeps its lanes (a quantized
     // item's warp reduction is unchanged).

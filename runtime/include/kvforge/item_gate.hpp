@@ -25,7 +25,9 @@ __device__ inline void record_index_failure(const IndexCheckArgs& a, int64_t i, 
 // every thread gets the answer. Block 0 records a failure, so it is recorded once per launch. Only
 // launches that check themselves call it, whose checks are short (CudaExec::kFusedCheckEntries): 32-bit
 // positions keep the registers a body holds across it to a minimum.
-__device__ inline bool block_refuses(const IndexChecks& checks) {
+// The status word, where given, joins the verdict: read after the checks' loads have issued, it is
+// not held, or spilled, across them.
+__device__ inline bool block_refuses(const IndexChecks& checks, const DeviceStatus* status = nullptr) {
   const int thread = int(threadIdx.y * blockDim.x + threadIdx.x), threads = int(blockDim.x * blockDim.y);
   bool failed = false;
   KVF_UNROLL
@@ -37,6 +39,7 @@ __device__ inline bool block_refuses(const IndexChecks& checks) {
         if (blockIdx.x == 0) record_index_failure(checks.check[c], i, value);
       }
     }
+  if (status && status->code != 0) failed = true;
   return __syncthreads_or(failed) != 0;
 }
 
@@ -70,8 +73,7 @@ struct ItemGate {
   KVF_HD KVF_INLINE bool closed(const DeviceStatus* status) const {
 #if defined(__CUDA_ARCH__)
     if (!checks) wait_for_prior_grid();
-    const bool halted = status->code != 0;
-    return checks ? block_refuses(*checks) | halted : halted;
+    return checks ? block_refuses(*checks, status) : status->code != 0;
 #else
     return status->code != 0;
 #endif
