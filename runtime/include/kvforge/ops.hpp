@@ -197,6 +197,11 @@ template <class Traits, class Exec> struct Ops {
     return rows_on_boundary(pool, {s.layer, s.kv, s.row_or_page, s.seq_or_slot, s.head},
                             kChunkedQuant ? Chunks::kCodeBytes : 16);
   }
+  // The same of a [T, H, D] side (an input or a gather's output), with the stride between layers of a
+  // commit's staged inputs.
+  template <class T> static bool side_rows_aligned(const Rows3<T>& r, int64_t layer_stride = 0) {
+    return rows_on_boundary(r.data, {r.token_stride, r.head_stride, layer_stride}, 16);
+  }
   // The most tokens one work item of write and gather takes when it walks a tile head by head
   // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1.
   static constexpr int kTile = positions_inside_heads<Traits>() ? Exec::kTileItems : 1;
@@ -434,9 +439,8 @@ template <class Traits, class Exec> struct Ops {
       }
     }
     if constexpr (kSplitsPoolOnVectors) {
-      if (pool_rows_aligned(a.pool, a.s) &&
-          rows_on_boundary(a.k.data, {a.k.token_stride, a.k.head_stride, a.input_layer_stride}, 16) &&
-          rows_on_boundary(a.v.data, {a.v.token_stride, a.v.head_stride, a.input_layer_stride}, 16))
+      if (pool_rows_aligned(a.pool, a.s) && side_rows_aligned(a.k, a.input_layer_stride) &&
+          side_rows_aligned(a.v, a.input_layer_stride))
         return write_tokens<true>(ex, a, checks, scan_ring);
     }
     write_tokens<false>(ex, a, checks, scan_ring);
@@ -618,9 +622,9 @@ template <class Traits, class Exec> struct Ops {
   // A lazy append: the tokens and their targets into staging, for commit() to write.
   static void stage(const Exec& ex, const StageArgs<In>& a) {
     if constexpr (kSplitsOnVectors) {
-      if (rows_on_boundary(a.k_in.data, {a.k_in.token_stride, a.k_in.head_stride}, 16) &&
-          rows_on_boundary(a.v_in.data, {a.v_in.token_stride, a.v_in.head_stride}, 16) &&
-          rows_on_boundary<In>(a.k_stage, {D}, 16) && rows_on_boundary<In>(a.v_stage, {D}, 16))
+      // Staging rows are whole vectors (kSplitsOnVectors): only its bases can be off.
+      if (side_rows_aligned(a.k_in) && side_rows_aligned(a.v_in) && rows_on_boundary<In>(a.k_stage, {}, 16) &&
+          rows_on_boundary<In>(a.v_stage, {}, 16))
         return stage_tokens<true>(ex, a);
     }
     stage_tokens<false>(ex, a);
@@ -714,8 +718,7 @@ template <class Traits, class Exec> struct Ops {
       }
     }
     if constexpr (kSplitsPoolOnVectors) {
-      if (pool_rows_aligned(a.pool, a.s) && rows_on_boundary(a.k.data, {a.k.token_stride, a.k.head_stride}, 16) &&
-          rows_on_boundary(a.v.data, {a.v.token_stride, a.v.head_stride}, 16))
+      if (pool_rows_aligned(a.pool, a.s) && side_rows_aligned(a.k) && side_rows_aligned(a.v))
         return gather_tokens<true>(ex, a);
     }
     gather_tokens<false>(ex, a);
