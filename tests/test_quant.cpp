@@ -147,10 +147,12 @@ TEST(Codec, ScaleDivisorGivesTheIeeeQuotient) {
 // cover each element of a token exactly once, a head's chunks lie in one aligned group of lanes (the
 // group its scale is reduced over), and its per-chunk amax and packed encode give the reference's
 // per-head scales and codes. A GPU runs the same steps, with shuffles for the group reduction.
-template <class Store, class In, int H, int D> void check_chunked_quantizer(DType storage, uint32_t seed) {
-  using Chunks = detail::QuantChunks<Store, In, H, D>;
+template <class Store, class In, int H, int D, int MaxLanes = 32> void check_chunked_quantizer(DType storage, uint32_t seed) {
+  using Chunks = detail::QuantChunks<Store, In, H, D, MaxLanes>;
   static_assert(Chunks::kUsable);
-  ASSERT_LE(Chunks::L, 32);
+  ASSERT_LE(Chunks::L, MaxLanes);
+  ASSERT_LE(Chunks::Lh, 32) << "a head's group reduces inside one warp";
+  ASSERT_EQ(32 % Chunks::Lh, 0) << "a head's group never straddles two warps";
   std::vector<int> covered(static_cast<size_t>(H) * D, 0);
   for (int p = 0; p < Chunks::Q; ++p)
     for (int lane = 0; lane < Chunks::L; ++lane)
@@ -208,6 +210,11 @@ TEST(ChunkedQuantizer, CoversEveryElementOnceAndMatchesTheReference) {
   check_chunked_quantizer<int8_t, bf16, 2, 512>(DType::i8, 4);       // 64 chunks: two per lane
   check_chunked_quantizer<int8_t, float, 7, 64>(DType::i8, 5);       // 16 chunks of 4 floats, 7 heads
   check_chunked_quantizer<int8_t, bf16, 1, 8>(DType::i8, 6);         // one chunk, one lane
+  // Items wider than a warp (per-head and per-tensor scales): a pass covers more heads.
+  check_chunked_quantizer<int8_t, bf16, 8, 128, 256>(DType::i8, 7);     // llama3-8b: 8 heads, 128 lanes, one pass
+  check_chunked_quantizer<fp8_e4m3, bf16, 32, 128, 256>(DType::f8e4m3, 8);  // 16 heads a pass, two passes
+  check_chunked_quantizer<int8_t, bf16, 7, 64, 256>(DType::i8, 9);      // 4 heads a pass, the last pass 3
+  check_chunked_quantizer<int8_t, bf16, 5, 96, 256>(DType::i8, 10);     // 12 chunks: one head a pass, as at 32
 }
 
 // The lanes of one CUDA item, emulated on host threads: each runs the same code with its own lane
@@ -344,7 +351,7 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
   both.insert(both.end(), codes.begin(), codes.end());
   std::vector<In> k_out(x.size()), v_out(x.size());
   const Scale* scale = scales.data();
-  ASSERT_TRUE(EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
+  ASSERT_TRUE(EmulatedLanes::run(O::kGatherLanes, [&](int lane) {
     O::dequantize_token_chunked(k_out.data(), D, v_out.data(), D, both.data(), D, int64_t(x.size()), scale, scale,
                                 Traits::quant == Quant::per_token_head ? 1 : 0, lane);
   }));

@@ -153,19 +153,22 @@ struct CudaExec {
     }
   }
 
-  // The maximum over each aligned group of `Group` lanes of an item's `Lanes` threads (powers of two up
-  // to a warp), given to every lane of the group: a butterfly of shuffles whose offsets stay inside the
-  // group. An item's lanes are Lanes consecutive threads of one warp (the block's x extent is Lanes,
-  // which divides 32), and all of them take part.
+  // The maximum over each aligned group of `Group` lanes of an item's `Lanes` threads (powers of two,
+  // a group at most a warp), given to every lane of the group: a butterfly of shuffles whose offsets
+  // stay inside the group. An item's lanes are Lanes consecutive threads of a block whose x extent is
+  // Lanes: part of one warp where Lanes divides 32, whole warps where 32 divides Lanes. All of the
+  // warp's lanes in the item take part.
   template <int Lanes, int Group = Lanes> KVF_HD static KVF_INLINE uint32_t lane_max(uint32_t value) {
-    static_assert(Lanes >= 1 && Lanes <= 32 && (Lanes & (Lanes - 1)) == 0, "an item's lanes reduce within one warp");
-    static_assert(Group >= 1 && Group <= Lanes && (Group & (Group - 1)) == 0, "a group is a power of two of lanes");
+    static_assert(Lanes >= 1 && (Lanes & (Lanes - 1)) == 0, "an item's lanes are a power of two");
+    static_assert(Group >= 1 && Group <= Lanes && Group <= 32 && (Group & (Group - 1)) == 0,
+                  "a group is a power of two of lanes inside one warp");
 #if defined(__CUDA_ARCH__)
     if constexpr (Group > 1) {
+      constexpr int kWarpLanes = Lanes < 32 ? Lanes : 32;  // the item's lanes in this thread's warp
       const unsigned first = (threadIdx.y * Lanes) % 32u;
-      const unsigned item = Lanes == 32 ? 0xffffffffu : ((1u << Lanes) - 1u) << first;
+      const unsigned item = kWarpLanes == 32 ? 0xffffffffu : ((1u << kWarpLanes) - 1u) << first;
       for (int offset = Group / 2; offset > 0; offset /= 2) {
-        const uint32_t other = __shfl_xor_sync(item, value, offset, Lanes);
+        const uint32_t other = __shfl_xor_sync(item, value, offset, kWarpLanes);
         value = value > other ? value : other;
       }
     }

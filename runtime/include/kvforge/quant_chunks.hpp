@@ -5,10 +5,11 @@
 // (ops.hpp, quantize_token_chunked) and tests/test_quant.cpp checks lane by lane on the host.
 //
 // A head's row of D inputs is C chunks of V elements. Lanes come in groups of Lh, one group per head
-// of a pass; a pass covers P heads, so an item has L = P * Lh lanes and takes Q passes. Where C is a
-// power of two up to a warp, Lh = C and each lane holds one chunk of each head it meets; otherwise
-// P = 1 and each lane takes every Lh-th chunk of the head (K of them). A head's amax is then a
-// reduction over its group of Lh lanes, a token's over all L.
+// of a pass; a pass covers P heads, so an item has L = P * Lh lanes (at most MaxLanes) and takes Q
+// passes. Where C is a power of two up to a warp, Lh = C and each lane holds one chunk of each head it
+// meets; otherwise P = 1 and each lane takes every Lh-th chunk of the head (K of them). A head's amax
+// is then a reduction over its group of Lh lanes, inside one warp, and a token's over all L: a
+// per-token scale therefore caps MaxLanes at a warp, 32.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +28,15 @@ constexpr int floor_pow2(int n) {
   return p;
 }
 
-template <class Store, class In, int H, int D> struct QuantChunks {
+template <class Store, class In, int H, int D, int MaxLanes> struct QuantChunks {
+  static_assert(MaxLanes >= 32 && (MaxLanes & (MaxLanes - 1)) == 0, "an item's lanes are whole warps past one");
   static constexpr int V = 16 / int(sizeof(In));  // inputs per chunk
   // Only rows of whole chunks take this path; the others quantize element by element.
   static constexpr bool kUsable = H > 0 && D > 0 && (D * int(sizeof(In))) % 16 == 0;
   static constexpr int C = kUsable ? D / V : 1;  // chunks per head
   static constexpr bool kWholeGroups = (C & (C - 1)) == 0 && C <= 32;
   static constexpr int Lh = kWholeGroups ? C : floor_pow2(C < 32 ? C : 32);
-  static constexpr int P = kWholeGroups ? (32 / C < floor_pow2(H) ? 32 / C : floor_pow2(H)) : 1;
+  static constexpr int P = kWholeGroups ? (MaxLanes / C < floor_pow2(H) ? MaxLanes / C : floor_pow2(H)) : 1;
   static constexpr int L = P * Lh;
   static constexpr int K = (C + Lh - 1) / Lh;
   static constexpr int Q = (H + P - 1) / P;
