@@ -297,6 +297,7 @@ struct EmulatedCudaExec {
   template <int Lanes, int Group = Lanes> static uint32_t lane_max(uint32_t value) {
     return EmulatedLanes::group_max(Group, value);
   }
+  template <int Lanes> static uint32_t item_max(uint32_t value) { return EmulatedLanes::group_max(Lanes, value); }
   static constexpr int row_begin(int lane) { return lane; }
   static constexpr int row_step(int lanes) { return lanes; }
 };
@@ -351,7 +352,7 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
   both.insert(both.end(), codes.begin(), codes.end());
   std::vector<In> k_out(x.size()), v_out(x.size());
   const Scale* scale = scales.data();
-  ASSERT_TRUE(EmulatedLanes::run(O::kGatherLanes, [&](int lane) {
+  ASSERT_TRUE(EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
     O::dequantize_token_chunked(k_out.data(), D, v_out.data(), D, both.data(), D, int64_t(x.size()), scale, scale,
                                 Traits::quant == Quant::per_token_head ? 1 : 0, lane);
   }));
@@ -362,7 +363,8 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
 }
 
 TEST(ChunkedQuantizer, TokenAcrossEmulatedLanesMatchesTheReference) {
-  // Two heads a pass, all loads first (llama3-8b's shape), in each granularity.
+  // llama3-8b's shape in each granularity: 8 heads over 128 lanes, one chunk of K and one of V a lane,
+  // a per-token scale reduced across the item's four warps.
   check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 8, 128>>(DType::i8, DType::bf16, DType::f32, 1);
   check_chunked_token<ChunkedTraits<int8_t, bf16, bf16, Quant::per_token_head, 8, 128>>(DType::i8, DType::bf16, DType::bf16, 2);
   check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, float, Quant::per_tensor, 8, 128>>(DType::f8e4m3, DType::bf16, DType::f32, 3);
@@ -373,6 +375,9 @@ TEST(ChunkedQuantizer, TokenAcrossEmulatedLanesMatchesTheReference) {
   check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token_head, 2, 512>>(DType::i8, DType::bf16, DType::f32, 6);
   check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, bf16, Quant::per_token, 5, 96>>(DType::f8e4m3, DType::bf16, DType::bf16, 7);
   check_chunked_token<ChunkedTraits<int8_t, fp16, float, Quant::per_token_head, 7, 64>>(DType::i8, DType::f16, DType::f32, 8);
+  // 32 heads over 256 lanes (eight warps), two passes, per token and per head.
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 32, 128>>(DType::i8, DType::bf16, DType::f32, 9);
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, bf16, Quant::per_token_head, 32, 128>>(DType::f8e4m3, DType::bf16, DType::bf16, 10);
 }
 
 std::vector<Case> quantized_cases() {

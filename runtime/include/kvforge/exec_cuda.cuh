@@ -141,6 +141,9 @@ struct CudaExec {
     // item's warp reduction is unchanged).
     const int64_t sms = device_facts().sms;
     while (per_block > 1 && (items + per_block - 1) / per_block < sms && (per_block / 2) * Lanes >= 32) per_block /= 2;
+    // An item wider than a warp meets its lanes at a barrier of its own (item_max), and a block has
+    // kItemBarriers of them besides __syncthreads'.
+    if (Lanes > 32 && per_block > kItemBarriers) per_block = kItemBarriers;
     // A gated body in a checking launch takes one item per thread: its gate is a barrier of the block.
     const bool one_each = fused && IsGated<Body>::value;
     const int64_t items_per_block = int64_t(per_block) * (items_per_thread > 1 && !one_each ? items_per_thread : 1);
@@ -175,6 +178,42 @@ struct CudaExec {
 #endif
     return value;
   }
+
+  // The maximum over all `Lanes` lanes of an item, given to each: lane_max within a warp. An item wider
+  // than a warp (a per-token scale over a 128-lane token) combines its warps' maxima in shared memory,
+  // behind a barrier of its own lanes (`barrier.sync` with the item's id and thread count), so that
+  // items of the block that ended early, or took another path, never hold it up. Every lane of the
+  // item calls it, or none: ops.hpp calls it past every early return, which an item takes whole.
+  template <int Lanes> KVF_HD static KVF_INLINE uint32_t item_max(uint32_t value) {
+    if constexpr (Lanes <= 32) {
+      return lane_max<Lanes>(value);
+    } else {
+      static_assert(Lanes % 32 == 0 && Lanes <= tunables::cuda_block_threads.hi, "a wide item is whole warps of one block");
+#if defined(__CUDA_ARCH__)
+      __shared__ uint32_t warp_max[tunables::cuda_block_threads.hi / 32];  // one a warp of the block
+      value = lane_max<Lanes, 32>(value);
+      constexpr unsigned kWarps = unsigned(Lanes) / 32u;
+      const unsigned first = threadIdx.y * kWarps;  // the item's first warp in the block
+      if (threadIdx.x % 32u == 0) warp_max[first + threadIdx.x / 32u] = value;
+      item_barrier<Lanes>();
+      uint32_t m = 0;
+      KVF_UNROLL
+      for (unsigned w = 0; w < kWarps; ++w) m = m > warp_max[first + w] ? m : warp_max[first + w];
+      item_barrier<Lanes>();  // every warp has read before any writes its slot again
+      return m;
+#else
+      return value;
+#endif
+    }
+  }
+  // Named barriers a block has for its items: 16, less __syncthreads' own (barrier 0).
+  static constexpr int kItemBarriers = 15;
+#if defined(__CUDACC__)
+  // The barrier of this thread's item (barrier 1 + its place in the block), for its `Lanes` threads.
+  template <int Lanes> __device__ static KVF_INLINE void item_barrier() {
+    asm volatile("barrier.sync %0, %1;" ::"r"(1 + int(threadIdx.y)), "n"(Lanes) : "memory");
+  }
+#endif
 
   // Quantized writes go in 16-byte chunks per lane (quant_chunks.hpp), and a write holds its token's
   // inputs in its lanes before it reads the token's target (token_vectors.hpp).

@@ -140,20 +140,14 @@ template <class Traits, class Exec> struct Ops {
   // Runtime-sized traits run on the CPU, where an item is one lane.
   static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
   // An executor that moves 16-byte vectors per lane (CUDA) quantizes a token in chunks of them
-  // (quant_chunks.hpp), with the lanes that layout asks for; the CPU takes whole rows.
-  // A per-token scale is one reduction over all of a write item's lanes, a warp's shuffle, so such an
-  // item is at most a warp. Per-head scales reduce inside a head's group of lanes and a per-tensor
-  // scale not at all, so those items spread a token over as many lanes as a float item: fewer chunks a
-  // lane (for llama3-8b one of K and one of V, not four of each) and a decode's few tokens over more
-  // threads. A gather reduces nothing, so its token always spreads that wide.
-  static constexpr int kWriteChunkLanes = kQuant == Quant::per_token ? 32 : kMaxItemLanes;
-  using Chunks = QuantChunks<Store, In, H, D, kWriteChunkLanes>;   // a write's
-  using GatherChunks = QuantChunks<Store, In, H, D, kMaxItemLanes>;  // a gather's
+  // (quant_chunks.hpp), with the lanes that layout asks for; the CPU takes whole rows. A token spreads
+  // over as many lanes as a float token's, up to kMaxItemLanes: for llama3-8b one chunk of K and one
+  // of V a lane, and a decode's few tokens over that many threads. A per-head scale reduces inside its
+  // head's group of lanes, a per-token scale over all of them (Exec::item_max).
+  using Chunks = QuantChunks<Store, In, H, D, kMaxItemLanes>;
   static constexpr bool kChunkedQuant = Exec::kChunkedQuant && kQuantized && !kRuntime && Chunks::kUsable;
-  static constexpr int kTokenLanes = kChunkedQuant ? Chunks::L : kLanes;         // lanes of a written token
-  static constexpr int kGatherLanes = kChunkedQuant ? GatherChunks::L : kLanes;  // lanes of a gathered token
+  static constexpr int kTokenLanes = kChunkedQuant ? Chunks::L : kLanes;  // lanes of a token of write or gather
   static constexpr int kChunkPasses = Chunks::kPreload ? Chunks::Q : 1;  // passes one lane holds at once
-  static constexpr int kGatherPasses = GatherChunks::kPreload ? GatherChunks::Q : 1;
   using ChunkRegs = Vec16[kChunkPasses][Chunks::K];
   static constexpr int kStageLanes = kRuntime ? 1 : item_lanes<In, H, D>();  // lanes of a staged token
 
@@ -192,7 +186,7 @@ template <class Traits, class Exec> struct Ops {
   };
   template <bool kAlignedRows> using WrittenToken = FloatToken<Store, kTokenLanes, kAlignedRows>;  // an append's or commit's
   template <bool kAlignedRows> using StagedToken = FloatToken<In, kStageLanes, kAlignedRows>;      // a lazy append's
-  template <bool kAlignedRows> using GatheredToken = FloatToken<In, kGatherLanes, kAlignedRows>;   // a gather's, Store = In
+  template <bool kAlignedRows> using GatheredToken = FloatToken<In, kTokenLanes, kAlignedRows>;   // a gather's, Store = In
 
   // An executor that holds tokens in its lanes (CUDA) compiles write, stage and gather twice: for calls
   // whose every row is whole aligned 16-byte vectors (whole code chunks, where quantized), as the host
@@ -323,7 +317,7 @@ template <class Traits, class Exec> struct Ops {
           m = m > b ? m : b;
         }
       }
-      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<Chunks::L>(m));
+      const Scale stored = dynamic_scale<Store, Scale>(Exec::template item_max<Chunks::L>(m));
       if (lane == 0) *scale = stored;
       token_scale = to_float(stored);
     }
@@ -354,16 +348,16 @@ template <class Traits, class Exec> struct Ops {
                                                          const Store* codes, int64_t code_head, int64_t code_kv,
                                                          const Scale* k_scale, const Scale* v_scale, int64_t scale_head,
                                                          int lane) {
-    using Codes = typename GatherChunks::Codes;
-    for (int first = 0; first < GatherChunks::Q; first += kGatherPasses) {
-      Codes held[2][kGatherPasses][GatherChunks::K];
-      GatherChunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
-        held[0][r][k] = GatherChunks::load_codes(codes, code_head, h, c);
-        held[1][r][k] = GatherChunks::load_codes(codes + code_kv, code_head, h, c);
+    using Codes = typename Chunks::Codes;
+    for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
+      Codes held[2][kChunkPasses][Chunks::K];
+      Chunks::template for_each_chunk<kChunkPasses>(lane, first, [&](int r, int k, int h, int c) {
+        held[0][r][k] = Chunks::load_codes(codes, code_head, h, c);
+        held[1][r][k] = Chunks::load_codes(codes + code_kv, code_head, h, c);
       });
-      GatherChunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
-        GatherChunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[h * scale_head]));
-        GatherChunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[h * scale_head]));
+      Chunks::template for_each_chunk<kChunkPasses>(lane, first, [&](int r, int k, int h, int c) {
+        Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[h * scale_head]));
+        Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[h * scale_head]));
       });
     }
   }
@@ -745,7 +739,7 @@ template <class Traits, class Exec> struct Ops {
 
   // gather's items one token each, with kAlignedRows where every row of the call is whole vectors.
   template <bool kAlignedRows> static void gather_tokens(const Exec& ex, const GatherArgs<Store, In>& a) {
-    ex.for_each_item(a.count, Fixed<kGatherLanes>{}, item_bytes(a.ext), gated([a] KVF_HD(int64_t j, int lane, int lanes, const ItemGate& gate) {
+    ex.for_each_item(a.count, Fixed<kTokenLanes>{}, item_bytes(a.ext), gated([a] KVF_HD(int64_t j, int lane, int lanes, const ItemGate& gate) {
       // The page-table entry loads before the gate reads the status word and the launch's checks (as
       // write's target does): the pool is read only once the checks have passed the page. A
       // negative page is refused by the range's checks; here it only keeps the test whole.
@@ -756,8 +750,8 @@ template <class Traits, class Exec> struct Ops {
       const TokenHeads<In> k_out{a.k.data + j * a.k.token_stride, a.k.head_stride};
       const TokenHeads<In> v_out{a.v.data + j * a.v.token_stride, a.v.head_stride};
       if constexpr (kChunkedQuant) {
-        if (kAlignedRows || (GatherChunks::aligned_codes(src, a.s.head, k_out.data, k_out.head_stride) &&
-                             GatherChunks::aligned_codes(src + a.s.kv, a.s.head, v_out.data, v_out.head_stride))) {
+        if (kAlignedRows || (Chunks::aligned_codes(src, a.s.head, k_out.data, k_out.head_stride) &&
+                             Chunks::aligned_codes(src + a.s.kv, a.s.head, v_out.data, v_out.head_stride))) {
           dequantize_token_chunked(k_out.data, k_out.head_stride, v_out.data, v_out.head_stride, src, a.s.head, a.s.kv,
                                    scale_at(a.scales, a.layer, 0, unit, slot), scale_at(a.scales, a.layer, 1, unit, slot),
                                    a.scales.s.head, lane);

@@ -8,8 +8,8 @@
 // of a pass; a pass covers P heads, so an item has L = P * Lh lanes (at most MaxLanes) and takes Q
 // passes. Where C is a power of two up to a warp, Lh = C and each lane holds one chunk of each head it
 // meets; otherwise P = 1 and each lane takes every Lh-th chunk of the head (K of them). A head's amax
-// is then a reduction over its group of Lh lanes, inside one warp, and a token's over all L: a
-// per-token scale therefore caps MaxLanes at a warp, 32.
+// is then a reduction over its group of Lh lanes, inside one warp, and a token's over all L, across
+// warps where L is wider (the executor's item_max).
 #pragma once
 
 #include <cstdint>
