@@ -126,24 +126,30 @@ struct CudaExec {
   }
 
   // Runs body(item, lane, Lanes) for every item, after `checks` (fused into the launch where short); a
-  // gated body (item_gate.hpp) gets its gate as well.
+  // gated body (item_gate.hpp) gets its gate as well. A BlockItem runs one item a block.
   template <int Lanes, class Body>
   void for_each_item(int64_t items, Fixed<Lanes>, int64_t /*item_bytes*/, Body body,
                      const IndexChecks& checks = IndexChecks{}) const {
+    run_items<Lanes>(items, body, checks, false);
+  }
+  template <int Lanes, class Body>
+  void for_each_item(int64_t items, BlockItem<Lanes>, int64_t /*item_bytes*/, Body body,
+                     const IndexChecks& checks = IndexChecks{}) const {
+    run_items<Lanes>(items, body, checks, true);
+  }
+  template <int Lanes, class Body>
+  void run_items(int64_t items, const Body& body, const IndexChecks& checks, bool block_per_item) const {
     static_assert(Lanes >= 1 && Lanes <= tunables::cuda_block_threads.hi, "an item's lanes fit one block");
     const bool fused = checks.count > 0 && items > 0 && checks.entries() <= kFusedCheckEntries;
     if (!fused && checks.count > 0) check_indices_on_device(stream, checks);
     if (items <= 0) return;
-    int per_block = Lanes >= block_threads ? 1 : block_threads / Lanes;
+    int per_block = Lanes >= block_threads || block_per_item ? 1 : block_threads / Lanes;
     if (fused && per_block * Lanes > checked_block_threads<Lanes>()) per_block = checked_block_threads<Lanes>() / Lanes;
     // A launch too small to give every SM a block (a decode step's append) takes smaller blocks, down
     // to one warp, so that more SMs issue its loads and stores. An item keeps its lanes (a quantized
     // item's warp reduction is unchanged).
     const int64_t sms = device_facts().sms;
     while (per_block > 1 && (items + per_block - 1) / per_block < sms && (per_block / 2) * Lanes >= 32) per_block /= 2;
-    // An item wider than a warp meets its lanes at a barrier of its own (item_max), and a block has
-    // kItemBarriers of them besides __syncthreads'.
-    if (Lanes > 32 && per_block > kItemBarriers) per_block = kItemBarriers;
     // A gated body in a checking launch takes one item per thread: its gate is a barrier of the block.
     const bool one_each = fused && IsGated<Body>::value;
     const int64_t items_per_block = int64_t(per_block) * (items_per_thread > 1 && !one_each ? items_per_thread : 1);
@@ -180,40 +186,32 @@ struct CudaExec {
   }
 
   // The maximum over all `Lanes` lanes of an item, given to each: lane_max within a warp. An item wider
-  // than a warp (a per-token scale over a 128-lane token) combines its warps' maxima in shared memory,
-  // behind a barrier of its own lanes (`barrier.sync` with the item's id and thread count), so that
-  // items of the block that ended early, or took another path, never hold it up. Every lane of the
-  // item calls it, or none: ops.hpp calls it past every early return, which an item takes whole.
+  // than a warp (a per-token scale over a 128-lane token) runs as a block of its own (BlockItem), and
+  // its warps' maxima meet in shared memory behind the block's barrier: the item takes every early
+  // return whole, so all of its threads reach it or none. (A named barrier per item would let items
+  // share a block, but an id known only at run time reserves all 16 of the block's, which can cap the
+  // blocks an SM holds.)
   template <int Lanes> KVF_HD static KVF_INLINE uint32_t item_max(uint32_t value) {
     if constexpr (Lanes <= 32) {
       return lane_max<Lanes>(value);
     } else {
       static_assert(Lanes % 32 == 0 && Lanes <= tunables::cuda_block_threads.hi, "a wide item is whole warps of one block");
 #if defined(__CUDA_ARCH__)
-      __shared__ uint32_t warp_max[tunables::cuda_block_threads.hi / 32];  // one a warp of the block
+      if (blockDim.y != 1) __trap();  // launched as Fixed, not BlockItem: other items would share the barrier
+      __shared__ uint32_t warp_max[Lanes / 32];
       value = lane_max<Lanes, 32>(value);
-      constexpr unsigned kWarps = unsigned(Lanes) / 32u;
-      const unsigned first = threadIdx.y * kWarps;  // the item's first warp in the block
-      if (threadIdx.x % 32u == 0) warp_max[first + threadIdx.x / 32u] = value;
-      item_barrier<Lanes>();
+      if (threadIdx.x % 32u == 0) warp_max[threadIdx.x / 32u] = value;
+      __syncthreads();
       uint32_t m = 0;
       KVF_UNROLL
-      for (unsigned w = 0; w < kWarps; ++w) m = m > warp_max[first + w] ? m : warp_max[first + w];
-      item_barrier<Lanes>();  // every warp has read before any writes its slot again
+      for (int w = 0; w < Lanes / 32; ++w) m = m > warp_max[w] ? m : warp_max[w];
+      __syncthreads();  // every warp has read before any writes its slot again
       return m;
 #else
       return value;
 #endif
     }
   }
-  // Named barriers a block has for its items: 16, less __syncthreads' own (barrier 0).
-  static constexpr int kItemBarriers = 15;
-#if defined(__CUDACC__)
-  // The barrier of this thread's item (barrier 1 + its place in the block), for its `Lanes` threads.
-  template <int Lanes> __device__ static KVF_INLINE void item_barrier() {
-    asm volatile("barrier.sync %0, %1;" ::"r"(1 + int(threadIdx.y)), "n"(Lanes) : "memory");
-  }
-#endif
 
   // Quantized writes go in 16-byte chunks per lane (quant_chunks.hpp), and a write holds its token's
   // inputs in its lanes before it reads the token's target (token_vectors.hpp).

@@ -16,6 +16,11 @@ template <int N> struct Fixed {
   KVF_HD constexpr operator int() const { return N; }
 };
 
+// An item's lanes, as a block of their own: for a body whose lanes meet at the block's barrier (a
+// per-token scale reduced across warps, CudaExec::item_max). An executor that runs an item on one
+// thread, or on lanes it steps through in turn, takes it as the Fixed it is.
+template <int N> struct BlockItem : Fixed<N> {};
+
 // Bounds check of an index array: every value in [lo, hi), or -1 where padding is allowed.
 struct IndexCheckArgs {
   const void* data;

@@ -149,6 +149,10 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kTokenLanes = kChunkedQuant ? Chunks::L : kLanes;  // lanes of a token of write or gather
   static constexpr int kChunkPasses = Chunks::kPreload ? Chunks::Q : 1;  // passes one lane holds at once
   using ChunkRegs = Vec16[kChunkPasses][Chunks::K];
+  // A written token whose scale's reduction spans more than a warp (per-token) runs as a block of its
+  // own, whose barrier its warps meet at (Exec::item_max).
+  using WriteLanes = std::conditional_t<kChunkedQuant && kQuant == Quant::per_token && (Chunks::L > 32),
+                                        BlockItem<kTokenLanes>, Fixed<kTokenLanes>>;
   static constexpr int kStageLanes = kRuntime ? 1 : item_lanes<In, H, D>();  // lanes of a staged token
 
   // A float token's K and V in an item's `Lanes` lanes, on their way into `Dst` rows. Where the
@@ -464,7 +468,7 @@ template <class Traits, class Exec> struct Ops {
   template <bool kAlignedRows>
   static void write_tokens(const Exec& ex, const WriteArgs<Store, In>& a, const IndexChecks& checks, bool scan_ring) {
     const int64_t items = int64_t(a.num_layers) * a.tokens;
-    ex.for_each_item(items, Fixed<kTokenLanes>{}, item_bytes(a.ext), gated([a, scan_ring] KVF_HD(int64_t i, int lane, int lanes, const ItemGate& gate) {
+    ex.for_each_item(items, WriteLanes{}, item_bytes(a.ext), gated([a, scan_ring] KVF_HD(int64_t i, int lane, int lanes, const ItemGate& gate) {
       // The target, (where the executor holds tokens in its lanes) the inputs, the status word and
       // the launch's own index checks all load together, none waiting for another (ItemGate): on a
       // GPU, one wait on memory before the stores rather than three in a row.
