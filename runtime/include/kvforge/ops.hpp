@@ -190,7 +190,7 @@ template <class Traits, class Exec> struct Ops {
   };
   template <bool kAlignedRows> using WrittenToken = FloatToken<Store, kTokenLanes, kAlignedRows>;  // an append's or commit's
   template <bool kAlignedRows> using StagedToken = FloatToken<In, kStageLanes, kAlignedRows>;      // a lazy append's
-  template <bool kAlignedRows> using GatheredToken = FloatToken<In, kTokenLanes, kAlignedRows>;   // a gather's, Store = In
+  template <bool kAlignedRows> using GatheredToken = FloatToken<In, kTokenLanes, kAlignedRows>;    // a gather's, Store = In
 
   // An executor that holds tokens in its lanes (CUDA) compiles write, stage and gather twice: for calls
   // whose every row is whole aligned 16-byte vectors (whole code chunks, where quantized), as the host
@@ -254,8 +254,8 @@ template <class Traits, class Exec> struct Ops {
   }
 
   // The lanes of an item that quantize a token element by element: at most a warp, so that each amax
-  // is one warp's shuffle. An item wider than that (per-head and per-tensor chunks) leaves it to its
-  // first warp; its other warps, each whole, return at once.
+  // is one warp's shuffle. An item wider than that (a chunked token of any granularity) leaves it to
+  // its first warp; its other warps, each whole, return at once.
   static constexpr int kElementLanes = kTokenLanes < 32 ? kTokenLanes : 32;
 
   // One token's K or V (all heads) into codes, computing and storing its dynamic scales; a
