@@ -1,5 +1,6 @@
 // Every kind of bad argument is refused with a typed error naming it, and the cache is unchanged.
 #include <optional>
+#include <typeinfo>
 #include <vector>
 
 #include "support.hpp"
@@ -71,6 +72,20 @@ template <class E, class F> void expect_error(F f, const std::string& argument) 
   }
 }
 
+// Targets of the other addressing, or none: the error names the array left out as missing (not its
+// dtype or size) and, where the call gave the other kind, says what that kind addresses.
+template <class F> void expect_missing_targets(F f, const std::string& argument, const std::string& hint) {
+  try {
+    f();
+    ADD_FAILURE() << "expected " << argument << " to be reported missing";
+  } catch (const ArgumentError& e) {
+    EXPECT_EQ(typeid(e), typeid(ArgumentError)) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(argument + ": missing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(hint), std::string::npos) << e.what();
+  }
+}
+
 TEST(Errors, UnknownVariantNamesTheNearest) {
   try {
     registry().create("vllm_paged_nhd.tiny.bf17", CacheConfig{});
@@ -112,6 +127,12 @@ TEST(Errors, ContiguousAppendRefusesBadArgumentsBeforeWriting) {
   const TokenTargets wrong_type =
       TokenTargets::row_positions(IndexView{as64.data(), DType::i64, Device::cpu, 3}, IndexView::of(pos.data(), 3));
   expect_error<DtypeError>([&] { f.cache->append(0, f.tokens(3, f.k), f.tokens(3, f.v), wrong_type); }, "targets.rows");
+  // Slots, as a paged layout takes them: the error names the rows left out, not the slots' dtype.
+  std::vector<int64_t> slots{0, 1, 2};
+  expect_missing_targets([&] { f.cache->append(0, f.tokens(3, f.k), f.tokens(3, f.v), TokenTargets::paged(IndexView::of(slots.data(), 3))); },
+                         "targets.rows", "slots address paged layouts");
+  expect_missing_targets([&] { f.cache->append(0, f.tokens(3, f.k), f.tokens(3, f.v), TokenTargets::row_positions(IndexView::of(rows.data(), 3), {})); },
+                         "targets.positions", "");
   f.expect_unchanged();
   }
 }
@@ -175,6 +196,11 @@ TEST(Errors, PagedRefusesBadSlotsPagesAndPairs) {
   std::vector<int32_t> none;
   std::vector<int64_t> slots{1, 2, slots_total};
   expect_error<OutOfRangeError>([&] { f.append(0, 3, none, none, slots); }, "targets.slots");
+  // Rows and positions, as a row layout takes them: the error says slots are missing.
+  std::vector<int32_t> rows{0, 0, 0}, positions{0, 1, 2};
+  expect_missing_targets([&] { f.cache->append(0, f.tokens(3, f.k), f.tokens(3, f.v),
+                                               TokenTargets::row_positions(IndexView::of(rows.data(), 3), IndexView::of(positions.data(), 3))); },
+                         "targets.slots", "rows and positions address contiguous and ring layouts");
   f.expect_unchanged();
   std::vector<int32_t> pages{0, 4};
   std::vector<unsigned char> out(size_t(f.d.heads * 2 * f.d.page_size * f.d.head_dim * f.es));

@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -29,7 +30,8 @@ using namespace nb::literals;
 namespace kvforge {
 namespace {
 
-using Array = nb::ndarray<nb::device::none>;  // any device, dtype, shape and strides
+using Array = nb::ndarray<nb::device::none>;              // any device, dtype, shape and strides
+using ReadArray = nb::ndarray<nb::ro, nb::device::none>;  // the same, read-only ones too
 using Exported = nb::ndarray<nb::array_api>;  // what goes out: an object with __dlpack__, no framework
 
 // ---- DLPack in ----
@@ -65,12 +67,17 @@ const ExchangeApi* exchange_api(nb::handle obj) {
   return api;
 }
 
+// Whether a call reads an array or writes into it: a read-only array (numpy's frombuffer, a
+// memory map) may go in, but not where kvforge writes.
+enum class Access { read, written };
+
 // One array argument as DLPack describes it, from the exchange table where the producer has one,
 // else from __dlpack__ (nanobind's ndarray, kept referenced while the call runs).
 struct ArrayArg {
   nb::dlpack::dltensor t;
   int64_t strides[4];
   Array keep;
+  ReadArray keep_read;
   int64_t shape(int i) const { return t.shape[i]; }
   int64_t stride(int i) const { return strides[i]; }
   void* data() const { return static_cast<char*>(t.data) + t.byte_offset; }
@@ -79,27 +86,32 @@ struct ArrayArg {
     for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
     return n;
   }
+  template <class A> void describe(const A& k) {
+    t.data = const_cast<void*>(static_cast<const void*>(k.data()));
+    t.device = {k.device_type(), k.device_id()};
+    t.ndim = int32_t(k.ndim());
+    t.dtype = k.dtype();
+    t.shape = const_cast<int64_t*>(k.shape_ptr());
+    t.strides = const_cast<int64_t*>(k.stride_ptr());
+    t.byte_offset = 0;
+  }
 };
 
-ArrayArg array_arg(nb::handle obj, const char* argument) {
+ArrayArg array_arg(nb::handle obj, const char* argument, Access access) {
   ArrayArg a;
   if (const ExchangeApi* api = exchange_api(obj)) {
     if (api->dltensor_from_py_object_no_sync(obj.ptr(), &a.t) != 0) {
       PyErr_Clear();
       throw ArgumentError(argument, "its producer could not describe it through DLPack");
     }
+  } else if (access == Access::written && nb::try_cast(obj, a.keep, false)) {
+    a.describe(a.keep);
+  } else if (nb::try_cast(obj, a.keep_read, false)) {
+    if (access == Access::written) throw ArgumentError(argument, "is read-only, and this call writes into it");
+    a.describe(a.keep_read);
   } else {
-    if (!nb::try_cast(obj, a.keep, false))
-      throw ArgumentError(argument, std::string("expected an array with __dlpack__ (a torch tensor, a numpy array...), got ") +
-                                        nb::inst_name(obj).c_str());
-    const Array& k = a.keep;
-    a.t.data = k.data();
-    a.t.device = {k.device_type(), k.device_id()};
-    a.t.ndim = int32_t(k.ndim());
-    a.t.dtype = k.dtype();
-    a.t.shape = const_cast<int64_t*>(k.shape_ptr());
-    a.t.strides = const_cast<int64_t*>(k.stride_ptr());
-    a.t.byte_offset = 0;
+    throw ArgumentError(argument, std::string("expected an array with __dlpack__ (a torch tensor, a numpy array...), got ") +
+                                      nb::inst_name(obj).c_str());
   }
   if (a.t.ndim > 4) throw ShapeError(argument, "expected at most 4 dimensions, got " + std::to_string(a.t.ndim));
   // DLPack may leave strides out for a compact row-major array.
@@ -151,8 +163,8 @@ Device device_of_array(const ArrayArg& a, const char* argument) {
                                   " is not one kvforge runs on (allowed: CPU, CUDA)");
 }
 
-TensorView tensor_view(nb::handle obj, const char* argument) {
-  const ArrayArg a = array_arg(obj, argument);
+TensorView tensor_view(nb::handle obj, const char* argument, Access access) {
+  const ArrayArg a = array_arg(obj, argument, access);
   if (a.t.ndim != 3)
     throw ShapeError(argument, "expected 3 dimensions, got " + std::to_string(a.t.ndim) +
                                    " (append takes [tokens, heads, head_dim], gather writes [heads, tokens, head_dim])");
@@ -168,7 +180,7 @@ TensorView tensor_view(nb::handle obj, const char* argument) {
 }
 
 IndexView index_view(nb::handle obj, const char* argument) {
-  const ArrayArg a = array_arg(obj, argument);
+  const ArrayArg a = array_arg(obj, argument, Access::read);
   if (a.t.ndim != 1) throw ShapeError(argument, "expected a 1-D index array, got " + std::to_string(a.t.ndim) + " dimensions");
   if (a.shape(0) > 1 && a.stride(0) != 1)
     throw ShapeError(argument, "must be contiguous (stride 1), got stride " + std::to_string(a.stride(0)));
@@ -177,6 +189,13 @@ IndexView index_view(nb::handle obj, const char* argument) {
 
 IndexView optional_index(nb::handle obj, const char* argument) {
   return obj.is_none() ? IndexView{} : index_view(obj, argument);
+}
+
+// Python's ints are unbounded and the runtime's layer is an int: a value past int's range lies outside
+// [0, layers) too, and is refused as the runtime refuses any other, not as a mismatched signature.
+int layer_arg(const Cache& cache, int64_t layer) {
+  if (layer < INT_MIN || layer > INT_MAX) throw OutOfRangeError("layer", layer, 0, cache.descriptor().layers);
+  return int(layer);
 }
 
 // ---- DLPack out ----
@@ -378,8 +397,8 @@ SequenceManagerOptions manager_options(bool prefix_caching, uint64_t salt, int32
 }
 
 // The runtime trusts a raw pointer for the packed pages; from Python the buffer's size is checked too.
-void* packed_bytes(const Cache& cache, const IndexView& pages, nb::handle obj) {
-  const ArrayArg packed = array_arg(obj, "packed");
+void* packed_bytes(const Cache& cache, const IndexView& pages, nb::handle obj, Access access) {
+  const ArrayArg packed = array_arg(obj, "packed", access);
   if (packed.t.ndim != 1 || (packed.shape(0) > 1 && packed.stride(0) != 1))
     throw ShapeError("packed", "must be a contiguous 1-D byte array");
   const int64_t need = pages.size * cache.packed_page_bytes();
@@ -467,21 +486,21 @@ NB_MODULE(_native, m) {
         f["max_staged_tokens"] = k.max_staged_tokens, f["stream"] = uintptr_t(k.stream);
         return f;
       })
-      .def("append", [](Cache& c, int layer, nb::handle k, nb::handle v, nb::handle rows, nb::handle positions,
+      .def("append", [](Cache& c, int64_t layer, nb::handle k, nb::handle v, nb::handle rows, nb::handle positions,
                         nb::handle slots) {
         TokenTargets t{optional_index(rows, "targets.rows"), optional_index(positions, "targets.positions"),
                        optional_index(slots, "targets.slots")};
-        const TensorView kv = tensor_view(k, "k"), vv = tensor_view(v, "v");
+        const TensorView kv = tensor_view(k, "k", Access::read), vv = tensor_view(v, "v", Access::read);
         nb::gil_scoped_release unlocked;
-        c.append(layer, kv, vv, t);
+        c.append(layer_arg(c, layer), kv, vv, t);
       }, "layer"_a, "k"_a, "v"_a, "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
       .def("commit", &Cache::commit, Release())
-      .def("gather", [](Cache& c, int layer, nb::handle k_out, nb::handle v_out, int64_t row, nb::handle pages,
+      .def("gather", [](Cache& c, int64_t layer, nb::handle k_out, nb::handle v_out, int64_t row, nb::handle pages,
                         int64_t begin, int64_t end) {
         GatherRange r{row, optional_index(pages, "range.pages"), begin, end};
-        const TensorView ko = tensor_view(k_out, "k_out"), vo = tensor_view(v_out, "v_out");
+        const TensorView ko = tensor_view(k_out, "k_out", Access::written), vo = tensor_view(v_out, "v_out", Access::written);
         nb::gil_scoped_release unlocked;
-        c.gather(layer, r, ko, vo);
+        c.gather(layer_arg(c, layer), r, ko, vo);
       }, "layer"_a, "k_out"_a, "v_out"_a, "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
       .def("reset", &Cache::reset, Release())
       .def("reset_row", &Cache::reset_row, "row"_a, Release())
@@ -495,7 +514,10 @@ NB_MODULE(_native, m) {
         nb::gil_scoped_release unlocked;
         c.copy_blocks(p);
       }, "pairs"_a)
-      .def("view", [](nb::handle self, int layer) { return layer_view(nb::cast<const Cache&>(self), layer, self); },
+      .def("view", [](nb::handle self, int64_t layer) {
+        const Cache& c = nb::cast<const Cache&>(self);
+        return layer_view(c, layer_arg(c, layer), self);
+      },
            "layer"_a)
       .def("buffers", [](nb::handle self) {
         nb::list out;
@@ -505,17 +527,21 @@ NB_MODULE(_native, m) {
       .def("packed_page_bytes", &Cache::packed_page_bytes)
       .def("pack_pages", [](Cache& c, nb::handle pages, nb::handle packed) {
         const IndexView p = index_view(pages, "pages");
-        void* out = packed_bytes(c, p, packed);
+        void* out = packed_bytes(c, p, packed, Access::written);
         nb::gil_scoped_release unlocked;
         c.pack_pages(p, out);
       }, "pages"_a, "packed"_a)
       .def("unpack_pages", [](Cache& c, nb::handle packed, nb::handle pages) {
         const IndexView p = index_view(pages, "pages");
-        const void* in = packed_bytes(c, p, packed);
+        const void* in = packed_bytes(c, p, packed, Access::read);
         nb::gil_scoped_release unlocked;
         c.unpack_pages(in, p);
       }, "packed"_a, "pages"_a)
-      .def("set_tensor_scale", &Cache::set_tensor_scale, "layer"_a, "k_scale"_a, "v_scale"_a, Release())
+      .def("set_tensor_scale", [](Cache& c, int64_t layer, float k_scale, float v_scale) {
+        const int l = layer_arg(c, layer);
+        nb::gil_scoped_release unlocked;
+        c.set_tensor_scale(l, k_scale, v_scale);
+      }, "layer"_a, "k_scale"_a, "v_scale"_a)
       .def("row_length", &Cache::row_length, "row"_a, Release())
       .def("synchronize", &Cache::synchronize, Release())
       .def("memory", [](const Cache& c) {
@@ -667,7 +693,7 @@ NB_MODULE(_native, m) {
   // arguments converted once, so that the Python boundary's cost per call can be measured beside it.
   m.def("_append_loop_seconds", [](Cache& c, int layer, nb::handle k, nb::handle v, nb::handle slots, int iterations) {
     if (iterations < 1) throw OutOfRangeError("iterations", iterations, 1, INT32_MAX);
-    const TensorView kv = tensor_view(k, "k"), vv = tensor_view(v, "v");
+    const TensorView kv = tensor_view(k, "k", Access::read), vv = tensor_view(v, "v", Access::read);
     const TokenTargets t = TokenTargets::paged(index_view(slots, "targets.slots"));
     nb::gil_scoped_release unlocked;
     const auto start = std::chrono::steady_clock::now();

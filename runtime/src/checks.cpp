@@ -67,6 +67,26 @@ void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t
   if (v.size > 0 && v.data == nullptr) throw ArgumentError(n, "data is null");
 }
 
+void check_targets_addressing(const TokenTargets& targets, bool paged, int64_t tokens) {
+  // Targets of the other addressing would otherwise read as a dtype or size error of the array left out.
+  const auto absent = [](const IndexView& v) { return v.data == nullptr && v.size == 0; };
+  if (tokens == 0) return;
+  if (paged) {
+    if (absent(targets.slots))
+      throw ArgumentError("targets.slots", std::string("missing: a paged layout addresses each token by slot "
+                                                       "(page * page_size + offset, int64)") +
+                                               (absent(targets.rows) && absent(targets.positions)
+                                                    ? ""
+                                                    : "; rows and positions address contiguous and ring layouts"));
+    return;
+  }
+  for (const auto& [name, v] : {std::pair{"targets.rows", &targets.rows}, std::pair{"targets.positions", &targets.positions}})
+    if (absent(*v))
+      throw ArgumentError(name, std::string("missing: a contiguous or ring layout addresses each token by row and "
+                                            "position (int32 each)") +
+                                    (absent(targets.slots) ? "" : "; slots address paged layouts"));
+}
+
 void check_config(const VariantDescriptor& d, const CacheConfig& c) {
   if (c.device == Device::cuda) {
     std::string why;

@@ -173,11 +173,42 @@ def test_refused_calls_raise_the_mapped_class_and_write_nothing(generator):
     with pytest.raises(kvforge.OutOfRangeError) as caught:
         drv.cache.append(d.layers, k, k, slots=torch.tensor([0, 1]))
     assert caught.value.argument == "layer" and (caught.value.lo, caught.value.hi) == (0, d.layers)
+    with pytest.raises(kvforge.OutOfRangeError) as caught:  # past C's int, still the layer's range
+        drv.cache.append(2 ** 40, k, k, slots=torch.tensor([0, 1]))
+    assert caught.value.argument == "layer" and caught.value.value == 2 ** 40
+    rows, positions = torch.zeros(2, dtype=torch.int32), torch.arange(2, dtype=torch.int32)
+    with pytest.raises(kvforge.ArgumentError, match="targets.slots: missing.*rows and positions address") as caught:
+        drv.cache.append(0, k, k, rows=rows, positions=positions)
+    assert type(caught.value) is kvforge.ArgumentError
     with pytest.raises(kvforge.UnsupportedError):
         drv.cache.reorder(torch.zeros(1, dtype=torch.int32))
     with pytest.raises(kvforge.ShapeError, match="packed"):
         drv.cache.pack_pages(torch.tensor([0, 1], dtype=torch.int32), torch.empty(10, dtype=torch.uint8))
     assert all(np.array_equal(a, b) for a, b in zip(before, pool_bytes(drv.cache)))
+
+
+def read_only(array):
+    """The same values in a read-only numpy array, as np.frombuffer and memory maps give them."""
+    out = np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
+    assert not out.flags.writeable
+    return out
+
+
+def test_read_only_arrays_go_in_but_not_out(generator):
+    d = variants_where(model="tiny", addressing="contiguous", storage="fp32", update="eager", hybrid=False)[0]
+    cache = kvforge.create(d.name, rows=1, max_seq_len=8)
+    k, v = (torch.randn(3, d.heads, d.head_dim, generator=generator).numpy() for _ in range(2))
+    cache.append(0, read_only(k), read_only(v), rows=read_only(np.zeros(3, np.int32)),
+                 positions=read_only(np.arange(3, dtype=np.int32)))
+    k_out, v_out = (np.zeros((d.heads, 3, d.head_dim), np.float32) for _ in range(2))
+    cache.gather(0, k_out, v_out, row=0, begin=0, end=3)
+    for h in range(d.heads):  # gather's [heads, tokens, head_dim] against append's [tokens, heads, head_dim]
+        for t in range(3):
+            assert np.array_equal(k_out[h, t], k[t, h]) and np.array_equal(v_out[h, t], v[t, h])
+    refused = read_only(np.full((d.heads, 3, d.head_dim), 7.0, np.float32))
+    with pytest.raises(kvforge.ArgumentError, match="k_out: is read-only"):
+        cache.gather(0, refused, v_out, row=0, begin=0, end=3)
+    assert (refused == 7.0).all()
 
 
 def test_registry_and_creation_errors():

@@ -206,6 +206,7 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
   const int64_t tokens = k.shape[0];
   detail::check_tensor("k", k, {tokens, heads(), head_dim()}, dtype_of<input_t>::value, config_.device);
   detail::check_tensor("v", v, {tokens, heads(), head_dim()}, dtype_of<input_t>::value, config_.device);
+  detail::check_targets_addressing(targets, addressing == Addressing::paged, tokens);
   if constexpr (addressing == Addressing::paged) {
     detail::check_index_view("targets.slots", targets.slots, DType::i64, tokens, config_.device, tokens);
   } else {

@@ -15,6 +15,8 @@ void check_tensor(const char* name, const TensorView& t, const std::array<int64_
                   Device device);
 void check_index_view(const char* name, const IndexView& v, DType dtype, int64_t min_size, Device device,
                       int64_t exact_size = -1);
+// Refuses targets that leave out the arrays the layout's addressing needs (tokens > 0).
+void check_targets_addressing(const TokenTargets& targets, bool paged, int64_t tokens);
 void check_config(const VariantDescriptor& d, const CacheConfig& c);
 Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c);
 int64_t staged_capacity(const VariantDescriptor& d, const CacheConfig& c);
