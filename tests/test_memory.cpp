@@ -92,6 +92,14 @@ TEST(SequenceManager, RefusesWhatItCannotDoAndChangesNothing) {
   EXPECT_THROW(m.add(1, {1}), StateError);
   EXPECT_THROW(m.append(7, {1}), StateError);
   EXPECT_THROW(m.offload(1), StateError) << "pending tokens must be written first";
+  m.add(3, {5});
+  try {  // the host step, like the device step, refuses a batch that names a sequence twice
+    m.step({1, 3, 1});
+    ADD_FAILURE() << "a batch listing sequence 1 twice was stepped";
+  } catch (const ArgumentError& err) {
+    EXPECT_EQ(err.argument(), "seqs");
+  }
+  m.free(3);
   m.step({1});
   m.offload(1);
   EXPECT_THROW(m.append(1, {1}), StateError) << "an offloaded sequence must be restored first";
@@ -99,6 +107,15 @@ TEST(SequenceManager, RefusesWhatItCannotDoAndChangesNothing) {
   m.restore(1);
   EXPECT_THROW(m.restore(1), StateError);
   m.check_invariants();
+  for (const auto& [field, options] : {std::pair{"options.host_blocks", SequenceManagerOptions{true, 0, -1, 0}},
+                                       std::pair{"options.window", SequenceManagerOptions{true, 0, 0, -2}}}) {
+    try {
+      SequenceManager refused(*cache, options);
+      ADD_FAILURE() << field << " < 0 was taken";
+    } catch (const OutOfRangeError& err) {
+      EXPECT_EQ(err.argument(), field);
+    }
+  }
 }
 
 TEST(MemoryPlan, AllocateAndReserveBeforeAnythingIsAllocated) {

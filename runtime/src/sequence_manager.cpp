@@ -1,10 +1,27 @@
 #include "kvforge/sequence_manager.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <string>
 
 namespace kvforge {
+
+namespace {
+// A step's batch names each sequence once; throws for the first listed twice.
+void check_listed_once(const std::vector<int64_t>& seqs) {
+  std::vector<int64_t> sorted = seqs;
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice != sorted.end()) throw ArgumentError("seqs", "sequence " + std::to_string(*twice) + " is listed twice");
+}
+
+const SequenceManagerOptions& checked(const SequenceManagerOptions& o) {
+  if (o.host_blocks < 0) throw OutOfRangeError("options.host_blocks", o.host_blocks, 0, LLONG_MAX, -1, "0: no offload");
+  if (o.window < 0) throw OutOfRangeError("options.window", o.window, 0, LLONG_MAX, -1, "0: no window");
+  return o;
+}
+}  // namespace
 
 DeviceBatch::DeviceBatch(const BatchMetadata& m, Device device, void* stream) {
   Backend& b = backend(device);
@@ -26,7 +43,7 @@ DeviceBatch::DeviceBatch(const BatchMetadata& m, Device device, void* stream) {
 
 SequenceManager::SequenceManager(Cache& cache, SequenceManagerOptions options)
     : cache_(cache),
-      options_(options),
+      options_(checked(options)),
       backend_(backend(cache.config().device)),
       device_(int32_t(cache.config().pages)),
       prefix_(int32_t(cache.config().pages)),
@@ -358,7 +375,10 @@ BatchMetadata SequenceManager::describe_step(const std::vector<int64_t>& seqs, b
   return m;
 }
 
-BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) { return describe_step(seqs, true); }
+BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
+  check_listed_once(seqs);  // one listed twice would come out as two requests, the second with no tokens
+  return describe_step(seqs, true);
+}
 
 int32_t SequenceManager::take_row() {
   if (free_rows_.empty()) return next_row_++;
@@ -373,11 +393,7 @@ const std::vector<SequenceManager::Sequence*>& SequenceManager::batch_sequences(
   if (seqs != last_batch_) {
     std::vector<Sequence*> found(seqs.size());
     for (size_t i = 0; i < seqs.size(); ++i) found[i] = &live(seqs[i], "seqs");  // checks all before any change
-    // A sequence listed twice would have its rows advanced twice on the device.
-    std::vector<int64_t> sorted = seqs;
-    std::sort(sorted.begin(), sorted.end());
-    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-    if (twice != sorted.end()) throw ArgumentError("seqs", "sequence " + std::to_string(*twice) + " is listed twice");
+    check_listed_once(seqs);  // one listed twice would have its row advanced twice on the device
     last_batch_ = seqs;
     last_batch_sequences_ = std::move(found);
   }
