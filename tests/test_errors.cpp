@@ -1,4 +1,6 @@
 // Every kind of bad argument is refused with a typed error naming it, and the cache is unchanged.
+#include <algorithm>
+#include <climits>
 #include <optional>
 #include <typeinfo>
 #include <vector>
@@ -155,6 +157,9 @@ TEST(Errors, ContiguousGatherReorderAndResetRefuseBadArguments) {
   g.row = 0;
   g.begin = 5;
   expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(4), out_view(4)); }, "range.end");
+  g.begin = 34;  // past max_seq_len=32: no end would do, so the begin is named
+  g.end = 35;
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(1), out_view(1)); }, "range.begin");
   std::vector<int32_t> beam{1, 2};
   expect_error<OutOfRangeError>([&] { f.cache->reorder(IndexView::of(beam.data(), 2)); }, "beam");
   expect_error<ShapeError>([&] { f.cache->reorder(IndexView::of(beam.data(), 1)); }, "beam");
@@ -162,6 +167,29 @@ TEST(Errors, ContiguousGatherReorderAndResetRefuseBadArguments) {
   std::vector<int32_t> pairs{0, 1};
   EXPECT_THROW(f.cache->copy_blocks(IndexView::of(pairs.data(), 2)), UnsupportedError);
   f.expect_unchanged();
+  }
+}
+
+TEST(Errors, RingPositionsStopWhereTheRowLengthStillFits) {
+  for (const VariantEntry* e : variants_with(Addressing::ring, UpdateMode::eager, std::nullopt)) {
+  SCOPED_TRACE(e->descriptor->name);
+  Fixture f(*e);
+  std::vector<int32_t> rows{0}, pos{INT32_MAX};
+  std::vector<int64_t> none;
+  expect_error<OutOfRangeError>([&] { f.append(0, 1, rows, pos, none); }, "targets.positions");
+  f.expect_unchanged();
+  pos = {INT32_MAX - 1};  // the highest position whose length, position + 1, an int32 holds
+  f.append(0, 1, rows, pos, none);
+  EXPECT_EQ(f.cache->row_length(0), int64_t(INT32_MAX));
+  std::vector<unsigned char> out(size_t(f.d.heads * f.d.head_dim * f.es), 0);
+  GatherRange g;
+  g.begin = INT32_MAX - 1;
+  g.end = INT32_MAX;
+  const TensorView one = TensorView::contiguous(out.data(), f.d.input, Device::cpu, f.d.heads, 1, f.d.head_dim);
+  f.cache->gather(0, g, one, one);
+  if (f.d.quant == Quant::none) {  // the fixture's tokens are one repeated byte, 0x3c
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](unsigned char b) { return b == 0x3c; }));
+  }
   }
 }
 
@@ -184,6 +212,9 @@ TEST(Errors, RingGatherRefusesPositionsThatLeftTheWindow) {
   g.begin = 3 * W;
   g.end = 3 * W + 2;  // one past what was written
   expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(2), out_view(2)); }, "range.end");
+  g.begin = 3 * W + 2;  // wholly past what was written
+  g.end = 3 * W + 3;
+  expect_error<OutOfRangeError>([&] { f.cache->gather(0, g, out_view(1), out_view(1)); }, "range.begin");
   f.expect_unchanged();
   }
 }
@@ -356,8 +387,10 @@ TEST(Errors, RangeMessagesReadNaturally) {
     std::vector<int32_t> rows{0}, pos{-7};
     std::vector<int64_t> none;
     EXPECT_EQ(message([&] { f.append(0, 1, rows, pos, none); }),
-              "targets.positions[0] = -7 is below 0 (allowed: >= 0); -1 marks padding");
+              "targets.positions[0] = -7 is outside [0, 2147483647); -1 marks padding");
   }
+  EXPECT_EQ(message([] { throw OutOfRangeError("options.window", -2, 0, LLONG_MAX, -1, "0: no window"); }),
+            "options.window = -2 is below 0 (allowed: >= 0); 0: no window");
   EXPECT_EQ(message([] { throw OutOfRangeError("layer", 5, 0, 2); }), "layer = 5 is outside [0, 2)");
   EXPECT_EQ(message([] { throw OutOfRangeError("config.max_seq_len", 5, 0, 1, -1, "pass 0"); }),
             "config.max_seq_len = 5 is not 0 (allowed: 0); pass 0");

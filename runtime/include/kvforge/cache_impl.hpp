@@ -226,7 +226,8 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
     checks.add(index_check(targets.slots, tokens, 0, capacity_.pages * page_size(), true, detail::kCheckSlots));
   } else {
     checks.add(index_check(targets.rows, tokens, 0, capacity_.rows, true, detail::kCheckRows));
-    const int64_t max_position = addressing == Addressing::ring ? INT64_MAX : capacity_.positions;
+    // A ring's row length (int32) is its highest position + 1, so that position stays below INT32_MAX.
+    const int64_t max_position = addressing == Addressing::ring ? INT32_MAX : capacity_.positions;
     checks.add(index_check(targets.positions, tokens, 0, max_position, true, detail::kCheckPositions));
   }
 
@@ -335,6 +336,9 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
       } else {
         const int64_t length = row_length(range.row);
         const int64_t oldest = std::max<int64_t>(0, length - window());
+        if (range.begin > length)  // no end would do: name the begin
+          throw OutOfRangeError("range.begin", range.begin, 0, length + 1, -1,
+                                "row " + std::to_string(range.row) + " holds positions below " + std::to_string(length));
         if (range.end > length)
           throw OutOfRangeError("range.end", range.end, range.begin, length + 1, -1,
                                 "row " + std::to_string(range.row) + " holds positions below " + std::to_string(length));
@@ -344,6 +348,9 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
                                     std::to_string(window()));
       }
     } else {
+      if (range.begin > capacity_.positions)  // no end would do: name the begin
+        throw OutOfRangeError("range.begin", range.begin, 0, capacity_.positions + 1, -1,
+                              "the cache holds max_seq_len=" + std::to_string(capacity_.positions) + " positions per row");
       if (range.end > capacity_.positions)
         throw OutOfRangeError("range.end", range.end, range.begin, capacity_.positions + 1, -1,
                               "the cache holds max_seq_len=" + std::to_string(capacity_.positions) + " positions per row");
