@@ -210,6 +210,11 @@ TEST(ChunkedQuantizer, CoversEveryElementOnceAndMatchesTheReference) {
   check_chunked_quantizer<int8_t, bf16, 2, 512>(DType::i8, 4);       // 64 chunks: two per lane
   check_chunked_quantizer<int8_t, float, 7, 64>(DType::i8, 5);       // 16 chunks of 4 floats, 7 heads
   check_chunked_quantizer<int8_t, bf16, 1, 8>(DType::i8, 6);         // one chunk, one lane
+  // Rows of chunks no power of two, at a bf16 token's width: groups of 8 lanes, many heads a pass.
+  static_assert(detail::QuantChunks<int8_t, bf16, 32, 96, 256>::L == 256, "32 heads of 12 chunks fill 256 lanes");
+  static_assert(detail::QuantChunks<int8_t, bf16, 32, 96, 256>::Q == 1, "in one pass");
+  check_chunked_quantizer<int8_t, bf16, 32, 96, 256>(DType::i8, 11);       // phi-3-mini: 12 chunks, 32 heads
+  check_chunked_quantizer<fp8_e4m3, bf16, 20, 80, 256>(DType::f8e4m3, 12);  // 10 chunks, a last pass part empty
   // Items wider than a warp (per-head and per-tensor scales): a pass covers more heads.
   check_chunked_quantizer<int8_t, bf16, 8, 128, 256>(DType::i8, 7);     // llama3-8b: 8 heads, 128 lanes, one pass
   check_chunked_quantizer<fp8_e4m3, bf16, 32, 128, 256>(DType::f8e4m3, 8);  // 16 heads a pass, two passes
@@ -378,6 +383,10 @@ TEST(ChunkedQuantizer, TokenAcrossEmulatedLanesMatchesTheReference) {
   // 32 heads over 256 lanes (eight warps), two passes, per token and per head.
   check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 32, 128>>(DType::i8, DType::bf16, DType::f32, 9);
   check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, bf16, Quant::per_token_head, 32, 128>>(DType::f8e4m3, DType::bf16, DType::bf16, 10);
+  // 12 chunks a head (head_dim 96), 32 heads over 256 lanes in groups of 8: a per-token scale over eight
+  // warps, a per-head one over each group of 8.
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 32, 96>>(DType::i8, DType::bf16, DType::f32, 11);
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token_head, 32, 96>>(DType::i8, DType::bf16, DType::f32, 12);
 }
 
 std::vector<Case> quantized_cases() {

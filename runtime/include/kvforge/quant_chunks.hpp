@@ -7,7 +7,9 @@
 // A head's row of D inputs is C chunks of V elements. Lanes come in groups of Lh, one group per head
 // of a pass; a pass covers P heads, so an item has L = P * Lh lanes (at most MaxLanes) and takes Q
 // passes. Where C is a power of two up to a warp, Lh = C and each lane holds one chunk of each head it
-// meets; otherwise P = 1 and each lane takes every Lh-th chunk of the head (K of them). A head's amax
+// meets; otherwise Lh is the largest power of two below C (at most a warp), and each lane takes every
+// Lh-th chunk of its head (K of them). Either way P is as many heads as MaxLanes holds groups for (a
+// power of two, at most H's), so a head_dim of 96 spreads 32 heads over 256 lanes, not 8. A head's amax
 // is then a reduction over its group of Lh lanes, inside one warp, and a token's over all L, across
 // warps where L is wider (the executor's item_max).
 #pragma once
@@ -36,7 +38,7 @@ template <class Store, class In, int H, int D, int MaxLanes> struct QuantChunks 
   static constexpr int C = kUsable ? D / V : 1;  // chunks per head
   static constexpr bool kWholeGroups = (C & (C - 1)) == 0 && C <= 32;
   static constexpr int Lh = kWholeGroups ? C : floor_pow2(C < 32 ? C : 32);
-  static constexpr int P = kWholeGroups ? (MaxLanes / C < floor_pow2(H) ? MaxLanes / C : floor_pow2(H)) : 1;
+  static constexpr int P = MaxLanes / Lh < floor_pow2(H) ? MaxLanes / Lh : floor_pow2(H);
   static constexpr int L = P * Lh;
   static constexpr int K = (C + Lh - 1) / Lh;
   static constexpr int Q = (H + P - 1) / P;
