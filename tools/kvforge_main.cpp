@@ -1,9 +1,12 @@
 // kvforge: list the variants this build registered, and run a short demo through the registry.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,23 +30,67 @@ const char* kUsage =
     "        environment variable KVFORGE_CPU_LEVEL=2|3|4 runs a narrower one\n"
     "  help  this text\n";
 
-std::string option(int argc, char** argv, const char* name) {
-  for (int i = 2; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return "";
+// A command line that names something the command does not take (an unknown option, a missing value,
+// a layout no variant has): refused with exit status 2, so that a typo never runs the default quietly.
+struct UsageError {
+  std::string message;
+};
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
-bool flag(int argc, char** argv, const char* name) {
-  for (int i = 2; i < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return true;
-  return false;
+// The options after the command: `valued` ones take the next argument as their value, `flags` none.
+struct Args {
+  std::map<std::string, std::string> values;
+  std::set<std::string> flags;
+  std::string value(const std::string& name) const {
+    const auto it = values.find(name);
+    return it == values.end() ? "" : it->second;
+  }
+};
+
+Args parse(int argc, char** argv, const std::vector<std::string>& valued, const std::vector<std::string>& flags) {
+  Args a;
+  const std::string command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
+      if (i + 1 == argc) throw UsageError{command + ": " + arg + " needs a value"};
+      a.values[arg] = argv[++i];
+    } else if (std::find(flags.begin(), flags.end(), arg) != flags.end()) {
+      a.flags.insert(arg);
+    } else {
+      std::vector<std::string> allowed = valued;
+      allowed.insert(allowed.end(), flags.begin(), flags.end());
+      throw UsageError{command + ": unknown argument '" + arg + "' (allowed: " +
+                       (allowed.empty() ? std::string("none") : joined(allowed)) + ")"};
+    }
+  }
+  return a;
+}
+
+// A filter's value must name something registered; `field` reads one descriptor's name for it.
+template <class Field> void check_known(const char* option, const std::string& value, Field field) {
+  if (value.empty()) return;
+  std::set<std::string> known;
+  for (const auto& e : kvforge::registry().variants()) known.insert(field(*e.descriptor));
+  if (!known.count(value))
+    throw UsageError{std::string("list: ") + option + " '" + value + "' is no registered variant's (allowed: " +
+                     joined({known.begin(), known.end()}) + ")"};
 }
 
 int list(int argc, char** argv) {
+  const Args args = parse(argc, argv, {"--layout", "--model", "--dtype"}, {});
   kvforge::VariantQuery q;
-  q.layout = option(argc, argv, "--layout");
-  q.model = option(argc, argv, "--model");
-  const std::string dtype = option(argc, argv, "--dtype");
+  q.layout = args.value("--layout");
+  q.model = args.value("--model");
+  const std::string dtype = args.value("--dtype");
+  check_known("--layout", q.layout, [](const kvforge::VariantDescriptor& d) { return std::string(d.layout); });
+  check_known("--model", q.model, [](const kvforge::VariantDescriptor& d) { return std::string(d.model); });
+  check_known("--dtype", dtype, [](const kvforge::VariantDescriptor& d) { return std::string(kvforge::dtype_name(d.storage)); });
   const auto& all = kvforge::registry().variants();
   size_t width = 7;
   for (const auto& e : all) width = std::max(width, std::strlen(e.descriptor->name));
@@ -169,11 +216,13 @@ bool demo_one(const kvforge::VariantEntry& e) {
 }
 
 int demo(int argc, char** argv) {
-  const std::string name = option(argc, argv, "--variant");
+  const Args args = parse(argc, argv, {"--variant"}, {"--all"});
+  const std::string name = args.value("--variant");
+  if (!name.empty() && args.flags.count("--all")) throw UsageError{"demo: give --variant NAME or --all, not both"};
   std::vector<const kvforge::VariantEntry*> chosen;
   if (!name.empty()) {
     chosen.push_back(&kvforge::registry().at(name));
-  } else if (flag(argc, argv, "--all")) {
+  } else if (args.flags.count("--all")) {
     for (const auto& e : kvforge::registry().variants()) chosen.push_back(&e);
   } else {
     kvforge::VariantQuery q;
@@ -210,12 +259,18 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "list") return list(argc, argv);
     if (cmd == "demo") return demo(argc, argv);
-    if (cmd == "cpu") return cpu();
+    if (cmd == "cpu") {
+      parse(argc, argv, {}, {});
+      return cpu();
+    }
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
     }
     std::fprintf(stderr, "kvforge: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "kvforge: %s\n(kvforge help lists every command and its options)\n", e.message.c_str());
     return 2;
   } catch (const kvforge::Error& e) {
     std::fprintf(stderr, "kvforge: %s\n", e.what());
