@@ -271,7 +271,9 @@ struct CudaExec {
       const int64_t strides =
           (k_dst.head_stride | v_dst.head_stride | k_src.head_stride | v_src.head_stride) * int64_t(sizeof(Dst));
       if ((int(head_dim) * sizeof(Dst)) % 16 == 0 && (bases & 15u) == 0 && strides % 16 == 0) {
-        const int vectors = int(int(head_dim) * sizeof(Dst) / 16);  // per head
+        // Per head; at least 1 wherever this branch runs. Saying so keeps nvcc from folding a division by
+        // zero into the dead branch of a head under 16 bytes, and warning about it.
+        const int bytes = int(head_dim) * int(sizeof(Dst)), vectors = bytes < 16 ? 1 : bytes / 16;
         for (int i = lane; i < int(heads) * vectors; i += lanes) {
           const int h = i / vectors, c = i % vectors;
           const uint4 k = reinterpret_cast<const uint4*>(ks + h * k_src.head_stride)[c];
