@@ -149,6 +149,10 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kTokenLanes = kChunkedQuant ? Chunks::L : kLanes;  // lanes of a token of write or gather
   static constexpr int kChunkPasses = Chunks::kPreload ? Chunks::Q : 1;  // passes one lane holds at once
   using ChunkRegs = Vec16[kChunkPasses][Chunks::K];
+  // Passes a gather's lane holds at once. Without a reduction to wait for, it holds fewer than a write:
+  // four chunks a side of a 3-head, 24-wide fp16 token, decoded to 16 bytes each, spilled 108 bytes
+  // under a prefill launch's 64 registers (ptxas), and a pass at a time spills 16.
+  static constexpr int kGatherPasses = Chunks::Q * Chunks::K <= 2 ? Chunks::Q : 1;
   // A written token whose scale's reduction spans more than a warp (per-token) runs as a block of its
   // own, whose barrier its warps meet at (Exec::item_max).
   using WriteLanes = std::conditional_t<kChunkedQuant && kQuant == Quant::per_token && (Chunks::L > 32),
@@ -353,13 +357,13 @@ template <class Traits, class Exec> struct Ops {
                                                          const Scale* k_scale, const Scale* v_scale, int64_t scale_head,
                                                          int lane) {
     using Codes = typename Chunks::Codes;
-    for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
-      Codes held[2][kChunkPasses][Chunks::K];
-      Chunks::template for_each_chunk<kChunkPasses>(lane, first, [&](int r, int k, int h, int c) {
+    for (int first = 0; first < Chunks::Q; first += kGatherPasses) {
+      Codes held[2][kGatherPasses][Chunks::K];
+      Chunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
         held[0][r][k] = Chunks::load_codes(codes, code_head, h, c);
         held[1][r][k] = Chunks::load_codes(codes + code_kv, code_head, h, c);
       });
-      Chunks::template for_each_chunk<kChunkPasses>(lane, first, [&](int r, int k, int h, int c) {
+      Chunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
         Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[h * scale_head]));
         Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[h * scale_head]));
       });
