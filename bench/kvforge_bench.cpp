@@ -745,20 +745,23 @@ std::string take_flag(int& argc, char** argv, const std::string& name, const std
 
 }  // namespace
 
-// kvforge's own flags, printed above Google Benchmark's own --help.
-const char* kUsage =
-    "kvforge_bench: the generated matrix on the CPU, beside a same-run streaming copy (bench/report.py\n"
-    "turns its JSON into the report). kvforge's flags:\n"
-    "  --kvf_preset=NAME     short (default: every llama3-8b layout, decode 64, prefill 512, gather 1k,\n"
-    "                        beside PyTorch where built with it), quant, peers, memory or full\n"
-    "  --kvf_tune=MODEL      measure the CPU launch parameters for MODEL's variants and write the cpu\n"
-    "                        section of MODEL's tuning file, instead of benchmarking\n"
-    "  --kvf_tune_out=DIR    where --kvf_tune writes (default: specs/tuning)\n"
-    "Google Benchmark's flags (--benchmark_filter=<op>/<variant>/<shape>, ...):\n";
+// kvforge's own flags, printed above Google Benchmark's own --help; the presets are read off presets().
+void print_usage() {
+  std::printf("kvforge_bench: the generated matrix on the CPU, beside a same-run streaming copy (bench/report.py\n"
+              "turns its JSON into the report). kvforge's flags:\n"
+              "  --kvf_preset=NAME     one of:");
+  for (const auto& [name, _] : presets()) std::printf(" %s", name.c_str());
+  std::printf(" (default: short)\n"
+              "  --kvf_tune=MODEL      measure the CPU launch parameters for MODEL's variants and write the cpu\n"
+              "                        section of MODEL's tuning file, instead of benchmarking\n"
+              "  --kvf_tune_out=DIR    where --kvf_tune writes (default: specs/tuning)\n"
+              "Google Benchmark's flags (--benchmark_filter=<op>/<variant>/<shape>, ...):\n");
+  std::fflush(stdout);
+}
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--help") == 0) std::fputs(kUsage, stdout);
+    if (std::strcmp(argv[i], "--help") == 0) print_usage();
   const std::string tune_model = take_flag(argc, argv, "--kvf_tune", "");
   const std::string tune_out = take_flag(argc, argv, "--kvf_tune_out", "specs/tuning");
   if (!tune_model.empty()) return tune(tune_model, tune_out);
