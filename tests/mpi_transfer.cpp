@@ -5,7 +5,12 @@
 //   inflight N         np 2: N requests of random lengths in flight at once, interleaved; no mixing
 //   refused            np 2: every header mismatch is refused, and nothing is committed
 //   timeout            np 2: a sender that stops midway; the receiver times out and commits nothing
-//   capacity           np any: plan_memory over the ranks takes the smallest page count
+//   retry              np 2: an id used again at once after a sender's timeout with nobody expecting it,
+//                      after a refusal, and by an id whose tags are the same; each retry arrives whole
+//   tp_mismatch        np 3: a receiver that expects two senders, fed by one whole-model sender, refuses
+//                      its header at once, naming header.sender_tp, and so does the sender
+//   capacity           np any: plan_memory over the ranks takes the smallest page count; then each rank in
+//                      turn has a budget that holds no page, and every rank raises its CapacityError
 // Every value is a function of (request, layer, head of the full model, position, dim), exact in
 // bf16, so the receiver checks what it holds against plain loops over those coordinates.
 #include <mpi.h>
@@ -467,6 +472,87 @@ void timeout(MpiTransport& t) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// One transfer of `request` with `sent` tokens from rank 0 to rank 1, which expects `expected` tokens
+// (nobody expects it where `expected` is 0). Returns the TransferError's field on the rank that raised
+// one, "" where the transfer completed and rank 1 holds every value.
+std::string attempt(MpiTransport& t, int64_t request, int64_t sent, int64_t expected) {
+  TransferOptions o;
+  o.timeout = std::chrono::milliseconds(400);
+  std::string field;
+  if (t.rank() == 0) {
+    Side side = make_side("vllm_paged_nhd.tiny.fp32", 1);
+    KvSender sender(*side.cache, 0, t, o);
+    sender.send(request, fill_sender(side, 0, request, 0, sent), tokens_of(request, sent), PeerGroup{{1}});
+    try {
+      while (!sender.poll()) pause();
+    } catch (const TransferError& e) {
+      field = e.field();
+    }
+  } else if (t.rank() == 1 && expected > 0) {
+    Side side = make_side("flashinfer_paged_hnd.tiny.fp32", 1);
+    KvReceiver receiver(*side.cache, 0, t, o);
+    try {
+      receiver.expect(request, tokens_of(request, expected), PeerGroup{{0}}, side.manager.get(), 0);
+      while (!receiver.done(request)) receiver.poll(), pause();
+      check_receiver(side, 0, 0, expected, "retry", [&](int layer, int head, int64_t p, int x, int kv) {
+        return value(request, layer, head, p, x, kv);
+      });
+    } catch (const TransferError& e) {
+      field = e.field();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return field;
+}
+
+void retry(MpiTransport& t) {
+  const int64_t request = 551, period = (int64_t(t.max_tag()) + 1) >> 12;  // ids this far apart share tags
+  const bool sender = t.rank() == 0;
+  // Nobody expects it: the sender times out, and its header is left at the receiver.
+  require(attempt(t, request, 13, 0) == (sender ? "timeout" : ""), "an unexpected send did not time out");
+  require(attempt(t, request, 16, 16).empty(), "the id was not usable again after a sender's timeout");
+  require(attempt(t, request + period, 7, 0) == (sender ? "timeout" : ""), "an unexpected send did not time out");
+  require(attempt(t, request + 2 * period, 9, 9).empty(), "an id whose tags a timed-out one shared was not usable");
+  require(attempt(t, request, 13, 16) == "header.tokens", "a mismatch was not refused on both sides");
+  require(attempt(t, request, 16, 16).empty(), "the id was not usable again after a refusal");
+  if (t.rank() == 0) std::printf("retry: ids used again at once after timeouts and a refusal arrive whole\n");
+}
+
+void tp_mismatch(MpiTransport& t) {
+  const int64_t request = 8000, tokens = 9;
+  TransferOptions o;
+  o.timeout = std::chrono::milliseconds(20000);
+  const auto start = std::chrono::steady_clock::now();
+  std::string field = "nothing";
+  if (t.rank() == 0) {  // a whole-model sender, sending all heads to rank 2
+    Side side = make_side("vllm_paged_nhd.tiny_tp.fp32", 1);
+    KvSender sender(*side.cache, 0, t, o);
+    sender.send(request, fill_sender(side, 0, request, 0, tokens), tokens_of(request, tokens), PeerGroup{{2}});
+    try {
+      while (!sender.poll()) pause();
+    } catch (const TransferError& e) {
+      field = e.field();
+    }
+  } else if (t.rank() == 2) {  // expects a group of two senders, ranks 0 and 1
+    Side side = make_side("vllm_paged_nhd.tiny_tp.fp32", 1);
+    KvReceiver receiver(*side.cache, 0, t, o);
+    try {
+      receiver.expect(request, tokens_of(request, tokens), PeerGroup{{0, 1}}, side.manager.get(), 0);
+      while (!receiver.done(request)) receiver.poll(), pause();
+    } catch (const TransferError& e) {
+      field = e.field();
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (t.rank() != 1) {
+    require(field == "header.sender_tp", "rank " + std::to_string(t.rank()) + " heard " + field);
+    // Not a timing assertion: the timeout is 20 s, and a refusal that waited for it would take that long.
+    require(seconds < 10, "the degree mismatch was refused only after " + std::to_string(seconds) + " s");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (t.rank() == 0) std::printf("tp_mismatch: refused at once on both sides, naming header.sender_tp\n");
+}
+
 void capacity(MpiTransport& t) {
   const VariantDescriptor& d = *registry().at("vllm_paged_nhd.tiny.fp32").descriptor;
   MemoryRequest r;
@@ -479,6 +565,20 @@ void capacity(MpiTransport& t) {
   require(agreed.pages == smallest.pages && agreed.pages <= mine.pages, "ranks did not agree on the smallest capacity");
   require(agreed.pool_bytes == smallest.pool_bytes && agreed.tokens == smallest.tokens, "agreed plan inconsistent");
   if (t.rank() == 0) std::printf("capacity: %d ranks agree on %lld pages\n", t.size(), (long long)agreed.pages);
+  // One rank short of memory: the call must fail on every rank, with that rank's error, never hang
+  // (ctest's timeout is the watchdog).
+  for (int failing = 0; failing < t.size(); ++failing) {
+    r.budget_bytes = t.rank() == failing ? 1000 : int64_t(1) << 20;
+    try {
+      plan_memory(d, r, t);
+      die("capacity: rank " + std::to_string(failing) + " had no page, and plan_memory returned");
+    } catch (const CapacityError& e) {
+      const std::string where = "rank " + std::to_string(failing) + " of " + std::to_string(t.size()) + ": ";
+      require(e.argument() == "budget_bytes" && e.available() == 1000 && std::string(e.what()).rfind(where, 0) == 0,
+              std::string("capacity: the agreed error is not rank ") + std::to_string(failing) + "'s: " + e.what());
+    }
+  }
+  if (t.rank() == 0) std::printf("capacity: each rank short of memory in turn, every rank raised its error\n");
 }
 
 }  // namespace
@@ -495,7 +595,10 @@ int main(int argc, char** argv) {
     else if (what == "refused") refused(t);
     else if (what == "timeout") timeout(t);
     else if (what == "capacity") capacity(t);
-    else die("usage: kvforge_mpi_tests layouts | tp S R | dtypes | inflight N | refused | timeout | capacity");
+    else if (what == "retry") retry(t);
+    else if (what == "tp_mismatch") tp_mismatch(t);
+    else die("usage: kvforge_mpi_tests layouts | tp S R | dtypes | inflight N | refused | timeout | capacity | retry | "
+             "tp_mismatch");
   } catch (const std::exception& e) {
     die(e.what());
   }

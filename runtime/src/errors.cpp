@@ -36,16 +36,19 @@ UnknownVariantError::UnknownVariantError(std::string name, std::vector<std::stri
     : Error(unknown_message(name, nearest)), name_(std::move(name)), nearest_(std::move(nearest)) {}
 
 OutOfRangeError::OutOfRangeError(const std::string& argument, long long value, long long lo, long long hi,
-                                 long long index, const std::string& why)
-    : ArgumentError(argument, range_message(argument, value, lo, hi, index, why), ArgumentError::whole_message),
+                                 long long index, const std::string& why, const std::string& context)
+    : ArgumentError(argument, context + range_message(argument, value, lo, hi, index, why),
+                    ArgumentError::whole_message),
       value_(value),
       lo_(lo),
       hi_(hi),
       index_(index) {}
 
-CapacityError::CapacityError(const std::string& argument, int64_t needed, int64_t available)
-    : ArgumentError(argument, "needs " + std::to_string(needed) + ", only " + std::to_string(available) +
-                                  " available; nothing was allocated"),
+CapacityError::CapacityError(const std::string& argument, int64_t needed, int64_t available, const std::string& context)
+    : ArgumentError(argument,
+                    context + argument + ": needs " + std::to_string(needed) + ", only " + std::to_string(available) +
+                        " available; nothing was allocated",
+                    ArgumentError::whole_message),
       needed_(needed),
       available_(available) {}
 

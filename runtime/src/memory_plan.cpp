@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kvforge/backend.hpp"
+#include "kvforge/collective.hpp"
 
 namespace kvforge {
 
@@ -40,8 +41,12 @@ MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
     if (r.reserve_bytes < 0) throw OutOfRangeError("reserve_bytes", r.reserve_bytes, 0, available + 1);
     const int64_t usable = available - r.reserve_bytes - fixed;
     p.pages = std::min<int64_t>(usable > 0 ? usable / p.page_bytes : 0, INT32_MAX);
-    if (p.pages <= 0)
-      throw CapacityError("reserve_bytes", p.page_bytes + r.reserve_bytes + fixed, available);
+    if (p.pages <= 0) {
+      // Name what ran short: the reserve where one page would fit without it, else the memory itself.
+      const bool reserve_short = r.reserve_bytes > 0 && available - fixed >= p.page_bytes;
+      const char* short_of = reserve_short ? "reserve_bytes" : r.device == Device::cpu ? "budget_bytes" : "free_memory";
+      throw CapacityError(short_of, p.page_bytes + r.reserve_bytes + fixed, available);
+    }
   }
   p.pool_bytes = p.pages * p.page_bytes + fixed;
   p.tokens = p.pages * d.page_size;
@@ -49,7 +54,8 @@ MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
 }
 
 MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r, Transport& ranks) {
-  MemoryPlan p = plan_memory(d, r);
+  // A rank whose own plan fails still joins the agreement, so that every rank raises its error together.
+  MemoryPlan p = collectively(ranks, [&] { return plan_memory(d, r); });
   // Every rank plans, then all take the smallest, so that they schedule the same capacity.
   const int64_t pages = ranks.all_min(p.pages);
   p.pool_bytes -= (p.pages - pages) * p.page_bytes;

@@ -83,6 +83,12 @@ void MpiTransport::cancel(Handle h) {
   requests_.erase(it);
 }
 
+bool MpiTransport::arrived(int peer, int tag) {
+  int flag = 0;
+  check(MPI_Iprobe(peer, tag, comm_, &flag, MPI_STATUS_IGNORE), "Iprobe");
+  return flag != 0;
+}
+
 bool MpiTransport::takes_memory_of(Device device) const {
   if (device == Device::cpu) return true;
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <random>
 
 #include "kvforge/checks.hpp"
 
@@ -10,21 +11,23 @@ namespace kvforge {
 namespace {
 
 constexpr uint32_t kMagic = 0x6b76666bu;  // "kvfk"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr uint16_t kCanWritePhysical = 1;  // TransferHeader::flags
-// Tag slots within a request's 256: its header, the receiver's answer, then layer l in slot 2 + l mod 254.
-constexpr int kHeaderSlot = 0, kAnswerSlot = 1, kFirstLayerSlot = 2;
+constexpr uint16_t kWithdrawn = 2;         // TransferHeader::flags: the sender gave this attempt up
+// A request's tags: its header and the receiver's answer in slots 0 and 1 of epoch 0, then layer l in
+// slot 2 + l mod 254 of the epoch the receiver picked for this transfer (1 of 16).
+constexpr int kHeaderSlot = 0, kAnswerSlot = 1, kFirstLayerSlot = 2, kEpochs = 16;
 
-int tag_of(const Transport& t, int64_t request_id, int slot) {
-  const int64_t requests = (int64_t(t.max_tag()) + 1) >> 8;
-  return int(((request_id % requests + requests) % requests) << 8 | slot);
+int tag_of(const Transport& t, int64_t request_id, int slot, int epoch = 0) {
+  const int64_t requests = (int64_t(t.max_tag()) + 1) >> 12;
+  return int(((request_id % requests + requests) % requests) << 12 | int64_t(epoch) << 8 | slot);
 }
 
-int layer_tag(const Transport& t, int64_t request_id, int layer) {
-  return tag_of(t, request_id, kFirstLayerSlot + layer % (256 - kFirstLayerSlot));
+int layer_tag(const Transport& t, int64_t request_id, int layer, int epoch) {
+  return tag_of(t, request_id, kFirstLayerSlot + layer % (256 - kFirstLayerSlot), epoch);
 }
 
-int64_t tag_bits(const Transport& t, int64_t request_id) { return tag_of(t, request_id, kHeaderSlot) >> 8; }
+int64_t tag_bits(const Transport& t, int64_t request_id) { return tag_of(t, request_id, kHeaderSlot) >> 12; }
 
 // Before anything is posted or allocated: the request's tags are free, and every peer is a rank.
 template <class InFlight>
@@ -91,6 +94,8 @@ template <size_t N> void copy_name(char (&out)[N], const char* name) {
 struct Answer {
   uint32_t magic, version;
   int64_t request_id;
+  uint64_t attempt;  // the header's, echoed: a sender drops answers to its earlier attempts
+  int64_t epoch;     // the layer tags' epoch for this transfer
   int32_t refused;   // 0: accepted
   int32_t physical;  // 1: the physical wire format, placed as below
   char field[48];    // refused: the field the receiver's TransferError names
@@ -117,9 +122,9 @@ struct Placement {
   }
 };
 
-std::vector<int64_t> encode_answer(int64_t request_id, const char* refused_field, const Placement* p) {
+std::vector<int64_t> encode_answer(const TransferHeader& h, int epoch, const char* refused_field, const Placement* p) {
   Answer a{};
-  a.magic = kMagic, a.version = kVersion, a.request_id = request_id;
+  a.magic = kMagic, a.version = kVersion, a.request_id = h.request_id, a.attempt = h.attempt, a.epoch = epoch;
   a.refused = refused_field != nullptr;
   if (refused_field) copy_name(a.field, refused_field);
   a.physical = p != nullptr;
@@ -324,8 +329,11 @@ struct KvSender::Outgoing {
   std::vector<TransferHeader> headers;
   std::vector<Transport::Handle> header_sends;
   std::vector<std::vector<int64_t>> answers;  // per piece
-  std::vector<Transport::Handle> answer_recvs;
+  std::vector<Transport::Handle> answer_recvs;  // per piece; kNone once its answer is in
+  std::vector<TransferHeader> withdrawals;      // sent where an answer never came (posted sends point here)
+  std::vector<int> epochs;                      // per piece: its receiver's layer-tag epoch
   bool answered = false;
+  uint64_t attempt = 0;
   std::vector<std::optional<Placement>> placements;  // per piece: physical, or logical (empty)
   std::vector<Slot> ring;
   int next_layer = 0;
@@ -333,8 +341,18 @@ struct KvSender::Outgoing {
   std::chrono::steady_clock::time_point started;
 };
 
+namespace {
+constexpr Transport::Handle kNone = -1;
+
+// A random start, so that two senders (or two runs of one program) never number attempts alike.
+uint64_t first_attempt() {
+  std::random_device seed;
+  return uint64_t(seed()) << 32 ^ seed();
+}
+}  // namespace
+
 KvSender::KvSender(Cache& cache, int tp_rank, Transport& transport, TransferOptions options)
-    : cache_(cache), tp_rank_(tp_rank), transport_(transport), options_(options) {
+    : cache_(cache), tp_rank_(tp_rank), transport_(transport), options_(options), next_attempt_(first_attempt()) {
   shard_heads(cache.descriptor(), tp_rank);  // checks the rank
   if (options_.ring_layers < 1) throw OutOfRangeError("options.ring_layers", options_.ring_layers, 1, 1025);
   spare_.keep = 2 * options_.ring_layers;
@@ -342,7 +360,8 @@ KvSender::KvSender(Cache& cache, int tp_rank, Transport& transport, TransferOpti
 
 KvSender::~KvSender() {
   for (auto& [id, o] : outgoing_)
-    for (Transport::Handle h : o->answer_recvs) transport_.cancel(h);
+    for (Transport::Handle h : o->answer_recvs)
+      if (h != kNone) transport_.cancel(h);
 }
 
 void KvSender::send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens,
@@ -389,8 +408,11 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   h.sender_tp = d.tensor_parallel, h.sender_rank = tp_rank_;
   h.layer_begin = 0, h.layer_count = d.layers;
   h.tokens = o->tokens, h.request_id = request_id, h.token_hash = token_hash(tokens);
+  h.attempt = o->attempt = next_attempt_++;
   o->headers.reserve(o->pieces.size());  // posted sends and receives point into these
   o->answers.reserve(o->pieces.size());
+  o->withdrawals.reserve(o->pieces.size());
+  o->epochs.assign(o->pieces.size(), 0);
   for (const ShardPiece& p : o->pieces) {
     const int peer = receivers.ranks[size_t(p.receiver)];
     h.head_begin = p.heads.begin, h.head_count = p.heads.count;
@@ -405,12 +427,31 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   outgoing_.emplace(request_id, std::move(o));  // poll() goes on once the receivers answer
 }
 
+namespace {
+// Where a piece's receiver has not answered, its header may wait there unread: withdraw it, so that a
+// later expect() of the same id drops it instead of judging it.
+void withdraw_unanswered(Transport& t, std::vector<Transport::Handle>& answer_recvs, std::vector<TransferHeader>& headers,
+                         std::vector<TransferHeader>& withdrawals, std::vector<Transport::Handle>& sends,
+                         const std::vector<ShardPiece>& pieces, const PeerGroup& receivers, int64_t& messages) {
+  for (size_t i = 0; i < answer_recvs.size(); ++i) {
+    if (answer_recvs[i] == kNone) continue;
+    t.cancel(answer_recvs[i]);
+    answer_recvs[i] = kNone;
+    withdrawals.push_back(headers[i]);
+    withdrawals.back().flags |= kWithdrawn;
+    sends.push_back(t.post_send(&withdrawals.back(), sizeof(TransferHeader), receivers.ranks[size_t(pieces[i].receiver)],
+                                tag_of(t, headers[i].request_id, kHeaderSlot)));
+    ++messages;
+  }
+}
+}  // namespace
+
 void KvSender::fail(int64_t request_id, const std::string& field, const std::string& message) {
   auto it = outgoing_.find(request_id);
   std::unique_ptr<Outgoing> o = std::move(it->second);
   outgoing_.erase(it);
-  for (Transport::Handle h : o->answer_recvs) transport_.cancel(h);
-  o->answer_recvs.clear();
+  withdraw_unanswered(transport_, o->answer_recvs, o->headers, o->withdrawals, o->header_sends, o->pieces, o->receivers,
+                      messages_);
   if (!drain(transport_, o->header_sends)) retired_.push_back(std::move(o));  // its headers are still being read
   throw TransferError(field, "request " + std::to_string(request_id) + ": " + message + "; nothing more is sent");
 }
@@ -423,26 +464,50 @@ bool KvSender::progress(Outgoing& o) {
   drain(transport_, o.header_sends);
   if (!o.answered) {
     if (o.abandoned) {
-      for (Transport::Handle h : o.answer_recvs) transport_.cancel(h);
-      o.answer_recvs.clear();
+      withdraw_unanswered(transport_, o.answer_recvs, o.headers, o.withdrawals, o.header_sends, o.pieces, o.receivers,
+                          messages_);
+      drain(transport_, o.header_sends);
       return o.header_sends.empty();
     }
-    if (!drain(transport_, o.answer_recvs)) {
-      if (std::chrono::steady_clock::now() - o.started > options_.timeout)
-        fail(o.request_id, "timeout", "no answer from the receivers in " + std::to_string(options_.timeout.count()) + " ms");
-      return false;
-    }
-    // Every receiver has answered: take each piece's wire format, or stop if one refused.
+    // Each answer as it comes: a refusal stops the transfer at once; an answer to an earlier attempt of
+    // this id (its sender gave up on it) is dropped, and the receive posted again.
+    bool all_in = true;
     for (size_t i = 0; i < o.pieces.size(); ++i) {
+      if (o.answer_recvs[i] == kNone) continue;
+      if (!transport_.poll(o.answer_recvs[i])) {
+        all_in = false;
+        continue;
+      }
+      o.answer_recvs[i] = kNone;
       Answer a;
       std::memcpy(&a, o.answers[i].data(), sizeof a);
-      const std::string peer = "receiver rank " + std::to_string(o.receivers.ranks[size_t(o.pieces[i].receiver)]);
-      if (a.magic != kMagic || a.version != kVersion || a.request_id != o.request_id)
+      const int peer_rank = o.receivers.ranks[size_t(o.pieces[i].receiver)];
+      const std::string peer = "receiver rank " + std::to_string(peer_rank);
+      if (a.magic == kMagic && a.version == kVersion && (a.request_id != o.request_id || a.attempt != o.attempt)) {
+        o.answer_recvs[i] = transport_.post_recv(o.answers[i].data(), int64_t(o.answers[i].size() * sizeof(int64_t)),
+                                                 peer_rank, tag_of(transport_, o.request_id, kAnswerSlot));
+        all_in = false;
+        continue;
+      }
+      if (a.magic != kMagic || a.version != kVersion)
         fail(o.request_id, "answer", peer + " answered with something other than this request's answer");
       if (a.refused) {
         a.field[sizeof a.field - 1] = 0;
         fail(o.request_id, a.field, peer + " refused the transfer");
       }
+      if (a.epoch < 0 || a.epoch >= kEpochs) fail(o.request_id, "answer.epoch", peer + " named no epoch of the 16");
+      o.epochs[i] = int(a.epoch);
+    }
+    if (!all_in) {
+      if (std::chrono::steady_clock::now() - o.started > options_.timeout)
+        fail(o.request_id, "timeout", "no answer from the receivers in " + std::to_string(options_.timeout.count()) + " ms");
+      return false;
+    }
+    // Every receiver has accepted: take each piece's wire format.
+    for (size_t i = 0; i < o.pieces.size(); ++i) {
+      Answer a;
+      std::memcpy(&a, o.answers[i].data(), sizeof a);
+      const std::string peer = "receiver rank " + std::to_string(o.receivers.ranks[size_t(o.pieces[i].receiver)]);
       if (!a.physical) {
         o.placements.emplace_back();
         ++logical_pieces_;
@@ -473,7 +538,6 @@ bool KvSender::progress(Outgoing& o) {
     if (s.layer >= 0 || o.abandoned || o.next_layer >= d.layers) continue;
     // Read the next layer into this free slot, and post its messages.
     const int layer = o.next_layer++;
-    const int tag = layer_tag(transport_, o.request_id, layer);
     if (s.logical.device.data()) {
       try {
         cache_.gather(layer, o.range, staging_view(s.logical.device.data(), d, device, mine.count, T, 0, false),
@@ -492,6 +556,7 @@ bool KvSender::progress(Outgoing& o) {
     for (size_t i = 0; i < o.pieces.size(); ++i) {
       const ShardPiece& p = o.pieces[i];
       const int peer = o.receivers.ranks[size_t(p.receiver)];
+      const int tag = layer_tag(transport_, o.request_id, layer, o.epochs[i]);
       if (!o.placements[i]) {
         const auto* at = static_cast<const char*>(s.logical.wire_data()) + (p.heads.begin - mine.begin) * unit;
         s.pending.push_back(transport_.post_send(at, p.heads.count * unit, peer, tag));
@@ -550,8 +615,10 @@ struct KvReceiver::Incoming {
   std::vector<int32_t> pages;  // paged: the sequence's pages
   std::vector<ShardPiece> pieces;  // this rank's
   std::vector<TransferHeader> headers;
-  std::vector<Transport::Handle> header_recvs;
+  std::vector<Transport::Handle> header_recvs;  // per piece; kNone while none is posted
+  std::vector<bool> header_in, judged;          // per piece: a header received; it passed every check
   bool headers_checked = false;
+  int epoch = 0;
   std::vector<std::vector<int64_t>> answers;  // per piece, while being sent
   std::vector<Transport::Handle> answer_sends;
   std::optional<Placement> placement;  // the physical format (one piece); else logical
@@ -575,7 +642,8 @@ KvReceiver::KvReceiver(Cache& cache, int tp_rank, Transport& transport, Transfer
 
 namespace {
 template <class In> void cancel_receives(Transport& t, In& in) {
-  for (Transport::Handle h : in.header_recvs) t.cancel(h);
+  for (Transport::Handle h : in.header_recvs)
+    if (h != kNone) t.cancel(h);
   in.header_recvs.clear();
   for (Slot& s : in.ring) {
     for (Transport::Handle h : s.pending) t.cancel(h);
@@ -643,23 +711,70 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
                           : TokenTargets::row_positions(put(in->device_targets[0], in->rows), put(in->device_targets[1], in->positions));
   }
   in->headers.resize(in->pieces.size());
-  for (size_t i = 0; i < in->pieces.size(); ++i)
-    in->header_recvs.push_back(transport_.post_recv(&in->headers[i], sizeof(TransferHeader),
-                                                    senders.ranks[size_t(in->pieces[i].sender)],
-                                                    tag_of(transport_, request_id, kHeaderSlot)));
+  in->header_recvs.assign(in->pieces.size(), kNone);
+  in->header_in.assign(in->pieces.size(), false);
+  in->judged.assign(in->pieces.size(), false);
+  in->epoch = next_epoch_;
+  next_epoch_ = (next_epoch_ + 1) % kEpochs;
   in->last_progress = std::chrono::steady_clock::now();
   Incoming& ref = *in;
   incoming_.emplace(request_id, std::move(in));
   progress(ref);
 }
 
-void KvReceiver::answer(Incoming& in, const char* refused_field) {
-  in.answers.reserve(in.pieces.size());  // posted sends point into these
-  for (const ShardPiece& p : in.pieces) {
-    in.answers.push_back(encode_answer(in.request_id, refused_field, in.placement ? &*in.placement : nullptr));
-    in.answer_sends.push_back(transport_.post_send(in.answers.back().data(), int64_t(in.answers.back().size() * sizeof(int64_t)),
-                                                   in.senders.ranks[size_t(p.sender)], tag_of(transport_, in.request_id, kAnswerSlot)));
+// Piece `piece`'s header, once one that is live has come: true with it in in.headers[piece]. Drops
+// withdrawals, headers of another request id on the same tag, and a header that a withdrawal of its
+// attempt already follows (its sender gave up on it before this receiver expected it).
+bool KvReceiver::take_header(Incoming& in, size_t piece) {
+  const int peer = in.senders.ranks[size_t(in.pieces[piece].sender)];
+  const int tag = tag_of(transport_, in.request_id, kHeaderSlot);
+  std::vector<TransferHeader>& early = early_[{peer, tag}];
+  TransferHeader& h = in.headers[piece];
+  for (;;) {
+    if (!in.header_in[piece]) {
+      if (in.header_recvs[piece] == kNone && !early.empty()) {
+        h = early.front();
+        early.erase(early.begin());
+        in.header_in[piece] = true;
+      } else if (in.header_recvs[piece] == kNone) {
+        in.header_recvs[piece] = transport_.post_recv(&h, sizeof h, peer, tag);
+      }
+      if (!in.header_in[piece]) {
+        if (!transport_.poll(in.header_recvs[piece])) return false;
+        in.header_recvs[piece] = kNone;
+        in.header_in[piece] = true;
+      }
+    }
+    const bool ours = h.magic == kMagic && h.version == kVersion;
+    if (ours && ((h.flags & kWithdrawn) || h.request_id != in.request_id)) {
+      in.header_in[piece] = false;
+      continue;
+    }
+    // What follows it from the same sender on the same tag, where it has come already.
+    if (early.empty() && transport_.arrived(peer, tag)) {
+      TransferHeader next{};
+      const Transport::Handle r = transport_.post_recv(&next, sizeof next, peer, tag);
+      while (!transport_.poll(r)) {
+      }
+      early.push_back(next);
+    }
+    if (ours && !early.empty() && (early.front().flags & kWithdrawn) && early.front().attempt == h.attempt &&
+        early.front().request_id == h.request_id) {
+      early.erase(early.begin());
+      in.header_in[piece] = false;
+      continue;
+    }
+    if (early.empty()) early_.erase({peer, tag});
+    return true;
   }
+}
+
+void KvReceiver::answer(Incoming& in, size_t piece, const char* refused_field) {
+  in.answers.reserve(in.pieces.size());  // posted sends point into these
+  in.answers.push_back(encode_answer(in.headers[piece], in.epoch, refused_field, in.placement ? &*in.placement : nullptr));
+  in.answer_sends.push_back(transport_.post_send(in.answers.back().data(), int64_t(in.answers.back().size() * sizeof(int64_t)),
+                                                 in.senders.ranks[size_t(in.pieces[piece].sender)],
+                                                 tag_of(transport_, in.request_id, kAnswerSlot)));
 }
 
 void KvReceiver::fail(int64_t request_id, const std::string& field, const std::string& message) {
@@ -682,14 +797,24 @@ void KvReceiver::progress(Incoming& in) {
   const auto now = std::chrono::steady_clock::now();
   bool moved = false;
   drain(transport_, in.answer_sends);
-  if (!in.headers_checked && drain(transport_, in.header_recvs)) {
-    for (size_t i = 0; i < in.pieces.size(); ++i) {
+  // Each header is checked as it comes, so that a mismatch is refused without waiting for the others.
+  bool all_judged = !in.headers_checked;
+  for (size_t i = 0; i < in.pieces.size() && !in.headers_checked; ++i) {
+    if (in.judged[i]) continue;
+    if (!take_header(in, i)) {
+      all_judged = false;
+      continue;
+    }
+    {
       const TransferHeader& h = in.headers[i];
       const ShardPiece& p = in.pieces[i];
       auto check = [&](const char* field, int64_t got, int64_t want) {
         if (got == want) return;
         const std::string name = std::string("header.") + field;
-        answer(in, name.c_str());  // the senders stop too
+        // Every sender whose header is in stops too; one whose header has not come withdraws it
+        // when its own wait runs out.
+        for (size_t j = 0; j < in.pieces.size(); ++j)
+          if (in.header_in[j]) answer(in, j, name.c_str());
         fail(in.request_id, name,
              "sender rank " + std::to_string(in.senders.ranks[size_t(p.sender)]) + " sent " + std::to_string(got) +
                  ", this receiver expects " + std::to_string(want));
@@ -709,11 +834,15 @@ void KvReceiver::progress(Incoming& in) {
       check("head_count", h.head_count, p.heads.count);
       check("layer_begin", h.layer_begin, 0);
       check("layer_count", h.layer_count, d.layers);
+      in.judged[i] = true;
+      moved = true;
     }
+  }
+  if (all_judged) {
     if (options_.physical)
       in.placement = physical_placement(cache_, transport_, in.headers[0], in.pieces, mine.count,
                                       in.manager ? in.pages.data() : nullptr, in.seq_or_row, T);
-    answer(in, nullptr);
+    for (size_t i = 0; i < in.pieces.size(); ++i) answer(in, i, nullptr);
     if (in.placement) {
       // Straight into the pool: every layer's receives go up now, one per run of consecutive pages.
       const int sender = in.senders.ranks[size_t(in.pieces[0].sender)];
@@ -723,7 +852,7 @@ void KvReceiver::progress(Incoming& in) {
         for (size_t r = 0; r < in.placement->runs.size(); ++r)
           in.layer_recvs[size_t(layer)].push_back(transport_.post_recv(base + in.placement->run_at[r],
                                                                        in.placement->runs[r], sender,
-                                                                       layer_tag(transport_, in.request_id, layer)));
+                                                                       layer_tag(transport_, in.request_id, layer, in.epoch)));
       }
     } else {
       for (int i = 0; i < std::min(options_.ring_layers, d.layers); ++i) {
@@ -745,7 +874,7 @@ void KvReceiver::progress(Incoming& in) {
         // buffer that takes it.
         if (s.layer < 0 && in.next_post < d.layers) {
           s.layer = in.next_post++;
-          const int tag = layer_tag(transport_, in.request_id, s.layer);
+          const int tag = layer_tag(transport_, in.request_id, s.layer, in.epoch);
           for (const ShardPiece& p : in.pieces) {
             auto* at = static_cast<char*>(s.logical.wire_data()) + (p.heads.begin - mine.begin) * unit;
             s.pending.push_back(transport_.post_recv(at, p.heads.count * unit, in.senders.ranks[size_t(p.sender)], tag));

@@ -32,9 +32,8 @@ class ArgumentError : public Error {
   ArgumentError(std::string argument, const std::string& message)
       : Error(argument + ": " + message), argument_(std::move(argument)) {}
   const std::string& argument() const { return argument_; }
-
- protected:
-  // For subclasses whose message already names the argument in its own words.
+  // For messages that already name the argument in their own words (subclasses, and an error agreed
+  // across ranks, collective.hpp, whose message says which rank raised it).
   enum WholeMessage { whole_message };
   ArgumentError(std::string argument, const std::string& message, WholeMessage)
       : Error(message), argument_(std::move(argument)) {}
@@ -47,8 +46,9 @@ class ArgumentError : public Error {
 // reads "targets.slots[2] = 3 is outside [0, 3)"; hi = LLONG_MAX means no upper bound (">= lo").
 class OutOfRangeError : public ArgumentError {
  public:
+  // `context` goes before the message ("rank 2 of 4: ").
   OutOfRangeError(const std::string& argument, long long value, long long lo, long long hi,
-                  long long index = -1, const std::string& why = "");
+                  long long index = -1, const std::string& why = "", const std::string& context = "");
   long long value() const { return value_; }
   long long lo() const { return lo_; }
   long long hi() const { return hi_; }
@@ -76,7 +76,7 @@ class DeviceError : public ArgumentError {
 // An allocation cannot be met; nothing was allocated. `argument()` names what ran short.
 class CapacityError : public ArgumentError {
  public:
-  CapacityError(const std::string& argument, int64_t needed, int64_t available);
+  CapacityError(const std::string& argument, int64_t needed, int64_t available, const std::string& context = "");
   int64_t needed() const { return needed_; }
   int64_t available() const { return available_; }
 

@@ -37,6 +37,8 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r);
 // The same plan agreed across ranks: each plans its own, and all take the smallest page count (a
 // collective: every rank of `ranks` must call it), as DeepSpeed all-reduces its block count with MIN.
+// Where any rank's own plan fails, every rank raises that rank's error (collective.hpp), named
+// "rank R of N: ...": none is left waiting.
 MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r, Transport& ranks);
 
 }  // namespace kvforge

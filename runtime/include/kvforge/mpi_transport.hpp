@@ -24,6 +24,7 @@ class MpiTransport final : public Transport {
   bool poll(Handle h) override;
   void cancel(Handle h) override;
   int max_tag() const override { return max_tag_; }
+  bool arrived(int peer, int tag) override;
   // Host memory always; CUDA memory where this MPI says it is CUDA-aware (asked at run time).
   bool takes_memory_of(Device device) const override;
   int64_t all_min(int64_t value) override;

@@ -23,6 +23,16 @@
 // mismatch, a timeout, or a sender that stops, the receiver raises TransferError, and commits
 // nothing: a paged sequence's pages go back to the pool and its id is unknown again, a row is reset.
 // A refused sender raises TransferError naming the same field, and sends nothing more.
+//
+// Nothing a failed transfer leaves in flight is read by a later one, so an id can be used again at once:
+// - A sender that gives up before every receiver answered (a timeout, a refusal, abandon()) follows its
+//   header with a withdrawal of the same attempt. A receiver drops a header that a withdrawal already
+//   follows, drops withdrawals, and drops headers of another request id whose tags are the same.
+// - Answers carry the attempt they answer; a sender drops answers to its earlier attempts.
+// - Layer messages carry an epoch in their tags that the receiver picks afresh for every transfer, so a
+//   layer sent late for a failed transfer never lands in the next one.
+// Each header is checked as it arrives, so a mismatch (a wrong `sender_tp`, say) is refused within one
+// header round trip, without waiting for the other senders.
 #pragma once
 
 #include <chrono>
@@ -73,6 +83,7 @@ struct TransferHeader {
   int64_t tokens;      // must match
   int64_t request_id;  // must match
   uint64_t token_hash;  // must match
+  uint64_t attempt;     // this send's own number: answers echo it, a withdrawal names it
 };
 
 // Staging buffers a side keeps between transfers, so a long-lived sender or receiver does not
@@ -146,6 +157,7 @@ class KvSender {
   std::vector<std::unique_ptr<Outgoing>> retired_;  // failed, with sends the transport may still read
   StagingPool spare_;
   int64_t messages_ = 0, physical_pieces_ = 0, logical_pieces_ = 0;
+  uint64_t next_attempt_;
 };
 
 // The decode side.
@@ -171,7 +183,8 @@ class KvReceiver {
  private:
   struct Incoming;
   void progress(Incoming& in);
-  void answer(Incoming& in, const char* refused_field);
+  bool take_header(Incoming& in, size_t piece);
+  void answer(Incoming& in, size_t piece, const char* refused_field);
   void fail(int64_t request_id, const std::string& field, const std::string& message);
   Cache& cache_;
   int tp_rank_;
@@ -180,6 +193,9 @@ class KvReceiver {
   std::map<int64_t, std::unique_ptr<Incoming>> incoming_;
   std::vector<std::unique_ptr<Incoming>> retired_;  // failed, with answers the transport may still read
   StagingPool spare_;
+  int next_epoch_ = 0;  // the layer tags' epoch of the next transfer
+  // Headers received while looking behind another (peer, tag -> them, in order), for a later expect().
+  std::map<std::pair<int, int>, std::vector<TransferHeader>> early_;
 };
 
 }  // namespace kvforge

@@ -27,6 +27,10 @@ class Transport {
   // Withdraws a posted receive that has not completed; the handle is then spent.
   virtual void cancel(Handle h) = 0;
   virtual int max_tag() const = 0;
+  // Whether a message from `peer` with `tag` has arrived and waits for a receive. A transport that
+  // cannot tell says false; transfers then only lose the ability to drop a stale header at once
+  // (transfer.hpp).
+  virtual bool arrived(int peer, int tag) { (void)peer, (void)tag; return false; }
   // Whether posted memory may live on `device`; where not, transfers stage through host memory.
   virtual bool takes_memory_of(Device device) const = 0;
   // Collective over every rank: the smallest `value` (DeepSpeed's MIN all-reduce of its block count).
