@@ -1,6 +1,7 @@
 # `cmake --install <build> --prefix <prefix>` installs kvforge as a CMake package:
 #   <prefix>/include/kvforge/                    the runtime's headers
 #   <prefix>/lib/libkvforge_runtime.a            the runtime (exported as kvforge::runtime)
+#   <prefix>/lib/libkvforge_mpi.a                transfers over MPI (kvforge::mpi), where MPI was found
 #   <prefix>/lib/cmake/kvforge/                  kvforge-config.cmake, the exported targets, kvforge.cmake
 #   <prefix>/share/kvforge/codegen/              the spec compiler and its templates
 #   <prefix>/share/kvforge/specs/                the default specs, to expand or to learn from
@@ -12,6 +13,12 @@ set(KVFORGE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kvforge")
 set(KVFORGE_INSTALL_DATADIR "${CMAKE_INSTALL_DATADIR}/kvforge")
 
 install(TARGETS kvforge_runtime EXPORT kvforgeTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+# Transfers between processes over MPI, where this build has them (kvforge::mpi).
+set(KVFORGE_HAS_MPI OFF)
+if(TARGET kvforge_mpi)
+  set(KVFORGE_HAS_MPI ON)
+  install(TARGETS kvforge_mpi EXPORT kvforgeTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+endif()
 install(DIRECTORY runtime/include/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(EXPORT kvforgeTargets NAMESPACE kvforge:: DESTINATION "${KVFORGE_INSTALL_CMAKEDIR}")
 install(DIRECTORY codegen/kvforge_codegen codegen/templates DESTINATION "${KVFORGE_INSTALL_DATADIR}/codegen"

@@ -17,6 +17,12 @@ if(NOT KVFORGE_ROOT)
   set(KVFORGE_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." CACHE INTERNAL "kvforge source root")
 endif()
 find_package(Python3 3.9 REQUIRED COMPONENTS Interpreter)
+# The options every generated CPU kernel file is built with, on top of its level's -march: kept to those
+# files (never on a target that links them). -fno-trapping-math lets GCC turn the quantizer's float
+# selects into vector blends; it changes no result (kvforge never reads floating-point exception flags).
+# Never -ffast-math: rounding is exact.
+set(KVFORGE_CPU_BASE_LEVEL 2 CACHE INTERNAL "the x86-64 level every kvforge CPU build runs on (vocab.py)")
+set(KVFORGE_KERNEL_OPTIONS -Wall -Wextra -fno-trapping-math CACHE INTERNAL "")
 # Cached, because a downstream project that adds kvforge with add_subdirectory() calls kvforge_generate()
 # from its own scope, where the variables find_package set here are not visible.
 set(KVFORGE_PYTHON "${Python3_EXECUTABLE}" CACHE INTERNAL "the Python that runs kvforge's codegen")
@@ -73,6 +79,7 @@ function(kvforge_generate)
 
   execute_process(
     COMMAND ${codegen_env} "${KVFORGE_PYTHON}" -m kvforge_codegen outputs ${spec_args} ${backend_flag}
+            --registry-function "${KG_REGISTRY_FUNCTION}"
     OUTPUT_VARIABLE outputs ERROR_VARIABLE errors RESULT_VARIABLE status
     OUTPUT_STRIP_TRAILING_WHITESPACE
     # The loader bounds every spec's size, depth and values, so this takes well under a second; the
@@ -86,6 +93,10 @@ function(kvforge_generate)
 
   _kvforge_spec_files(spec_files ${KG_LAYOUTS} ${KG_MODELS})
   list(APPEND spec_files ${tuning})
+  # Any edit to a spec can change the set of variants (a dtype added to `expand`, a model removed), and
+  # so the outputs, which CMake must know before it builds: an edited spec re-runs configure, which asks
+  # the spec compiler again (well under a second), as a new or removed file does through the globs.
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${spec_files})
   file(GLOB codegen_files CONFIGURE_DEPENDS "${KVFORGE_ROOT}/codegen/kvforge_codegen/*.py"
                                             "${KVFORGE_ROOT}/codegen/templates/*.j2")
   # A removed spec changes no remaining input, so the set of inputs and outputs itself is a dependency,
@@ -114,15 +125,38 @@ function(kvforge_generate)
 
   set(sources ${outputs})
   list(FILTER sources EXCLUDE REGEX "\\.(hpp|md|txt)$")  # every backend's kernel files, whatever their extension
-  target_sources(${KG_TARGET} PRIVATE ${sources})
-  # A variant's CPU kernels for a wider x86-64 level (<variant>.cpu_v<level>.cpp) are built with that
-  # level's -march; source options come after the target's, so they override the base level's.
-  foreach(source IN LISTS sources)
+  # The CPU files are built in object libraries of their own, one per x86-64 level, so that each level
+  # gets its -march, kvforge's warnings and float options without any of them reaching the code of the
+  # user's own target, and one precompiled header of the runtime (parsing it was most of each file's
+  # compile time). <variant>.cpp is the base level's; <variant>.cpu_v<N>.cpp level N's.
+  set(cpu_sources ${sources})
+  list(FILTER cpu_sources INCLUDE REGEX "\\.cpp$")
+  list(FILTER sources EXCLUDE REGEX "\\.cpp$")
+  set(levels_sources "")
+  foreach(source IN LISTS cpu_sources)
     if(source MATCHES "\\.cpu_v([0-9]+)\\.cpp$")
-      set_source_files_properties("${source}" TARGET_DIRECTORY ${KG_TARGET}
-                                  PROPERTIES COMPILE_OPTIONS "-march=x86-64-v${CMAKE_MATCH_1}")
+      list(APPEND level_${CMAKE_MATCH_1}_sources "${source}")
+      list(APPEND levels_sources "${CMAKE_MATCH_1}")
+    else()
+      list(APPEND level_${KVFORGE_CPU_BASE_LEVEL}_sources "${source}")
     endif()
   endforeach()
+  list(APPEND levels_sources ${KVFORGE_CPU_BASE_LEVEL})
+  list(REMOVE_DUPLICATES levels_sources)
+  foreach(level IN LISTS levels_sources)
+    set(objects ${KG_TARGET}_cpu_v${level})
+    add_library(${objects} OBJECT ${level_${level}_sources})
+    add_dependencies(${objects} ${KG_TARGET}_codegen)
+    target_include_directories(${objects} PRIVATE "${KG_OUTPUT_DIR}")
+    target_link_libraries(${objects} PRIVATE kvforge::runtime)
+    target_compile_options(${objects} PRIVATE ${KVFORGE_KERNEL_OPTIONS} -march=x86-64-v${level})
+    set_target_properties(${objects} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    if(NOT KVFORGE_NO_PCH)
+      target_precompile_headers(${objects} PRIVATE <kvforge/cache_impl.hpp> <kvforge/cpu_ops.hpp>)
+    endif()
+    target_sources(${KG_TARGET} PRIVATE $<TARGET_OBJECTS:${objects}>)
+  endforeach()
+  target_sources(${KG_TARGET} PRIVATE ${sources})  # the other backends' kernel files (CUDA's .cu)
   target_include_directories(${KG_TARGET} PUBLIC "${KG_OUTPUT_DIR}")
   target_link_libraries(${KG_TARGET} PUBLIC kvforge::runtime)
 endfunction()

@@ -9,14 +9,20 @@ if [ "$mode" = install ]; then
   build="$2" work="$3"
   rm -rf "$work" && mkdir -p "$work"
   cmake --install "$build" --prefix "$work/prefix" >/dev/null
-  cmake -S "$here/consumer" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+  cmake -S "$here/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 else
   work="$2"
   rm -rf "$work" && mkdir -p "$work"
-  cmake -S "$here/consumer" -B "$work/build" -G Ninja -DKVFORGE_SOURCE="$here/.." >/dev/null
+  cmake -S "$here/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVFORGE_SOURCE="$here/.." >/dev/null
 fi
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer"
+if [ -x "$work/build/consumer_transfer" ]; then
+  mpirun -np 2 --oversubscribe --allow-run-as-root "$work/build/consumer_transfer"
+elif [ "$mode" = install ] && [ -f "$build/libkvforge_mpi.a" ]; then
+  echo "check_consumer: kvforge was built with MPI, but the installed package gave no kvforge::mpi" >&2
+  exit 1
+fi
 if [ "$mode" = install ] && [ -d "$work/prefix/python/kvforge" ]; then
   # The installed Python package: its module, and spec validation through the installed spec compiler.
   (cd "$work" && PYTHONPATH="$work/prefix/python" python3 -c '

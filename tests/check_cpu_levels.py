@@ -29,7 +29,8 @@ def levels_named(symbol):
 
 
 def main(argv):
-    base, objects = int(argv[1]), argv[2:]
+    # Object files only: CMake lists a precompiled header's .gch among an object library's objects.
+    base, objects = int(argv[1]), [o for o in argv[2:] if o.endswith(".o")]
     problems, wide_files = [], 0
     for obj in objects:
         file_level = LEVEL_FILE.search(obj)

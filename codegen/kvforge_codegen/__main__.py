@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import List
 
@@ -33,6 +34,26 @@ def _csv(text: str) -> tuple:
     return tuple(x for x in (p.strip() for p in text.split(",")) if x) if text else ()
 
 
+_QUALIFIED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _registry_function(text: str) -> str:
+    if not _QUALIFIED_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: not a qualified C++ name (allowed: identifiers joined by ::)")
+    return text
+
+
+def _tuning_beside(layouts: List[str]) -> List[str]:
+    """The tuning folders that sit beside the given layouts folders (specs/layouts -> specs/tuning)."""
+    found = []
+    for path in layouts:
+        if os.path.isdir(path):
+            tuning = os.path.join(os.path.dirname(os.path.abspath(path.rstrip(os.sep))), "tuning")
+            if os.path.isdir(tuning) and tuning not in found:
+                found.append(tuning)
+    return found
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvforge-codegen",
@@ -50,9 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                         metavar="PATH", help="layout spec files or folders (default: specs/layouts)")
         sp.add_argument("--models", nargs="+", default=[os.path.join(REPO, "specs", "models")],
                         metavar="PATH", help="model spec files or folders (default: specs/models)")
-        sp.add_argument("--tuning", nargs="*", default=[p for p in [os.path.join(REPO, "specs", "tuning")]
-                                                          if os.path.isdir(p)],
-                        metavar="PATH", help="tuning files or folders (default: specs/tuning, where it exists)")
+        sp.add_argument("--tuning", nargs="*", default=None, metavar="PATH",
+                        help="tuning files or folders (default: the folder `tuning` beside each layouts folder, "
+                             "where it exists; never another project's)")
         sp.add_argument("--source-root", default=REPO,
                         help="paths in messages and provenance headers are relative to this (default: repo)")
         sp.add_argument("--layout", type=_csv, default=(), help="keep only these layouts (comma-separated)")
@@ -63,15 +84,20 @@ def _parser() -> argparse.ArgumentParser:
     common(sp)
     sp = sub.add_parser("list", help="list the variants with their bytes per token; builds nothing")
     common(sp)
+    def registry_function(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--registry-function", default="kvforge::registry", type=_registry_function,
+                        help="qualified name of the generated registry accessor (default: kvforge::registry); "
+                             "<name with :: as _>.hpp declares it")
+
     sp = sub.add_parser("outputs", help="print the files `generate` would write, one per line (for CMake)")
     common(sp)
     backends(sp)
+    registry_function(sp)
     sp = sub.add_parser("generate", help="write generated sources into a folder, touching only changed files")
     common(sp)
     backends(sp)
+    registry_function(sp)
     sp.add_argument("--out", required=True, help="output folder")
-    sp.add_argument("--registry-function", default="kvforge::registry",
-                    help="qualified name of the generated registry accessor (default: kvforge::registry)")
     sp = sub.add_parser("check", help="fail if a folder differs from what the specs generate (stale generated/)")
     common(sp)
     sp.add_argument("--against", required=True, help="folder holding a committed expansion")
@@ -116,6 +142,8 @@ def main(argv: List[str] | None = None) -> int:
         root = args.source_root
         args.layouts, args.models, args.tuning = ([os.path.join(root, f) for f in listed[k]]
                                                   for k in ("layout", "model", "tuning"))
+    if args.tuning is None:
+        args.tuning = _tuning_beside(args.layouts)
     try:
         specs = load_specs(args.layouts, args.models, args.source_root, args.tuning)
     except SpecFailure as failure:
@@ -148,7 +176,7 @@ def main(argv: List[str] | None = None) -> int:
         print(f"{len(variants)} variants")
         return 0
     if args.command == "outputs":
-        for name in output_names(variants, _built(args)):
+        for name in output_names(variants, _built(args), args.registry_function):
             print(name)
         return 0
     if args.command == "generate":

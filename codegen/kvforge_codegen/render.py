@@ -19,15 +19,23 @@ PER_VARIANT = (("{name}.hpp", "variant.hpp.j2", None, {}),) + tuple(
     (vocab.CPU_LEVEL_FILE.replace("{level}", str(level)), "variant_cpu_level.cpp.j2", "cpu", {"level": level})
     for level in vocab.CPU_WIDE_LEVELS)
 PER_SET = (("registry.cpp", "registry.cpp.j2"), ("MANIFEST.md", "MANIFEST.md.j2"))
+# The header that declares the registry accessor, named after it (kvforge::registry -> kvforge_registry.hpp),
+# so that two generated libraries linked into one program never shadow each other's header.
+REGISTRY_HEADER_TEMPLATE = "registry_function.hpp.j2"
+
+
+def registry_header(registry_function: str) -> str:
+    return registry_function.replace("::", "_") + ".hpp"
 # The spec files an expansion was made from, one "<kind> <path>" a line: `check --listed-specs` expands
 # exactly these, so files a user adds beside them do not make a committed expansion look stale.
 SOURCES = "SOURCES.txt"
 
 
-def output_names(variants: List[Variant], built: Sequence[str] = tuple(vocab.BACKENDS)) -> List[str]:
+def output_names(variants: List[Variant], built: Sequence[str] = tuple(vocab.BACKENDS),
+                 registry_function: str = "kvforge::registry") -> List[str]:
     names = [pattern.format(name=v.name) for v in variants for pattern, _, backend, _ in PER_VARIANT
              if backend is None or backend in built]
-    return names + [pattern for pattern, _ in PER_SET] + [SOURCES]
+    return names + [pattern for pattern, _ in PER_SET] + [registry_header(registry_function), SOURCES]
 
 
 def _environment() -> jinja2.Environment:
@@ -41,7 +49,7 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
     env = _environment()
     common = {"version": VERSION, "dtypes": vocab.DTYPES, "registry_function": registry_function,
               "backends": tuple(vocab.BACKENDS), "built": tuple(built),
-              "cpu_wide_levels": vocab.CPU_WIDE_LEVELS}
+              "cpu_wide_levels": vocab.CPU_WIDE_LEVELS, "registry_header": registry_header(registry_function)}
     files: Dict[str, str] = {}
     for v in variants:
         for pattern, template, backend, extra in PER_VARIANT:
@@ -49,6 +57,8 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
                 files[pattern.format(name=v.name)] = env.get_template(template).render(v=v, **common, **extra)
     for name, template in PER_SET:
         files[name] = env.get_template(template).render(variants=variants, **common)
+    files[registry_header(registry_function)] = env.get_template(REGISTRY_HEADER_TEMPLATE).render(
+        variants=variants, **common)
     files[SOURCES] = sources_text(variants)
     return files
 

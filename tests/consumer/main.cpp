@@ -1,23 +1,36 @@
 // A downstream program: creates each of its own variants through its registry, appends tokens to random
 // slots and gathers them back, against plain values kept by (layer, position, head, dim). Exits 1 on any
 // mismatch.
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "consumer_registry.hpp"  // declares consumer::consumer::registry(), the REGISTRY_FUNCTION
 #include "kvforge/kvforge.hpp"
 
-int main() {
+float through_int(float c);  // float_semantics.cpp
+
+// argv[1]: how many variants of f32 or bf16 input to expect (default 2, the specs' own).
+int main(int argc, char** argv) {
   using namespace kvforge;
+  const int expected = argc > 1 ? std::atoi(argv[1]) : 2;
+  for (const VariantEntry& e : consumer::registry().variants()) std::printf("registered: %s\n", e.descriptor->name);
+  volatile float minus_half = -0.5f;
+  if (std::signbit(through_int(minus_half))) {
+    std::printf("float(int(-0.5f)) gave -0.0: kvforge's build options reached the consumer's own code\n");
+    return 1;
+  }
   int checked = 0;
-  for (const VariantEntry& e : registry().variants()) {
+  for (const VariantEntry& e : consumer::registry().variants()) {
     const VariantDescriptor& d = *e.descriptor;
     if (d.input != DType::f32 && d.input != DType::bf16) continue;
     const int64_t T = 12, H = d.heads, D = d.head_dim, pages = 4;
     CacheConfig config;
     config.pages = pages;
-    auto cache = registry().create(d.name, config);
+    auto cache = consumer::registry().create(d.name, config);
     // Positions 0..T-1 of one sequence over pages {2, 0, 3}.
     const std::vector<int32_t> page_list{2, 0, 3};
     std::vector<int64_t> slots(T);
@@ -70,8 +83,8 @@ int main() {
     std::printf("%s: %lld B/token, round trip ok\n", d.name, (long long)d.bytes_per_token);
     ++checked;
   }
-  if (checked != 2) {
-    std::printf("expected the 2 variants of specs/, checked %d\n", checked);
+  if (checked != expected) {
+    std::printf("expected %d variants of f32 or bf16 input, checked %d\n", expected, checked);
     return 1;
   }
   return 0;
