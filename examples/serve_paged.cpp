@@ -18,11 +18,17 @@ using namespace kvforge;
 namespace {
 
 // Stands in for a model: K/V of a position depend on the tokens up to it (so a shared prefix has
-// shared K/V), as small integers that every float dtype holds exactly.
-float kv_value(const std::vector<int32_t>& tokens, size_t pos, int kv, int i) {
+// shared K/V), as small integers that every float dtype holds exactly. prefix_hashes()[p] sums up
+// tokens [0, p]; kv_value() gives value `i` of K or V from it.
+std::vector<uint32_t> prefix_hashes(const std::vector<int32_t>& tokens) {
+  std::vector<uint32_t> out;
   uint32_t h = 2166136261u;
-  for (size_t p = 0; p <= pos; ++p) h = (h ^ uint32_t(tokens[p])) * 16777619u;
-  return float(int((h >> (i % 13)) % 17) - 8) + (kv ? 0.5f : 0.0f);
+  for (int32_t t : tokens) out.push_back(h = (h ^ uint32_t(t)) * 16777619u);
+  return out;
+}
+
+float kv_value(uint32_t prefix_hash, int kv, int i) {
+  return float(int((prefix_hash >> (i % 13)) % 17) - 8) + (kv ? 0.5f : 0.0f);
 }
 
 class Engine {
@@ -62,12 +68,12 @@ class Engine {
     const int64_t T = int64_t(b.slots.size()), row = int64_t(d_.heads) * d_.head_dim, es = dtype_size(d_.input);
     std::vector<unsigned char> k(size_t(T * row * es)), v(k.size());
     for (size_t s = 0; s < ids.size(); ++s) {
-      const std::vector<int32_t>& tokens = manager_->tokens(ids[s]);
+      const std::vector<uint32_t> hashes = prefix_hashes(manager_->tokens(ids[s]));
       for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) {
-        const size_t pos = size_t(b.lengths[s] - (b.query_start[s + 1] - t));
+        const uint32_t h = hashes[size_t(b.lengths[s] - (b.query_start[s + 1] - t))];
         for (int64_t i = 0; i < row; ++i) {
-          store_float(d_.input, kv_value(tokens, pos, 0, int(i)), k.data() + (t * row + i) * es);
-          store_float(d_.input, kv_value(tokens, pos, 1, int(i)), v.data() + (t * row + i) * es);
+          store_float(d_.input, kv_value(h, 0, int(i)), k.data() + (t * row + i) * es);
+          store_float(d_.input, kv_value(h, 1, int(i)), v.data() + (t * row + i) * es);
         }
       }
     }
@@ -81,8 +87,8 @@ class Engine {
 
   // Reads a whole sequence back from every layer; returns the largest error against the model.
   double check(int64_t id) {
-    const std::vector<int32_t>& tokens = manager_->tokens(id);
-    const int64_t n = int64_t(tokens.size()), es = dtype_size(d_.input);
+    const std::vector<uint32_t> hashes = prefix_hashes(manager_->tokens(id));
+    const int64_t n = int64_t(hashes.size()), es = dtype_size(d_.input);
     double worst = 0;
     for (int layer = 0; layer < d_.layers; ++layer) {
       std::vector<unsigned char> k(size_t(d_.heads * n * d_.head_dim * es)), v(k.size());
@@ -94,8 +100,8 @@ class Engine {
           for (int x = 0; x < d_.head_dim; ++x) {
             const int64_t at = (h * n + p) * d_.head_dim + x;
             const int i = h * d_.head_dim + x;
-            worst = std::max(worst, double(std::fabs(load_float(d_.input, k.data() + at * es) - kv_value(tokens, size_t(p), 0, i))));
-            worst = std::max(worst, double(std::fabs(load_float(d_.input, v.data() + at * es) - kv_value(tokens, size_t(p), 1, i))));
+            worst = std::max(worst, double(std::fabs(load_float(d_.input, k.data() + at * es) - kv_value(hashes[size_t(p)], 0, i))));
+            worst = std::max(worst, double(std::fabs(load_float(d_.input, v.data() + at * es) - kv_value(hashes[size_t(p)], 1, i))));
           }
     }
     return worst;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +15,17 @@
 namespace kvtest {
 
 using namespace kvforge;
+
+// How many seeds a randomized test runs: all of `full` by default; KVFORGE_TEST_SEEDS=N runs the first
+// N, for the repeats of the kernel tests at the narrower CPU levels (tests/CMakeLists.txt), which check
+// every variant's kernels of that level once while the widest level runs every seed.
+inline std::vector<uint32_t> test_seeds(std::vector<uint32_t> full) {
+  if (const char* n = std::getenv("KVFORGE_TEST_SEEDS")) {
+    const size_t keep = size_t(std::strtoul(n, nullptr, 10));
+    if (keep >= 1 && keep < full.size()) full.resize(keep);
+  }
+  return full;
+}
 
 // Every registered variant on every device kind; CUDA cases skip where CUDA cannot run.
 struct Case {

@@ -376,7 +376,7 @@ class EveryVariant : public testing::TestWithParam<Case> {};
 
 TEST_P(EveryVariant, RandomTrafficMatchesReference) {
   KVTEST_REQUIRE_DEVICE(GetParam().device);
-  for (uint32_t seed : {1u, 2u, 3u}) {
+  for (uint32_t seed : test_seeds({1u, 2u, 3u})) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     Driver drv(*GetParam().entry, GetParam().device, seed);
     const int steps = drv.ref_.window && drv.d_.window <= 64 ? 12 : 6;
