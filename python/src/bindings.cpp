@@ -493,7 +493,7 @@ NB_MODULE(_native, m) {
         const TensorView kv = tensor_view(k, "k", Access::read), vv = tensor_view(v, "v", Access::read);
         nb::gil_scoped_release unlocked;
         c.append(layer_arg(c, layer), kv, vv, t);
-      }, "layer"_a, "k"_a, "v"_a, "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
+      }, "layer"_a, "k"_a.none(), "v"_a.none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
       .def("commit", &Cache::commit, Release())
       .def("gather", [](Cache& c, int64_t layer, nb::handle k_out, nb::handle v_out, int64_t row, nb::handle pages,
                         int64_t begin, int64_t end) {
@@ -501,7 +501,7 @@ NB_MODULE(_native, m) {
         const TensorView ko = tensor_view(k_out, "k_out", Access::written), vo = tensor_view(v_out, "v_out", Access::written);
         nb::gil_scoped_release unlocked;
         c.gather(layer_arg(c, layer), r, ko, vo);
-      }, "layer"_a, "k_out"_a, "v_out"_a, "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
+      }, "layer"_a, "k_out"_a.none(), "v_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
       .def("reset", &Cache::reset, Release())
       .def("reset_row", &Cache::reset_row, "row"_a, Release())
       .def("reorder", [](Cache& c, nb::handle beam) {
@@ -530,13 +530,13 @@ NB_MODULE(_native, m) {
         void* out = packed_bytes(c, p, packed, Access::written);
         nb::gil_scoped_release unlocked;
         c.pack_pages(p, out);
-      }, "pages"_a, "packed"_a)
+      }, "pages"_a.none(), "packed"_a.none())
       .def("unpack_pages", [](Cache& c, nb::handle packed, nb::handle pages) {
         const IndexView p = index_view(pages, "pages");
         const void* in = packed_bytes(c, p, packed, Access::read);
         nb::gil_scoped_release unlocked;
         c.unpack_pages(in, p);
-      }, "packed"_a, "pages"_a)
+      }, "packed"_a.none(), "pages"_a.none())
       .def("set_tensor_scale", [](Cache& c, int64_t layer, float k_scale, float v_scale) {
         const int l = layer_arg(c, layer);
         nb::gil_scoped_release unlocked;

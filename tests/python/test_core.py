@@ -211,6 +211,21 @@ def test_read_only_arrays_go_in_but_not_out(generator):
     assert (refused == 7.0).all()
 
 
+def test_none_for_an_array_names_the_argument():
+    d = variants_where(model="tiny", addressing="contiguous", storage="fp32", update="eager", hybrid=False)[0]
+    cache = kvforge.create(d.name, rows=1, max_seq_len=8)
+    k = np.ones((1, d.heads, d.head_dim), np.float32)
+    out = np.zeros((d.heads, 1, d.head_dim), np.float32)
+    targets = dict(rows=np.zeros(1, np.int32), positions=np.zeros(1, np.int32))
+    calls = {"k": lambda: cache.append(0, None, k, **targets), "v": lambda: cache.append(0, k, None, **targets),
+             "k_out": lambda: cache.gather(0, None, out, row=0, begin=0, end=1),
+             "v_out": lambda: cache.gather(0, out, None, row=0, begin=0, end=1)}
+    for name, call in calls.items():
+        with pytest.raises(kvforge.ArgumentError, match=f"^{name}: expected an array with __dlpack__.*got NoneType"):
+            call()
+    assert cache.row_length(0) == 0, "a refused append wrote something"
+
+
 def test_registry_and_creation_errors():
     with pytest.raises(kvforge.UnknownVariantError) as caught:
         kvforge.create("vllm_paged_nhd.tiny.fp33", pages=4)
