@@ -10,6 +10,9 @@
 // same process, and the report divides by it: absolute times on a shared machine drift.
 #include <benchmark/benchmark.h>
 #include <omp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -746,6 +749,32 @@ std::string take_flag(int& argc, char** argv, const std::string& name, const std
 }  // namespace
 
 // kvforge's own flags, printed above Google Benchmark's own --help; the presets are read off presets().
+bool take_switch(int& argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i)
+    if (argv[i] == name) {
+      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      return true;
+    }
+  return false;
+}
+
+// A child process that spins until this one exits (the kernel signals it then), as an engine's own
+// threads or a neighbour would keep a core busy. Not pinned: the scheduler places it, as it would them.
+void keep_a_core_busy() {
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  if (child < 0) {
+    std::perror("kvforge_bench: fork for --kvf_busy_core");
+    std::exit(2);
+  }
+  if (child > 0) return;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(0);
+  volatile uint64_t spin = 0;
+  for (;;) ++spin;
+}
+
 void print_usage() {
   std::printf("kvforge_bench: the generated matrix on the CPU, beside a same-run streaming copy (bench/report.py\n"
               "turns its JSON into the report). kvforge's flags:\n"
@@ -755,6 +784,10 @@ void print_usage() {
               "  --kvf_tune=MODEL      measure the CPU launch parameters for MODEL's variants and write the cpu\n"
               "                        section of MODEL's tuning file, instead of benchmarking\n"
               "  --kvf_tune_out=DIR    where --kvf_tune writes (default: specs/tuning)\n"
+              "  --kvf_threads=N       bound kvforge's CPU threads (kvforge::set_cpu_threads) and torch's to N\n"
+              "                        (default 0: OpenMP's own count for both)\n"
+              "  --kvf_busy_core       keep one core busy with another process while benchmarking, as an\n"
+              "                        engine's own threads would (the report says so)\n"
               "Google Benchmark's flags (--benchmark_filter=<op>/<variant>/<shape>, ...):\n");
   std::fflush(stdout);
 }
@@ -774,6 +807,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Preset& preset = it->second;
+  const std::string threads_flag = take_flag(argc, argv, "--kvf_threads", "0");
+  char* end = nullptr;
+  const long threads = std::strtol(threads_flag.c_str(), &end, 10);
+  if (*end != '\0' || threads < 0 || threads > 4096) {
+    std::fprintf(stderr, "kvforge_bench: --kvf_threads=%s: not a thread count (allowed: 0..4096)\n", threads_flag.c_str());
+    return 2;
+  }
+  set_cpu_threads(int(threads));
+  const bool busy_core = take_switch(argc, argv, "--kvf_busy_core");
+  if (busy_core) keep_a_core_busy();
   std::set<std::pair<int64_t, Mode>> copies;
   for (const auto& e : registry().variants()) {
     if (!preset.keeps(*e.descriptor)) continue;
@@ -848,7 +891,9 @@ int main(int argc, char** argv) {
   // Which of the kernels' builds runs here (report.py prints it in the header).
   benchmark::AddCustomContext("kvforge_cpu_level", cpu_level_name(cpu_level()));
   benchmark::AddCustomContext("torch_version", torch_version().empty() ? "not built" : torch_version());
-  benchmark::AddCustomContext("torch_threads", std::to_string(omp_get_max_threads()));
+  benchmark::AddCustomContext("torch_threads", std::to_string(cpu_threads()));
+  benchmark::AddCustomContext("kvforge_cpu_threads", std::to_string(cpu_threads()));
+  benchmark::AddCustomContext("busy_core", busy_core ? "another process keeps one core busy" : "none");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();

@@ -161,7 +161,7 @@ std::shared_ptr<TorchPeer> make_torch_peer(const PeerSetup& setup, TorchForm for
   bool serves = false;
   for (TorchForm f : torch_forms(setup)) serves = serves || f == form;
   if (!serves) return nullptr;
-  at::set_num_threads(omp_get_max_threads());  // as many threads as kvforge's OpenMP loops use
+  at::set_num_threads(kvforge::cpu_threads());  // as many threads as kvforge's operations use
   auto p = std::make_shared<TorchPeer>();
   p->form = form;
   p->setup = setup;

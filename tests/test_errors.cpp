@@ -88,6 +88,24 @@ template <class F> void expect_missing_targets(F f, const std::string& argument,
   }
 }
 
+// The caller's bound on kvforge's CPU threads: refused below 0 by name, in force at once, and lifted by 0.
+TEST(Errors, CpuThreadBoundIsCheckedAndTakesEffect) {
+  const int own = cpu_threads();
+  try {
+    set_cpu_threads(-1);
+    FAIL() << "a negative thread bound was taken";
+  } catch (const OutOfRangeError& e) {
+    EXPECT_EQ(e.argument(), "threads");
+  }
+  EXPECT_EQ(cpu_threads(), own);
+  set_cpu_threads(1);
+  EXPECT_EQ(cpu_threads(), 1);
+  set_cpu_threads(own + 7);  // more than OpenMP has: OpenMP's count
+  EXPECT_EQ(cpu_threads(), own);
+  set_cpu_threads(0);
+  EXPECT_EQ(cpu_threads(), own);
+}
+
 TEST(Errors, UnknownVariantNamesTheNearest) {
   try {
     registry().create("vllm_paged_nhd.tiny.bf17", CacheConfig{});

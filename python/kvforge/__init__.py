@@ -20,14 +20,15 @@ kvforge.specs.
 """
 
 from . import errors
-from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, cpu_level, cuda_available,
-                      describe, nearest, plan_memory, quant_max, variant_name)
+from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, cpu_level, cpu_threads, cuda_available,
+                      describe, nearest, plan_memory, quant_max, set_cpu_threads, variant_name)
 from ._native import create as _create
 from ._native import variants as _variants
 from .errors import *  # noqa: F401,F403  (the exception classes, at the top level too)
 
 __all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "create", "variants", "describe",
-           "nearest", "plan_memory", "quant_max", "variant_name", "cpu_level", "cuda_available", "errors"] + \
+           "nearest", "plan_memory", "quant_max", "variant_name", "cpu_level", "cpu_threads", "set_cpu_threads",
+           "cuda_available", "errors"] + \
     [name for name in dir(errors) if name.endswith("Error") or name == "Error"]
 
 

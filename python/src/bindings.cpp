@@ -701,5 +701,10 @@ NB_MODULE(_native, m) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
   }, "cache"_a, "layer"_a, "k"_a, "v"_a, "slots"_a, "iterations"_a);
   m.def("cpu_level", [] { return cpu_level(); });
+  m.def("set_cpu_threads", [](int64_t threads) {
+    if (threads < 0 || threads > INT32_MAX) throw OutOfRangeError("threads", threads, 0, INT32_MAX, -1, "0 is OpenMP's own count");
+    set_cpu_threads(int(threads));
+  }, "threads"_a, "Bounds the threads one CPU operation uses (0: OpenMP's own count); see docs/python.md.");
+  m.def("cpu_threads", [] { return cpu_threads(); }, "The bound in force, resolved: at least 1.");
   m.def("cuda_available", [] { return cuda_available(); });
 }

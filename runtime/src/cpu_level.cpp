@@ -3,6 +3,10 @@
 #include <cpuid.h>
 #include <unistd.h>
 
+#include <omp.h>
+
+#include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -103,6 +107,34 @@ bool cpu_streams_pool(long long pool_bytes) {
     return text == "1" ? 1 : 0;
   }();
   return forced >= 0 ? forced == 1 : pool_bytes >= 8 * cpu_last_level_cache_bytes();
+}
+
+namespace {
+// 0: OpenMP's own count.
+std::atomic<int>& thread_bound() {
+  static std::atomic<int> bound{[] {
+    const char* asked = std::getenv("KVFORGE_CPU_THREADS");
+    if (asked == nullptr || *asked == '\0') return 0;
+    char* end = nullptr;
+    const long n = std::strtol(asked, &end, 10);
+    if (*end != '\0' || n < 0 || n > INT_MAX)
+      throw UnsupportedError(std::string("KVFORGE_CPU_THREADS=") + asked +
+                             ": not a thread count (allowed: 0, OpenMP's own count; 1 or more, at most that many)");
+    return int(n);
+  }()};
+  return bound;
+}
+}  // namespace
+
+void set_cpu_threads(int threads) {
+  if (threads < 0) throw OutOfRangeError("threads", threads, 0, INT_MAX, -1, "0 is OpenMP's own count");
+  thread_bound().store(threads, std::memory_order_relaxed);
+}
+
+int cpu_threads() {
+  const int bound = thread_bound().load(std::memory_order_relaxed);
+  const int available = omp_get_max_threads();
+  return bound > 0 && bound < available ? bound : available;
 }
 
 std::string cpu_level_name(int level) {

@@ -226,6 +226,18 @@ def test_none_for_an_array_names_the_argument():
     assert cache.row_length(0) == 0, "a refused append wrote something"
 
 
+def test_cpu_thread_bound():
+    own = kvforge.cpu_threads()
+    with pytest.raises(kvforge.OutOfRangeError, match="threads"):
+        kvforge.set_cpu_threads(-1)
+    kvforge.set_cpu_threads(1)
+    try:
+        assert kvforge.cpu_threads() == 1
+    finally:
+        kvforge.set_cpu_threads(0)
+    assert kvforge.cpu_threads() == own
+
+
 def test_registry_and_creation_errors():
     with pytest.raises(kvforge.UnknownVariantError) as caught:
         kvforge.create("vllm_paged_nhd.tiny.fp33", pages=4)

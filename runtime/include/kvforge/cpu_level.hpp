@@ -25,6 +25,15 @@ long long cpu_last_level_cache_bytes();
 // UnsupportedError naming the allowed ones.
 bool cpu_streams_pool(long long pool_bytes);
 
+// The threads one CPU operation may use. 0, the default, is OpenMP's count (OMP_NUM_THREADS, else one
+// a core); n >= 1 bounds it, as an engine bounds its intra-op pool when it runs threads of its own
+// beside kvforge: under load, a thread whose core is busy only makes the others wait for it at the
+// operation's end. KVFORGE_CPU_THREADS=n sets it at start. Negative values throw OutOfRangeError
+// naming `threads`. Takes effect from the next operation, on every thread.
+void set_cpu_threads(int threads);
+// The bound in force, resolved: at least 1.
+int cpu_threads();
+
 // For reports: "x86-64-v4 (AVX-512)".
 std::string cpu_level_name(int level);
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "kvforge/checks.hpp"
+#include "kvforge/cpu_level.hpp"
 #include "kvforge/op_args.hpp"
 #include "kvforge/op_table.hpp"
 
@@ -46,7 +47,7 @@ template <int Level> struct CpuExec {
   // Tokens per tile for `items` tokens: at most `longest` (a layout's bound), and fewer so that every
   // thread gets a tile (a 64-token decode step must not run on one core).
   static int tile_for(int64_t items, int longest) {
-    const int64_t threads = omp_get_max_threads();
+    const int64_t threads = cpu_threads();
     const int64_t even = (items + threads - 1) / threads;
     return int(even < 1 ? 1 : even < longest ? even : longest);
   }
@@ -62,14 +63,15 @@ template <int Level> struct CpuExec {
                      const IndexChecks& checks = IndexChecks{}) const {
     check_indices_on_host(checks);
     if (items <= 0) return;
-    if (items * item_bytes < parallel_bytes) {
+    const int threads = cpu_threads();
+    if (items * item_bytes < parallel_bytes || threads == 1) {
       // Below the threshold the loop runs right here: even `omp parallel if (false)` enters the
       // OpenMP runtime, which costs about half a microsecond, as much as a small decode step's work.
       const StreamingScope scope(stream_stores);
       for (int64_t i = 0; i < items; ++i) body(i, 0, 1);
       return;
     }
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
     {
       const StreamingScope scope(stream_stores);
       if (chunk_items > 0) {
