@@ -40,5 +40,8 @@ if(KVFORGE_PYTHON)
           PATTERN "__pycache__" EXCLUDE)
   # The installed package finds the installed spec compiler.
   install(CODE "file(WRITE \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${KVFORGE_PYTHON_INSTALL_DIR}/kvforge/_paths.py\"
-                     \"CODEGEN = \\\"\${CMAKE_INSTALL_PREFIX}/${KVFORGE_INSTALL_DATADIR}/codegen\\\"\\n\")")
+                     \"CODEGEN = \\\"\${CMAKE_INSTALL_PREFIX}/${KVFORGE_INSTALL_DATADIR}/codegen\\\"\\n\"
+                     \"INCLUDE = \\\"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_INCLUDEDIR}\\\"\\n\"
+                     \"SPECS = \\\"\${CMAKE_INSTALL_PREFIX}/${KVFORGE_INSTALL_DATADIR}/specs\\\"\\n\"
+                     \"CXX = \\\"${CMAKE_CXX_COMPILER}\\\"\\n\")")
 endif()

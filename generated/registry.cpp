@@ -189,3 +189,5 @@ const kvforge::Registry& registry() {
 }
 
 }  // namespace kvforge
+// How load_variants() (variant_library.hpp) finds this registry in a shared library.
+extern "C" const kvforge::Registry* kvforge_registry__kvforge__registry() { return &kvforge::registry(); }

@@ -25,10 +25,13 @@ elif [ "$mode" = install ] && [ -f "$build/libkvforge_mpi.a" ]; then
 fi
 if [ "$mode" = install ] && [ -d "$work/prefix/python/kvforge" ]; then
   # The installed Python package: its module, and spec validation through the installed spec compiler.
-  (cd "$work" && PYTHONPATH="$work/prefix/python" python3 -c '
+  (cd "$work" && KVFORGE_CACHE_DIR="$work/on-demand" PYTHONPATH="$work/prefix/python" python3 -c '
 import sys, kvforge, kvforge.specs
 names = kvforge.specs.validate([sys.argv[1] + "/layouts"], [sys.argv[1] + "/models"])
 assert names == ["consumer_paged.odd_model.bf16", "consumer_paged.odd_model.fp32"], names
 assert kvforge.variants(), "the installed module registers no variant"
-print("installed Python package: ok")' "$here/consumer/specs")
+d = kvforge.variant("vllm_paged_nhd", {"name": "installed", "layers": 1, "kv_heads": 2, "head_dim": 40,
+                                       "max_seq_len": 32}, "bf16")  # on demand, from the installed headers
+assert (d.heads, d.head_dim) == (2, 40) and kvforge.create(d.name, pages=2).descriptor.name == d.name
+print("installed Python package: ok, and builds variants on demand")' "$here/consumer/specs")
 fi

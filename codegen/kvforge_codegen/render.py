@@ -49,7 +49,8 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
     env = _environment()
     common = {"version": VERSION, "dtypes": vocab.DTYPES, "registry_function": registry_function,
               "backends": tuple(vocab.BACKENDS), "built": tuple(built),
-              "cpu_wide_levels": vocab.CPU_WIDE_LEVELS, "registry_header": registry_header(registry_function)}
+              "cpu_wide_levels": vocab.CPU_WIDE_LEVELS, "registry_header": registry_header(registry_function),
+              "registry_symbol": "kvforge_registry__" + registry_function.replace("::", "__")}
     files: Dict[str, str] = {}
     for v in variants:
         for pattern, template, backend, extra in PER_VARIANT:

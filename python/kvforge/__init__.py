@@ -21,14 +21,15 @@ kvforge.specs.
 
 from . import errors
 from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, cpu_level, cpu_threads, cuda_available,
-                      describe, nearest, plan_memory, quant_max, set_cpu_threads, variant_name)
+                      describe, load_variants, nearest, plan_memory, quant_max, set_cpu_threads, variant_name)
 from ._native import create as _create
 from ._native import variants as _variants
 from .errors import *  # noqa: F401,F403  (the exception classes, at the top level too)
+from .jit import variant  # noqa: E402  (after the native names it builds on)
 
 __all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "create", "variants", "describe",
            "nearest", "plan_memory", "quant_max", "variant_name", "cpu_level", "cpu_threads", "set_cpu_threads",
-           "cuda_available", "errors"] + \
+           "cuda_available", "errors", "variant", "load_variants"] + \
     [name for name in dir(errors) if name.endswith("Error") or name == "Error"]
 
 
@@ -41,12 +42,28 @@ def variants(layout=None, model=None, storage=None, input=None):
 
 
 def create(name=None, *, layout=None, model=None, storage=None, input=None, device="cpu", rows=1, max_seq_len=0,
-           pages=0, max_staged_tokens=0, stream=0):
+           pages=0, max_staged_tokens=0, stream=0, layers=None, kv_heads=None, head_dim=None, window=None,
+           sliding_window=None):
     """A new cache of the variant `name` (layout.model.dtype), or of the one variant a query matches.
 
-    A query that names a layout, a model and a float storage dtype no variant was generated for is
+    Sizes at run time: give a layout, a storage dtype and the model's layers, kv_heads and head_dim
+    (optionally sliding_window, and window for a ring layout) instead of a model, and the variant is
+    built on demand (kvforge.variant, any layout, quantized, ring and lazy ones too), or found in the disk
+    cache. A query that names a layout, a model and a float storage dtype no variant was generated for is
     served by the generic runtime-strided path (CPU, eager non-ring layouts; descriptor.generic).
     Capacity, as CacheConfig (docs/contract.md): rows (contiguous, ring), max_seq_len (contiguous; 0:
     the model's), pages (paged), max_staged_tokens (lazy; 0: a default). stream: a cudaStream_t as int.
     """
+    sizes = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
+    if any(v is not None for v in sizes.values()) or window is not None or sliding_window is not None:
+        given = {"layout": layout, "storage": storage, **sizes}
+        missing = [k for k, v in given.items() if v is None]
+        if missing or name or model:
+            raise ArgumentError(f"{(missing or ['model'])[0]}: sizes at run time take a layout, a storage dtype, "
+                                f"layers, kv_heads and head_dim, and no name or model")
+        spec = dict(sizes, max_seq_len=max_seq_len or max(4096, sliding_window or 0))
+        if sliding_window is not None:
+            spec["sliding_window"] = sliding_window
+        name = variant(layout, spec, storage, input, window=window).name
+        layout = storage = input = None
     return _create(name, layout, model, storage, input, device, rows, max_seq_len, pages, max_staged_tokens, stream)

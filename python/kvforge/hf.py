@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 import kvforge
+import kvforge.jit
 from kvforge.torch_dtypes import TORCH_DTYPES
 
 
@@ -127,6 +128,30 @@ class KvforgeCache(Cache):
             self.kv.set_tensor_scale(layer, k_scale, v_scale)
         super().__init__(layers=[KvforgeLayer(self, i, w) for i, w in enumerate(windows)])
 
+    @classmethod
+    def from_model(cls, model, layout="vllm_paged_nhd", dtype=None, input=None, max_seq_len=None, **kwargs):
+        """A cache for `model` over `layout`, its variant built on demand from the model's config (kvforge.variant):
+        any layers, KV heads, head_dim and sliding window, with no spec file and no rebuild.
+
+        layout: a default layout's name, a spec file's path or a dict (a ring layout keeps the model's window).
+        dtype: the storage dtype (default: the model's). input: the dtype the cache appends and gathers
+        (default: the model's; another is refused, naming both, since the model's attention would get
+        keys and values of another dtype than its queries). max_seq_len: positions a sequence may reach
+        (default: the config's max_position_embeddings). The other arguments are KvforgeCache's.
+        """
+        model_dtype = next(model.parameters()).dtype
+        names = {v: k for k, v in TORCH_DTYPES.items()}
+        if model_dtype not in names:
+            raise kvforge.DtypeError(f"model: its dtype {model_dtype} is none kvforge appends "
+                                     f"(allowed: {', '.join(str(t) for t in names)})")
+        own = names[model_dtype]
+        if input is not None and input != own:
+            raise kvforge.DtypeError(f"input: the cache would append and gather {input}, the model computes in {own}; "
+                                     f"give input={own!r} (or none) and choose the storage with dtype=")
+        spec = kvforge.jit.model_spec(model.config, max_seq_len=max_seq_len)
+        d = kvforge.variant(layout, spec, dtype or own, own if (dtype or own) != own else None)
+        return cls(d.name, model.config, **kwargs)
+
     @staticmethod
     def _layer_windows(text):
         """Each layer's sliding window, or None for global attention (transformers' layer types)."""
@@ -203,6 +228,9 @@ class KvforgeCache(Cache):
         if batch != len(self.active):
             raise kvforge.ShapeError(f"key_states: batch of {batch} rows, the cache serves {len(self.active)} "
                                      f"sequences (serve() names them)")
+        # The model's own dtype comes back, whatever the variant's input dtype: its attention takes query,
+        # keys and values of one dtype.
+        model_dtype = key_states.dtype
         key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
         if d.paged and index == 0:
             self._begin_step(new)
@@ -239,7 +267,7 @@ class KvforgeCache(Cache):
                 self.pending[seq] = 0
         keys[:, :, end - begin:] = key_states
         values[:, :, end - begin:] = value_states
-        return keys, values
+        return keys.to(model_dtype), values.to(model_dtype)
 
     def _calibrate(self, layer, key_states, value_states):
         qmax = kvforge.quant_max(self.descriptor.storage)

@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
+#include <deque>
 #include <climits>
 #include <cstring>
 #include <memory>
@@ -193,6 +194,15 @@ IndexView optional_index(nb::handle obj, const char* argument) {
 
 // Python's ints are unbounded and the runtime's layer is an int: a value past int's range lies outside
 // [0, layers) too, and is refused as the runtime refuses any other, not as a mismatched signature.
+// The variants this module was built with, then those of every library loaded since (load_variants,
+// kvforge.variant()). Each load makes a new merged registry; the earlier ones stay, because descriptors
+// and entries handed out point into them. The GIL orders the loads.
+std::deque<Registry>& known_registries() {
+  static std::deque<Registry> all{Registry(registry().variants())};
+  return all;
+}
+const Registry& known() { return known_registries().back(); }
+
 int layer_arg(const Cache& cache, int64_t layer) {
   if (layer < INT_MIN || layer > INT_MAX) throw OutOfRangeError("layer", layer, 0, cache.descriptor().layers);
   return int(layer);
@@ -427,12 +437,20 @@ NB_MODULE(_native, m) {
                        std::optional<std::string> storage, std::optional<std::string> input) {
     VariantQuery q{layout.value_or(""), model.value_or(""), dtype_named(storage, "storage"), dtype_named(input, "input")};
     std::vector<std::string> names;
-    for (const VariantEntry* e : registry().select(q)) names.push_back(e->descriptor->name);
+    for (const VariantEntry* e : known().select(q)) names.push_back(e->descriptor->name);
     return names;
   }, "layout"_a = nb::none(), "model"_a = nb::none(), "storage"_a = nb::none(), "input"_a = nb::none());
-  m.def("describe", [](const std::string& name) -> const VariantDescriptor& { return *registry().at(name).descriptor; },
+  m.def("describe", [](const std::string& name) -> const VariantDescriptor& { return *known().at(name).descriptor; },
         "name"_a, nb::rv_policy::reference);
-  m.def("nearest", [](const std::string& name) { return registry().nearest(name); }, "name"_a);
+  m.def("nearest", [](const std::string& name) { return known().nearest(name); }, "name"_a);
+  m.def("load_variants", [](const std::string& path, const std::string& registry_function) {
+    const Registry& loaded = load_variants(path, registry_function);
+    known_registries().push_back(merged(known(), loaded));
+    std::vector<std::string> names;
+    for (const VariantEntry& e : loaded.variants()) names.push_back(e.descriptor->name);
+    return names;
+  }, "path"_a, "registry_function"_a = "kvforge::registry",
+     "Loads a shared library of generated variants; returns their names. See docs/on_demand.md.");
   m.def("variant_name", [](const std::string& layout, const std::string& model, const std::string& storage,
                            const std::string& input) {
     return variant_name(layout, model, *dtype_named(storage, "storage"), *dtype_named(input, "input"));
@@ -580,10 +598,10 @@ NB_MODULE(_native, m) {
     if (name) {
       if (layout || model || storage || input)
         throw ArgumentError("name", "give a variant name or a query (layout, model, storage, input), not both");
-      return registry().create(*name, config);
+      return known().create(*name, config);
     }
     VariantQuery q{layout.value_or(""), model.value_or(""), dtype_named(storage, "storage"), dtype_named(input, "input")};
-    return registry().create(q, config);
+    return known().create(q, config);
   }, "name"_a = nb::none(), "layout"_a = nb::none(), "model"_a = nb::none(), "storage"_a = nb::none(),
      "input"_a = nb::none(), "device"_a = "cpu", "rows"_a = 1, "max_seq_len"_a = 0, "pages"_a = 0,
      "max_staged_tokens"_a = 0, "stream"_a = 0);
@@ -595,7 +613,7 @@ NB_MODULE(_native, m) {
     r.mode = enum_from<PlanMode>(mode, kModes, "mode");
     r.device = device_named(device);
     r.pages = pages, r.reserve_bytes = reserve_bytes, r.budget_bytes = budget_bytes;
-    const MemoryPlan p = plan_memory(*registry().at(name).descriptor, r);
+    const MemoryPlan p = plan_memory(*known().at(name).descriptor, r);
     nb::dict f;
     f["pages"] = p.pages, f["page_bytes"] = p.page_bytes, f["pool_bytes"] = p.pool_bytes, f["tokens"] = p.tokens,
     f["page_size"] = p.page_size;

@@ -13,3 +13,4 @@
 #include "kvforge/memory.hpp"
 #include "kvforge/registry.hpp"
 #include "kvforge/tensor.hpp"
+#include "kvforge/variant_library.hpp"

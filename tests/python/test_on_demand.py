@@ -1,0 +1,185 @@
+"""Variants on demand (kvforge.variant, kvforge.hf.KvforgeCache.from_model): shapes no default model has,
+built in a cache folder of this test's own, checked against plain references.
+
+  - a built variant's appends and gathers against a dict keyed by logical (layer, position) coordinates;
+  - HF models of dimensions no spec names (head_dim 80 with one KV head, 5 KV heads of 24, a sliding
+    window of 5 through a ring) generate the same tokens as transformers' DynamicCache;
+  - the disk cache: a second process loads without building, a corrupt library is rebuilt, two
+    processes asking at once build once, and a bad spec or a missing compiler is refused by name.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+import kvforge
+import kvforge.hf
+import kvforge.jit
+from conftest import quantization_bound
+
+VOCAB = 96
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    folder = tmp_path_factory.getbasetemp() / "kvforge-cache"
+    monkeypatch.setenv("KVFORGE_CACHE_DIR", str(folder))
+    return folder
+
+
+def entry_of(variant_name):
+    """The cache folder that holds the named variant's library (there is one per key)."""
+    root = kvforge.jit.cache_dir()
+    for name in os.listdir(root):
+        path = os.path.join(root, name, "variants.so")
+        if os.path.isfile(path) and variant_name.encode() in open(path, "rb").read():
+            return os.path.join(root, name)
+    raise AssertionError(f"no cache entry holds {variant_name}")
+
+
+def test_a_built_variant_holds_what_was_appended():
+    d = kvforge.variant("vllm_paged_nhd", {"name": "odd80", "layers": 3, "kv_heads": 1, "head_dim": 80,
+                                            "max_seq_len": 128}, "fp32")
+    assert (d.layers, d.heads, d.head_dim, d.storage) == (3, 1, 80, "fp32")
+    cache = kvforge.create(d.name, pages=8)
+    rng = np.random.default_rng(3)
+    slots = rng.permutation(8 * d.page_size)[:40].astype(np.int64)  # 40 positions over scattered slots
+    held = {}
+    for layer in range(d.layers):
+        k, v = (rng.standard_normal((40, 1, 80)).astype(np.float32) for _ in range(2))
+        cache.append(layer, k, v, slots=slots)
+        for t in range(40):
+            held[layer, t] = (k[t, 0], v[t, 0])
+    page_of = slots // d.page_size
+    for layer in range(d.layers):
+        for t in range(40):  # each position read back alone, through a one-page table
+            k_out, v_out = (np.zeros((1, 1, 80), np.float32) for _ in range(2))
+            begin = int(slots[t] % d.page_size)
+            cache.gather(layer, k_out, v_out, pages=np.array([page_of[t]], np.int32), begin=begin, end=begin + 1)
+            assert np.array_equal(k_out[0, 0], held[layer, t][0]) and np.array_equal(v_out[0, 0], held[layer, t][1])
+
+
+def test_sizes_at_run_time_serve_ring_and_quantized_layouts():
+    # A ring of 5 positions over 3 heads of 40: positions 0..11 appended, the last 5 read back exactly.
+    ring = kvforge.create(layout="jetstream_ring", storage="fp32", layers=2, kv_heads=3, head_dim=40, window=5, rows=1)
+    d = ring.descriptor
+    assert (d.addressing, d.window, d.heads, d.head_dim) == ("ring", 5, 3, 40)
+    values = torch.randn(12, 3, 40, generator=torch.Generator().manual_seed(5))
+    for p in range(12):
+        ring.append(1, values[p:p + 1], -values[p:p + 1], rows=np.zeros(1, np.int32), positions=np.array([p], np.int32))
+    k_out, v_out = torch.zeros(3, 5, 40), torch.zeros(3, 5, 40)
+    ring.gather(1, k_out, v_out, row=0, begin=7, end=12)
+    assert torch.equal(k_out, values[7:12].transpose(0, 1)) and torch.equal(v_out, -values[7:12].transpose(0, 1))
+    # int8 pages over 5 heads of 24 from bf16: within the documented bound of the quantizer.
+    q = kvforge.create(layout="flashinfer_paged_hnd", storage="int8", input="bf16", layers=1, kv_heads=5, head_dim=24,
+                       pages=4)
+    d = q.descriptor
+    assert (d.storage, d.input, d.heads, d.head_dim) == ("int8", "bf16", 5, 24)
+    k = torch.randn(2 * d.page_size, 5, 24, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    q.append(0, k, k, slots=np.arange(2 * d.page_size, dtype=np.int64))
+    k_out, v_out = (torch.zeros(5, 2 * d.page_size, 24, dtype=torch.bfloat16) for _ in range(2))
+    q.gather(0, k_out, v_out, pages=np.array([0, 1], np.int32), begin=0, end=2 * d.page_size)
+    expected = k.transpose(0, 1)
+    assert ((k_out.float() - expected.float()).abs() <= quantization_bound(d, expected)).all()
+
+
+def hf_model(kind, seed=0, **dims):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=dims.pop("hidden_size", 96), intermediate_size=128,
+                  max_position_embeddings=64, attn_implementation="sdpa", **dims)
+    model = MistralForCausalLM(MistralConfig(**common)) if kind == "mistral" else LlamaForCausalLM(LlamaConfig(**common))
+    return model.eval()
+
+
+def generate(model, cache):
+    ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                              cache=cache, pad_token_id=0)
+
+
+@pytest.mark.parametrize("kind, layout, dims", [
+    ("llama", "vllm_paged_nhd", dict(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=80)),
+    ("llama", "flashinfer_paged_hnd", dict(num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=5,
+                                           head_dim=24, hidden_size=120)),
+    ("mistral", "jetstream_ring", dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       sliding_window=5, hidden_size=64)),
+])
+def test_hf_models_of_any_dimensions_generate_as_with_dynamic_cache(kind, layout, dims):
+    model = hf_model(kind, **dims)
+    expected = generate(model, DynamicCache(config=model.config))
+    cache = kvforge.hf.KvforgeCache.from_model(model, layout=layout, batch_size=2)
+    assert cache.descriptor.head_dim == dims["head_dim"] and cache.descriptor.heads == dims["num_key_value_heads"]
+    if layout == "jetstream_ring":
+        assert cache.descriptor.window == 5
+    assert torch.equal(generate(model, cache), expected)
+
+
+def test_a_cache_of_another_dtype_returns_the_models_dtype():
+    model = hf_model("llama", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    expected = generate(model, DynamicCache(config=model.config))
+    # fp32 model, bf16 storage: states are stored in bf16 and come back to the model in fp32.
+    cache = kvforge.hf.KvforgeCache.from_model(model, dtype="bf16", batch_size=2)
+    assert cache.descriptor.storage == "bf16" and cache.descriptor.input == "fp32"
+    assert generate(model, cache).shape == expected.shape
+    with pytest.raises(kvforge.DtypeError, match="input: .*bf16.*fp32"):
+        kvforge.hf.KvforgeCache.from_model(model, input="bf16")
+
+
+def run_python(code):
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+SMALL = '{"name": "small9", "layers": 1, "kv_heads": 3, "head_dim": 8, "max_seq_len": 32}'
+ASK = f"""
+    import kvforge, kvforge.jit
+    d = kvforge.variant("jetstream_contiguous", {SMALL}, "fp32")
+    print(d.name, kvforge.jit.builds)
+"""
+
+
+def test_the_disk_cache_serves_other_processes_and_rebuilds_a_corrupt_entry():
+    first = run_python(ASK).split()
+    assert first[1] == "1"
+    again = run_python(ASK).split()
+    assert again == [first[0], "0"], "a second process built again"
+    library = os.path.join(entry_of(first[0]), "variants.so")
+    with open(library, "r+b") as f:
+        f.seek(100)
+        f.write(b"\0" * 64)  # corrupt: never loaded, rebuilt
+    assert run_python(ASK).split() == [first[0], "1"]
+
+
+def test_two_processes_asking_at_once_build_once():
+    code = ASK.replace('"small9"', '"together"')
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    builds = sorted(int(o[0].split()[1]) for o in outs)
+    assert builds == [0, 1], builds
+
+
+def test_refusals_name_what_is_wrong(monkeypatch):
+    with pytest.raises(kvforge.SpecError, match="head_dim"):
+        kvforge.variant("vllm_paged_nhd", {"name": "bad", "layers": 1, "kv_heads": 1, "head_dim": 0,
+                                           "max_seq_len": 8}, "fp32")
+    with pytest.raises(kvforge.ArgumentError, match="layout: 'no_such_layout' is neither"):
+        kvforge.variant("no_such_layout", "tiny", "fp32")
+    with pytest.raises(kvforge.ArgumentError, match="registered already"):
+        kvforge.variant("vllm_paged_nhd", {"name": "tiny", "layers": 1, "kv_heads": 1, "head_dim": 8,
+                                           "max_seq_len": 8}, "fp32")
+    assert kvforge.variant("vllm_paged_nhd", "tiny", "fp32").name == "vllm_paged_nhd.tiny.fp32"  # no build
+    monkeypatch.setattr(kvforge.jit, "CXX", "/nonexistent/c++")
+    with pytest.raises(kvforge.BackendError, match="compiler: /nonexistent/c\\+\\+ was not found"):
+        kvforge.variant("vllm_paged_nhd", {"name": "nocompiler", "layers": 1, "kv_heads": 1, "head_dim": 8,
+                                           "max_seq_len": 8}, "fp32")
