@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from . import vocab
+from .naming import variant_name, variant_symbol  # noqa: F401  (re-exported: the plan names its variants)
 from .spec import LayerGroup, LayoutSpec, ModelSpec, Quantization, SpecSet
 
 
@@ -74,31 +75,6 @@ def hybrid_members(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage
     layouts = {l.name: l for l in specs.layouts}
     return tuple((model.group(g), Variant(layouts[member], model.for_group(model.group(g)), storage, input_dtype))
                  for g, member in layout.groups)
-
-
-# ---- naming: one function forms names, one parses them --------------------------------------------
-
-def dtype_field(storage: str, input_dtype: str) -> str:
-    return storage if storage == input_dtype else f"{storage}_in_{input_dtype}"
-
-
-def variant_name(layout: str, model: str, storage: str, input_dtype: str) -> str:
-    return f"{layout}.{model}.{dtype_field(storage, input_dtype)}"
-
-
-def variant_symbol(name: str) -> str:
-    """The C++ identifier of a variant: its name with '.' spelled '__' (names never contain '__')."""
-    return name.replace(".", "__")
-
-
-def parse_variant_name(name: str) -> Tuple[str, str, str, str]:
-    """name -> (layout, model, storage, input). Inverse of variant_name."""
-    parts = name.split(".")
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"{name!r} is not layout.model.dtype")
-    layout, model, dt = parts
-    storage, _, input_dtype = dt.partition("_in_")
-    return layout, model, storage, input_dtype or storage
 
 
 # ---- the plan ---------------------------------------------------------------------------------------

@@ -7,14 +7,15 @@ from typing import AbstractSet, Dict, List, Sequence
 
 from . import vocab
 from .diagnostics import Diagnostics, SpecFailure
-from .plan import variant_name
+from .naming import variant_name
 from .spec import LayoutSpec, ModelSpec, SpecSet, parse_specs
 
 
 # ---- the one "is this combination supported" predicate ---------------------------------------------
 
 def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, input_dtype: str) -> List[str]:
-    """Why this combination cannot be built; empty when it can. Shared by the planner and the checks."""
+    """Why this combination cannot be built; empty when it can. The checks refuse an expansion that lists
+    such a combination, naming these reasons, so the planner only ever sees buildable ones."""
     reasons: List[str] = []
     if storage not in vocab.DTYPES:
         reasons.append(f"storage dtype {storage!r} is not supported")

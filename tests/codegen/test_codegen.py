@@ -9,7 +9,8 @@ import textwrap
 import unittest
 
 from kvforge_codegen.diagnostics import SpecFailure
-from kvforge_codegen.plan import parse_variant_name, plan_variants, variant_name, variant_symbol
+from kvforge_codegen.naming import parse_variant_name, variant_name, variant_symbol
+from kvforge_codegen.plan import plan_variants
 from kvforge_codegen.render import render, write_changed
 from kvforge_codegen.validate import load_specs
 

@@ -36,7 +36,7 @@ template <class Traits> class TypedCache final : public Cache {
   static constexpr bool lazy = Traits::update == UpdateMode::lazy;
   static constexpr bool runtime_sized = detail::has_runtime_extents<Traits>::value;
 
-  // Generated traits carry everything as constants; runtime-sized traits (runtime_traits.hpp) are
+  // Generated traits carry everything as constants; runtime-sized traits (RuntimeTraits, runtime/src/generic.cpp) are
   // passed in with their descriptor and sizes.
   explicit TypedCache(const CacheConfig& config, Traits traits = {});
 

@@ -83,7 +83,7 @@ KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int la
   for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
 }
 
-// Traits whose sizes are given at run time (the generic path, runtime_traits.hpp) say so with
+// Traits whose sizes are given at run time (the generic path, RuntimeTraits in runtime/src/generic.cpp) say so with
 // `runtime_extents = true`; generated traits fix them as constants. CuTe's idea: one layout type,
 // each extent static or dynamic.
 template <class T, class = void> struct has_runtime_extents : std::false_type {};
