@@ -160,6 +160,12 @@ def _build(entry, layout, model, key, registry_function, compiler):
         if out.returncode != 0:
             raise SpecError([line for line in out.stderr.splitlines() if line.strip()])
         sources = sorted(f for f in os.listdir(generated) if f.endswith(".cpp"))
+        # The base-level files (the variant's class and base kernels, and the registry) in one unit: the
+        # runtime's headers are parsed once for both, and the wider levels compile beside it.
+        base = [f for f in sources if not _LEVEL_FILE.search(f)]
+        with open(os.path.join(generated, "base_unit.cpp"), "w", encoding="utf-8") as f:
+            f.writelines(f'#include "{name}"\n' for name in base)
+        sources = ["base_unit.cpp"] + [f for f in sources if _LEVEL_FILE.search(f)]
 
         def compile_one(source):
             match = _LEVEL_FILE.search(source)
