@@ -564,12 +564,26 @@ TEST(GenericFallback, ServesAShapeThatWasNotGeneratedAndRefusesWhatItCannot) {
   EXPECT_EQ(d.layers, qwen.layers);
   EXPECT_EQ(d.heads * d.head_dim, qwen.heads * qwen.head_dim);
   EXPECT_EQ(d.bytes_per_token, 2 * qwen.bytes_per_token) << "fp32 stores twice bf16's bytes";
-  EXPECT_THROW(registry().create(query("jetstream_ring", "qwen2_5_0_5b", DType::bf16), CacheConfig{}), UnknownVariantError)
-      << "a ring's window may follow the model, which other variants cannot tell";
-  EXPECT_THROW(registry().create(query("jetstream_stacked_lazy", "qwen2_5_0_5b", DType::f32), CacheConfig{}),
-               UnknownVariantError)
-      << "lazy staging needs a generated variant";
-  EXPECT_THROW(registry().create(query("vllm_paged_nhd", "nosuchmodel", DType::bf16), CacheConfig{}), UnknownVariantError);
+  // Each refusal names the query, input dtype included, and why the generic path could not serve it.
+  auto refusal = [&](VariantQuery q) -> std::string {
+    try {
+      registry().create(q, cfg);
+    } catch (const UnknownVariantError& e) {
+      return e.what();
+    }
+    return "served";
+  };
+  auto has = [](const std::string& text, const char* part) { return text.find(part) != std::string::npos; };
+  const std::string ring = refusal(query("jetstream_ring", "qwen2_5_0_5b", DType::bf16));
+  EXPECT_TRUE(has(ring, "jetstream_ring.qwen2_5_0_5b.bf16") && has(ring, "a ring's window may follow the model")) << ring;
+  const std::string lazy = refusal(query("jetstream_stacked_lazy", "qwen2_5_0_5b", DType::f32));
+  EXPECT_TRUE(has(lazy, "lazy staging needs a generated variant")) << lazy;
+  const std::string unknown = refusal(query("vllm_paged_nhd", "nosuchmodel", DType::bf16));
+  EXPECT_TRUE(has(unknown, "no registered variant has model 'nosuchmodel'")) << unknown;
+  VariantQuery quantized = query("vllm_paged_nhd", "qwen2_5_0_5b", DType::i8);
+  quantized.input = DType::bf16;
+  const std::string codes = refusal(quantized);
+  EXPECT_TRUE(has(codes, "'vllm_paged_nhd.qwen2_5_0_5b.int8_in_bf16") && has(codes, "quantized storage")) << codes;
   EXPECT_THROW(registry().create("vllm_paged_nhd.qwen2_5_0_5b.fp32", cfg), UnknownVariantError)
       << "a name is looked up, never parsed: only registered names resolve";
 }

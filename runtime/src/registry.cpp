@@ -65,8 +65,16 @@ std::string variant_name(std::string_view layout, std::string_view model, DType 
 }
 
 std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q) const {
+  std::string why;
+  return synthesize(q, why);
+}
+
+std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q, std::string& why) const {
   // The layout's facts from any variant of that layout, the model's from any variant of that model.
-  if (q.layout.empty() || q.model.empty() || !q.storage) return std::nullopt;
+  if (q.layout.empty() || q.model.empty() || !q.storage) {
+    why = "it needs a layout, a model and a storage dtype";
+    return std::nullopt;
+  }
   const DType storage = *q.storage, input = q.input.value_or(storage);
   const VariantDescriptor* by_layout = nullptr;
   const VariantDescriptor* by_model = nullptr;
@@ -77,9 +85,11 @@ std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q) con
   }
   // A ring's window may follow the model, which a descriptor of another model cannot tell; and the
   // generic path stores floats only.
-  if (!by_layout || !by_model || by_layout->addressing == Addressing::ring || is_quantized(storage) ||
-      is_quantized(input))
-    return std::nullopt;
+  if (!by_layout) why = "no registered variant has layout '" + q.layout + "'";
+  else if (!by_model) why = "no registered variant has model '" + q.model + "'";
+  else if (by_layout->addressing == Addressing::ring) why = "a ring's window may follow the model";
+  else if (is_quantized(storage) || is_quantized(input)) why = "quantized storage needs a generated variant";
+  if (!why.empty()) return std::nullopt;
   VariantDescriptor d = *by_layout;
   d.name = nullptr;  // the caller names it
   d.model = by_model->model;
@@ -103,14 +113,18 @@ std::unique_ptr<Cache> Registry::create(std::string_view name, const CacheConfig
 std::unique_ptr<Cache> Registry::create(const VariantQuery& q, const CacheConfig& config) const {
   const auto matches = select(q);
   if (matches.size() == 1) return matches[0]->create(config);
-  std::string described = q.layout.empty() ? "*" : q.layout;
-  described += "." + (q.model.empty() ? std::string("*") : q.model) + "." +
-               (q.storage ? std::string(dtype_name(*q.storage)) : std::string("*"));
+  // The query as a name, with the input dtype where it is given (storage int8 from bf16 input reads
+  // *.*.int8_in_bf16, as the variant would be named).
+  const std::string layout = q.layout.empty() ? "*" : q.layout, model = q.model.empty() ? "*" : q.model;
+  std::string described = q.storage ? variant_name(layout, model, *q.storage, q.input.value_or(*q.storage))
+                                    : layout + "." + model + ".*" + (q.input ? "_in_" + std::string(dtype_name(*q.input)) : "");
+  std::string why;
   if (matches.empty()) {
     // Not generated: the generic runtime-strided path serves it where it can, and says so through
-    // descriptor().generic.
-    std::optional<VariantDescriptor> d = synthesize(q);
-    if (d && generic_unsupported_reason(*d, config).empty()) {
+    // descriptor().generic. Where it cannot, the error says why.
+    std::optional<VariantDescriptor> d = synthesize(q, why);
+    if (d) why = generic_unsupported_reason(*d, config);
+    if (d && why.empty()) {
       const std::string name = variant_name(d->layout, d->model, d->storage, d->input);
       d->name = name.c_str();  // make_generic_cache copies the strings
       return make_generic_cache(*d, config);
@@ -119,8 +133,9 @@ std::unique_ptr<Cache> Registry::create(const VariantQuery& q, const CacheConfig
   std::vector<std::string> names;
   for (const auto* m : matches) names.emplace_back(m->descriptor->name);
   if (names.empty()) names = nearest(described);
-  throw UnknownVariantError(described + (matches.empty() ? "" : " (ambiguous: " + std::to_string(matches.size()) + " match)"),
-                            names);
+  if (!matches.empty()) described += " (ambiguous: " + std::to_string(matches.size()) + " match)";
+  else described += " (not generated, and no generic path: " + why + ")";
+  throw UnknownVariantError(described, names);
 }
 
 }  // namespace kvforge

@@ -44,15 +44,15 @@ def entry_of(variant_name):
 
 
 def test_a_built_variant_holds_what_was_appended():
-    d = kvforge.variant("vllm_paged_nhd", {"name": "odd80", "layers": 3, "kv_heads": 1, "head_dim": 80,
-                                            "max_seq_len": 128}, "fp32")
-    assert (d.layers, d.heads, d.head_dim, d.storage) == (3, 1, 80, "fp32")
+    # The model of the first HF case below (same spec, same cache entry: built once for both).
+    d = kvforge.variant("vllm_paged_nhd", kvforge.jit.model_spec(hf_model("llama", **LLAMA_80).config), "fp32")
+    assert (d.layers, d.heads, d.head_dim, d.storage) == (2, 1, 80, "fp32")
     cache = kvforge.create(d.name, pages=8)
     rng = np.random.default_rng(3)
     slots = rng.permutation(8 * d.page_size)[:40].astype(np.int64)  # 40 positions over scattered slots
     held = {}
     for layer in range(d.layers):
-        k, v = (rng.standard_normal((40, 1, 80)).astype(np.float32) for _ in range(2))
+        k, v = (rng.standard_normal((40, 1, 80)).astype(np.float32) for _ in range(2))  # [T, heads, head_dim]
         cache.append(layer, k, v, slots=slots)
         for t in range(40):
             held[layer, t] = (k[t, 0], v[t, 0])
@@ -104,15 +104,18 @@ def generate(model, cache):
                               cache=cache, pad_token_id=0)
 
 
+LLAMA_80 = dict(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=80)
+
+
 @pytest.mark.parametrize("kind, layout, dims", [
-    ("llama", "vllm_paged_nhd", dict(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=80)),
+    ("llama", "vllm_paged_nhd", LLAMA_80),
     ("llama", "flashinfer_paged_hnd", dict(num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=5,
                                            head_dim=24, hidden_size=120)),
     ("mistral", "jetstream_ring", dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                        sliding_window=5, hidden_size=64)),
 ])
 def test_hf_models_of_any_dimensions_generate_as_with_dynamic_cache(kind, layout, dims):
-    model = hf_model(kind, **dims)
+    model = hf_model(kind, **dict(dims))
     expected = generate(model, DynamicCache(config=model.config))
     cache = kvforge.hf.KvforgeCache.from_model(model, layout=layout, batch_size=2)
     assert cache.descriptor.head_dim == dims["head_dim"] and cache.descriptor.heads == dims["num_key_value_heads"]
@@ -147,26 +150,19 @@ ASK = f"""
 """
 
 
-def test_the_disk_cache_serves_other_processes_and_rebuilds_a_corrupt_entry():
-    first = run_python(ASK).split()
-    assert first[1] == "1"
-    again = run_python(ASK).split()
-    assert again == [first[0], "0"], "a second process built again"
-    library = os.path.join(entry_of(first[0]), "variants.so")
-    with open(library, "r+b") as f:
-        f.seek(100)
-        f.write(b"\0" * 64)  # corrupt: never loaded, rebuilt
-    assert run_python(ASK).split() == [first[0], "1"]
-
-
-def test_two_processes_asking_at_once_build_once():
-    code = ASK.replace('"small9"', '"together"')
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+def test_the_disk_cache_builds_once_serves_other_processes_and_rebuilds_a_corrupt_entry():
+    # Two processes ask at once: one builds, the other waits on the lock and loads what it built.
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(ASK)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate() for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
-    builds = sorted(int(o[0].split()[1]) for o in outs)
-    assert builds == [0, 1], builds
+    assert sorted(int(o[0].split()[1]) for o in outs) == [0, 1], outs
+    name = outs[0][0].split()[0]
+    assert run_python(ASK).split() == [name, "0"], "a later process built again"
+    with open(os.path.join(entry_of(name), "variants.so"), "r+b") as f:
+        f.seek(100)
+        f.write(b"\0" * 64)  # corrupt: never loaded, rebuilt
+    assert run_python(ASK).split() == [name, "1"]
 
 
 def test_refusals_name_what_is_wrong(monkeypatch):

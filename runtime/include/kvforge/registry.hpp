@@ -41,10 +41,13 @@ class Registry {
   // Exactly one registered variant must match the query. Where none does, but the query names a
   // layout, a model and a float storage dtype that other registered variants know, the generic
   // runtime-strided path (CPU) serves it and the cache's descriptor().generic is true; eager, non-ring
-  // layouts only. Otherwise UnknownVariantError lists the candidates.
+  // layouts only. Otherwise UnknownVariantError lists the candidates, and says why the generic path
+  // could not serve it.
   std::unique_ptr<Cache> create(const VariantQuery& q, const CacheConfig& config) const;
-  // The descriptor such a query would get, built from registered variants of its layout and its model.
+  // The descriptor such a query would get, built from registered variants of its layout and its model;
+  // where none can be, `why` says what is missing.
   std::optional<VariantDescriptor> synthesize(const VariantQuery& q) const;
+  std::optional<VariantDescriptor> synthesize(const VariantQuery& q, std::string& why) const;
   // The `count` registered names closest to `name` by edit distance, for error messages.
   std::vector<std::string> nearest(std::string_view name, size_t count = 3) const;
 
