@@ -106,6 +106,9 @@ template <class Traits> class TypedCache final : public Cache {
   void make_reorder_scratch();
   detail::DeviceStatus* status() const { return status_.as<detail::DeviceStatus>(); }
   detail::ScaleRef scale_ref() const;
+  // A write's pool side (pool, strides, scales, row lengths, status, extents); append and commit fill
+  // in its tokens and targets by name.
+  detail::WriteArgs<storage_t, input_t> write_args();
 
   Traits traits_;  // empty for generated traits
   CacheConfig config_;
@@ -194,6 +197,17 @@ template <class Traits> detail::ScaleRef TypedCache<Traits>::scale_ref() const {
   return {base, geometry_.scale_strides};
 }
 
+template <class Traits> detail::WriteArgs<typename Traits::storage_t, typename Traits::input_t> TypedCache<Traits>::write_args() {
+  detail::WriteArgs<storage_t, input_t> a{};
+  a.pool = pool_.as<storage_t>();
+  a.s = geometry_.strides;
+  a.scales = scale_ref();
+  a.row_length = row_length_.as<int32_t>();
+  a.status = status();
+  a.ext = extents();
+  return a;
+}
+
 template <class Traits> void TypedCache<Traits>::check_row(int64_t row) const {
   if (desc().paged())
     throw UnsupportedError(std::string(desc().name) + ": paged layouts have no rows");
@@ -249,22 +263,15 @@ void TypedCache<Traits>::append(int layer, const TensorView& k, const TensorView
     ops_->stage(launch(), s);
     staged_[layer] += tokens;
   } else {
-    detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),
-                                           geometry_.strides,
-                                           scale_ref(),
-                                           detail::rows3<const input_t>(k),
-                                           detail::rows3<const input_t>(v),
-                                           0,
-                                           static_cast<const int32_t*>(targets.rows.data),
-                                           static_cast<const int32_t*>(targets.positions.data),
-                                           static_cast<const int64_t*>(targets.slots.data),
-                                           0,
-                                           tokens,
-                                           layer,
-                                           1,
-                                           row_length_.as<int32_t>(),
-                                           status()};
-    a.ext = extents();
+    detail::WriteArgs<storage_t, input_t> a = write_args();
+    a.k = detail::rows3<const input_t>(k);
+    a.v = detail::rows3<const input_t>(v);
+    a.rows = static_cast<const int32_t*>(targets.rows.data);
+    a.positions = static_cast<const int32_t*>(targets.positions.data);
+    a.slots = static_cast<const int64_t*>(targets.slots.data);
+    a.tokens = tokens;
+    a.first_layer = layer;
+    a.num_layers = 1;
     a.checks = checks;
     ops_->write(launch_pool_writes(), a);
   }
@@ -280,22 +287,20 @@ template <class Traits> void TypedCache<Traits>::commit() {
     const int64_t staged = *std::max_element(staged_.begin(), staged_.end());
     if (staged == 0) return;
     const int64_t row_elems = int64_t(heads()) * head_dim();
-    detail::WriteArgs<storage_t, input_t> a{pool_.as<storage_t>(),
-                                           geometry_.strides,
-                                           scale_ref(),
-                                           {stage_k_.as<const input_t>(), row_elems, head_dim()},
-                                           {stage_v_.as<const input_t>(), row_elems, head_dim()},
-                                           staged_capacity_ * row_elems,
-                                           addressing == Addressing::paged ? nullptr : staged_rows(),
-                                           addressing == Addressing::paged ? nullptr : staged_positions(),
-                                           addressing == Addressing::paged ? staged_slots() : nullptr,
-                                           staged_capacity_,
-                                           staged,
-                                           0,
-                                           layers(),
-                                           row_length_.as<int32_t>(),
-                                           status()};
-    a.ext = extents();
+    detail::WriteArgs<storage_t, input_t> a = write_args();
+    a.k = {stage_k_.as<const input_t>(), row_elems, head_dim()};
+    a.v = {stage_v_.as<const input_t>(), row_elems, head_dim()};
+    a.input_layer_stride = staged_capacity_ * row_elems;
+    if constexpr (addressing == Addressing::paged) {
+      a.slots = staged_slots();
+    } else {
+      a.rows = staged_rows();
+      a.positions = staged_positions();
+    }
+    a.target_layer_stride = staged_capacity_;
+    a.tokens = staged;
+    a.first_layer = 0;
+    a.num_layers = layers();
     ops_->write(launch_pool_writes(), a);
     backend_->fill(stage_targets_.data(), 0xff, stage_targets_.bytes(), config_.stream);
     std::fill(staged_.begin(), staged_.end(), 0);
@@ -360,17 +365,18 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
     check_indices(checks);
     return;
   }
-  detail::GatherArgs<storage_t, input_t> a{pool_.as<const storage_t>(),
-                                          geometry_.strides,
-                                          scale_ref(),
-                                          {static_cast<input_t*>(k_out.data), k_out.stride[1], k_out.stride[0]},
-                                          {static_cast<input_t*>(v_out.data), v_out.stride[1], v_out.stride[0]},
-                                          layer,
-                                          range.row,
-                                          static_cast<const int32_t*>(range.pages.data),
-                                          range.begin,
-                                          count,
-                                          status()};
+  detail::GatherArgs<storage_t, input_t> a{};
+  a.pool = pool_.as<const storage_t>();
+  a.s = geometry_.strides;
+  a.scales = scale_ref();
+  a.k = {static_cast<input_t*>(k_out.data), k_out.stride[1], k_out.stride[0]};  // [heads, tokens, head_dim]
+  a.v = {static_cast<input_t*>(v_out.data), v_out.stride[1], v_out.stride[0]};
+  a.layer = layer;
+  a.row = range.row;
+  a.pages = static_cast<const int32_t*>(range.pages.data);
+  a.begin = range.begin;
+  a.count = count;
+  a.status = status();
   a.ext = extents();
   a.checks = checks;
   ops_->gather(launch(), a);
