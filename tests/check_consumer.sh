@@ -34,5 +34,9 @@ assert kvforge.variants(), "the installed module registers no variant"
 d = kvforge.variant("vllm_paged_nhd", {"name": "installed", "layers": 1, "kv_heads": 2, "head_dim": 40,
                                        "max_seq_len": 32}, "bf16")  # on demand, from the installed headers
 assert (d.heads, d.head_dim) == (2, 40) and kvforge.create(d.name, pages=2).descriptor.name == d.name
-print("installed Python package: ok, and builds variants on demand")' "$here/consumer/specs")
+names = kvforge.load_variants(sys.argv[2], "consumer_shared::registry")  # the project own library
+assert names == ["consumer_paged.odd_model.bf16", "consumer_paged.odd_model.fp32"], names
+assert kvforge.create("consumer_paged.odd_model.fp32", pages=2).descriptor.head_dim == 24
+print("installed Python package: ok, builds variants on demand, loads the project library")' \
+      "$here/consumer/specs" "$work/build/libconsumer_shared.so")
 fi
