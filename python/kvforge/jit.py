@@ -16,6 +16,7 @@ loaded. See docs/on_demand.md.
 """
 
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -30,6 +31,7 @@ import yaml
 from . import _native
 from ._paths import CODEGEN, CXX, INCLUDE, SPECS
 from .errors import ArgumentError, BackendError, SpecError, UnsupportedError
+from .specs import import_codegen
 
 # What the build gives every kernel file (cmake/kvforge.cmake's KVFORGE_KERNEL_OPTIONS), and the levels
 # it builds: the base file at x86-64-v2, <variant>.cpu_v<N>.cpp at level N.
@@ -37,7 +39,6 @@ FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-fPIC", "-fopenmp", "-fno-trapping-ma
 _LEVEL_FILE = re.compile(r"\.cpu_v(\d+)\.cpp$")
 _BASE_LEVEL = 2
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
-_FLOAT_STORAGE = ("fp32", "fp16", "bf16")
 
 
 def cache_dir():
@@ -71,8 +72,13 @@ def model_spec(config, name=None, max_seq_len=None):
         elif local:
             spec["layer_groups"] = [{"name": "local", "layers": local, "sliding_window": window},
                                     {"name": "global", "layers": [i for i in range(spec["layers"]) if i not in local]}]
-    spec["name"] = name or "hf_" + hashlib.sha256(repr(sorted(spec.items())).encode()).hexdigest()[:10]
+    spec["name"] = name or _named_by_content(spec, "hf_")
     return spec
+
+
+def _named_by_content(spec, prefix):
+    """A model name for a spec that has none: its fields' hash, so that one model gets one name."""
+    return prefix + hashlib.sha256(repr(sorted(spec.items())).encode()).hexdigest()[:10]
 
 
 def _spec(what, value, kind):
@@ -99,6 +105,15 @@ def _spec(what, value, kind):
     return spec
 
 
+@functools.lru_cache(maxsize=None)
+def _vocab():
+    """The spec compiler's vocabulary (dtypes and their kinds)."""
+    import_codegen()
+    from kvforge_codegen import vocab
+    return vocab
+
+
+@functools.lru_cache(maxsize=None)  # read once a process: the installed files do not change under it
 def _digest_of_sources():
     """kvforge's codegen, templates and runtime headers: what shapes the generated code besides the specs."""
     h = hashlib.sha256()
@@ -224,7 +239,7 @@ def variant(layout, model, dtype, input=None, *, window=None, name=None):
     if window is not None:
         layout_spec["window"] = window
     if "name" not in model_spec_:
-        model_spec_["name"] = "m_" + hashlib.sha256(repr(sorted(model_spec_.items())).encode()).hexdigest()[:10]
+        model_spec_["name"] = _named_by_content(model_spec_, "m_")
     for what, spec in (("layout", layout_spec), ("model", model_spec_)):
         if not isinstance(spec.get("name"), str) or not _NAME.fullmatch(spec["name"]):
             raise ArgumentError(f"{what}: name {spec.get('name')!r} is not a lower-case identifier "
@@ -233,14 +248,15 @@ def variant(layout, model, dtype, input=None, *, window=None, name=None):
     if input is not None:
         expand["input_dtypes"] = [input]
     layout_spec["expand"] = [expand]
-    if dtype in _FLOAT_STORAGE:
+    if not _vocab().DTYPES.get(dtype, {}).get("quantized", True):
         layout_spec.pop("quantization", None)  # a default's settings for its quantized expansions
     wanted = _native.variant_name(layout_spec["name"], model_spec_["name"], dtype, input or dtype)
     compiler = _compiler()
     if compiler is None:
         raise BackendError(f"compiler: {CXX} was not found, so kvforge cannot build {wanted} on demand; install "
-                           f"g++ (apt-get install g++), or serve a float eager layout through the generic path: "
-                           f"kvforge.create(layout=..., layers=..., kv_heads=..., head_dim=..., storage=...)")
+                           f"g++ (apt-get install g++). Without one, the generic path serves a float eager layout "
+                           f"for a model that registered variants have: kvforge.create(layout=..., model=..., "
+                           f"storage=...)")
     key = hashlib.sha256(yaml.safe_dump([layout_spec, model_spec_], sort_keys=True).encode() +
                          repr((_digest_of_sources(), compiler, FLAGS, os.path.abspath(_native.__file__),
                                os.path.getmtime(_native.__file__))).encode()).hexdigest()

@@ -11,12 +11,17 @@ import sys
 from .errors import SpecError
 
 
-def _codegen():
+def import_codegen():
+    """Makes the spec compiler kvforge was built with importable (the installed copy for an install)."""
     try:
         import kvforge_codegen  # noqa: F401
     except ImportError:
         from ._paths import CODEGEN
         sys.path.insert(0, CODEGEN)
+
+
+def _codegen():
+    import_codegen()
     from kvforge_codegen import plan, validate as checks
     from kvforge_codegen.diagnostics import SpecFailure
     return plan, checks, SpecFailure

@@ -141,7 +141,10 @@ bool KvReceiver::take_header(Incoming& in, size_t piece) {
         in.header_recvs[piece] = transport_.post_recv(&h, sizeof h, peer, tag);
       }
       if (!in.header_in[piece]) {
-        if (!transport_.poll(in.header_recvs[piece])) return false;
+        if (!transport_.poll(in.header_recvs[piece])) {
+          if (early.empty()) early_.erase({peer, tag});  // no empty entry left per tag waited on
+          return false;
+        }
         in.header_recvs[piece] = kNone;
         in.header_in[piece] = true;
       }
@@ -206,38 +209,36 @@ void KvReceiver::progress(Incoming& in) {
       all_judged = false;
       continue;
     }
-    {
-      const TransferHeader& h = in.headers[i];
-      const ShardPiece& p = in.pieces[i];
-      auto check = [&](const char* field, int64_t got, int64_t want) {
-        if (got == want) return;
-        const std::string name = std::string("header.") + field;
-        // Every sender whose header is in stops too; one whose header has not come withdraws it
-        // when its own wait runs out.
-        for (size_t j = 0; j < in.pieces.size(); ++j)
-          if (in.header_in[j]) answer(in, j, name.c_str());
-        fail(in.request_id, name,
-             "sender rank " + std::to_string(in.senders.ranks[size_t(p.sender)]) + " sent " + std::to_string(got) +
-                 ", this receiver expects " + std::to_string(want));
-      };
-      check("magic", h.magic, kMagic);
-      check("version", h.version, kVersion);
-      check("request_id", h.request_id, in.request_id);
-      check("tokens", h.tokens, T);
-      check("token_hash", int64_t(h.token_hash), int64_t(in.hash));
-      check("input", h.input, int64_t(d.input));
-      check("model_heads", h.model_heads, d.model_heads);
-      check("layers", h.layers, d.layers);
-      check("head_dim", h.head_dim, d.head_dim);
-      check("sender_tp", h.sender_tp, in.senders.tp());
-      check("sender_rank", h.sender_rank, p.sender);
-      check("head_begin", h.head_begin, p.heads.begin);
-      check("head_count", h.head_count, p.heads.count);
-      check("layer_begin", h.layer_begin, 0);
-      check("layer_count", h.layer_count, d.layers);
-      in.judged[i] = true;
-      moved = true;
-    }
+    const TransferHeader& h = in.headers[i];
+    const ShardPiece& p = in.pieces[i];
+    auto check = [&](const char* field, int64_t got, int64_t want) {
+      if (got == want) return;
+      const std::string name = std::string("header.") + field;
+      // Every sender whose header is in stops too; one whose header has not come withdraws it
+      // when its own wait runs out.
+      for (size_t j = 0; j < in.pieces.size(); ++j)
+        if (in.header_in[j]) answer(in, j, name.c_str());
+      fail(in.request_id, name,
+           "sender rank " + std::to_string(in.senders.ranks[size_t(p.sender)]) + " sent " + std::to_string(got) +
+               ", this receiver expects " + std::to_string(want));
+    };
+    check("magic", h.magic, kMagic);
+    check("version", h.version, kVersion);
+    check("request_id", h.request_id, in.request_id);
+    check("tokens", h.tokens, T);
+    check("token_hash", int64_t(h.token_hash), int64_t(in.hash));
+    check("input", h.input, int64_t(d.input));
+    check("model_heads", h.model_heads, d.model_heads);
+    check("layers", h.layers, d.layers);
+    check("head_dim", h.head_dim, d.head_dim);
+    check("sender_tp", h.sender_tp, in.senders.tp());
+    check("sender_rank", h.sender_rank, p.sender);
+    check("head_begin", h.head_begin, p.heads.begin);
+    check("head_count", h.head_count, p.heads.count);
+    check("layer_begin", h.layer_begin, 0);
+    check("layer_count", h.layer_count, d.layers);
+    in.judged[i] = true;
+    moved = true;
   }
   if (all_judged) {
     if (options_.physical)
