@@ -17,7 +17,7 @@ else
 fi
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer"
-"$work/build/load_shared" "$work/build/libconsumer_shared.so"
+KVFORGE_CACHE_DIR="$work/on-demand" "$work/build/load_shared" "$work/build/libconsumer_shared.so"
 if [ -x "$work/build/consumer_transfer" ]; then
   mpirun -np 2 --oversubscribe --allow-run-as-root "$work/build/consumer_transfer"
 elif [ "$mode" = install ] && [ -f "$build/libkvforge_mpi.a" ]; then

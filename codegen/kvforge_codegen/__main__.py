@@ -107,6 +107,21 @@ def _parser() -> argparse.ArgumentParser:
                     help="expand only the spec files the folder's SOURCES.txt lists (relative to --source-root), "
                          "so that specs added beside them do not count; the test of the committed generated/ "
                          "uses this")
+    sp = sub.add_parser("build-variant",
+                        help="build one variant on demand into a cached shared library (what C++'s kvforge::variant "
+                             "runs); prints the library's path, its registry function and the variant's name")
+    sp.add_argument("--layout", required=True, help="a default layout's name (in --specs) or a layout spec file")
+    sp.add_argument("--model", required=True, help="a default model's name (in --specs) or a model spec file")
+    sp.add_argument("--dtype", required=True, help="the storage dtype")
+    sp.add_argument("--input", default=None, help="the dtype appended and gathered (default: --dtype)")
+    sp.add_argument("--window", type=int, default=None, help="a ring layout's window (default: the layout's)")
+    sp.add_argument("--name", default=None, help="the layout's name in the variant's (default: the spec's)")
+    sp.add_argument("--specs", default=os.path.join(REPO, "specs"), help="where default specs are (default: specs/)")
+    sp.add_argument("--include", required=True, help="the runtime's include folder")
+    sp.add_argument("--compiler", default="c++", help="the C++ compiler (default: c++)")
+    sp.add_argument("--link", action="append", default=[], metavar="ITEM",
+                    help="what the library links for the runtime (repeat; --link=ITEM for an ITEM starting with -): "
+                         "the runtime archive, or a library holding it")
     sp = sub.add_parser("vocab-header", help="write or check runtime/include/kvforge/vocab.hpp, vocab.py's table for C++")
     group = sp.add_mutually_exclusive_group(required=True)
     group.add_argument("--out", help="write the header here (only when its content changed)")
@@ -129,10 +144,39 @@ def _vocab_header(args: argparse.Namespace) -> int:
     return 0
 
 
+# build-variant's exit status per kind of refusal (C++'s kvforge::variant maps it back to its error class).
+BUILD_VARIANT_STATUS = {"spec": 1, "argument": 3, "unsupported": 4, "backend": 5}
+
+
+def _build_variant(args: argparse.Namespace) -> int:
+    from . import on_demand
+    try:
+        layouts, model, wanted = on_demand.request(on_demand.spec_of("layout", args.layout, "layouts", args.specs),
+                                                   on_demand.spec_of("model", args.model, "models", args.specs),
+                                                   args.dtype, args.input, args.window, args.name, args.specs)
+        compiler = on_demand.compiler_identity(args.compiler)
+        if compiler is None:
+            raise on_demand.no_compiler(args.compiler, wanted)
+        key = on_demand.key_of(layouts, model, args.include, compiler, args.link)
+        path, registry_function = on_demand.library(layouts, model, wanted, key, compiler=compiler[0],
+                                                    include=args.include, link=args.link)
+    except on_demand.OnDemandError as e:
+        # First line: the kind and the argument it names; then the message (a spec's: one error a line).
+        print(f"{e.kind} {e.argument or '-'}", file=sys.stderr)
+        print("\n".join(e.lines) if e.lines else str(e), file=sys.stderr)
+        return BUILD_VARIANT_STATUS[e.kind]
+    print(path)
+    print(registry_function)
+    print(wanted)
+    return 0
+
+
 def main(argv: List[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "vocab-header":
         return _vocab_header(args)
+    if args.command == "build-variant":
+        return _build_variant(args)
     if getattr(args, "listed_specs", False):
         listed = read_sources(os.path.join(args.against, SOURCES))
         if not listed["layout"]:

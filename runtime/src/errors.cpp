@@ -52,4 +52,10 @@ CapacityError::CapacityError(const std::string& argument, int64_t needed, int64_
       needed_(needed),
       available_(available) {}
 
+SpecError::SpecError(std::vector<std::string> errors) : Error([&] {
+    std::string m;
+    for (const std::string& e : errors) m += (m.empty() ? "" : "\n") + e;
+    return m;
+  }()), errors_(std::move(errors)) {}
+
 }  // namespace kvforge

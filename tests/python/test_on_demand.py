@@ -3,7 +3,8 @@ built in a cache folder of this test's own, checked against plain references.
 
   - a built variant's appends and gathers against a dict keyed by logical (layer, position) coordinates;
   - HF models of dimensions no spec names (head_dim 80 with one KV head, 5 KV heads of 24, a sliding
-    window of 5 through a ring) generate the same tokens as transformers' DynamicCache;
+    window of 5 through a ring, Gemma-2's local and global layers through a hybrid layout) generate the
+    same tokens as transformers' DynamicCache;
   - the disk cache: a second process loads without building, a corrupt library is rebuilt, two
     processes asking at once build once, and a bad spec or a missing compiler is refused by name.
 """
@@ -16,7 +17,8 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import (DynamicCache, Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM)
 
 import kvforge
 import kvforge.hf
@@ -121,6 +123,23 @@ def test_hf_models_of_any_dimensions_generate_as_with_dynamic_cache(kind, layout
     assert cache.descriptor.head_dim == dims["head_dim"] and cache.descriptor.heads == dims["num_key_value_heads"]
     if layout == "jetstream_ring":
         assert cache.descriptor.window == 5
+    assert torch.equal(generate(model, cache), expected)
+
+
+def test_a_hybrid_layout_serves_local_and_global_layers_of_any_dimensions():
+    # Gemma-2's pattern over dimensions no default has: 3 layers (local, global, local), a window of 6,
+    # 3 KV heads of 24. hybrid_paged's groups name vllm_paged_nhd and deepspeed_blocked, built with it.
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=VOCAB, hidden_size=72, intermediate_size=128, num_hidden_layers=3, num_attention_heads=3,
+        num_key_value_heads=3, head_dim=24, query_pre_attn_scalar=24, max_position_embeddings=64, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        attn_implementation="eager")).eval()  # softcapping has no SDPA path
+    expected = generate(model, DynamicCache(config=model.config))
+    cache = kvforge.hf.KvforgeCache.from_model(model, layout="hybrid_paged", batch_size=2)
+    d = cache.descriptor
+    assert d.hybrid and {g["name"]: (g["layers"], g["sliding_window"]) for g in d.groups} == {
+        "local": ([0, 2], 6), "global": ([1], 0)}
     assert torch.equal(generate(model, cache), expected)
 
 

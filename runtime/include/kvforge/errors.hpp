@@ -97,10 +97,22 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
-// A CUDA call failed, or CUDA was asked for where it is not built or no device is present.
+// A CUDA call failed, or CUDA was asked for where it is not built or no device is present; or a
+// variant built on demand could not be compiled (no compiler, a failed build).
 class BackendError : public Error {
  public:
   using Error::Error;
+};
+
+// A spec is invalid (a variant built on demand). `errors()` lists every `file:line: field: problem
+// (allowed: ...)` at once; the message joins them, one a line.
+class SpecError : public Error {
+ public:
+  explicit SpecError(std::vector<std::string> errors);
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::vector<std::string> errors_;
 };
 
 }  // namespace kvforge

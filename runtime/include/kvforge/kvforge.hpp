@@ -11,6 +11,7 @@
 #include "kvforge/descriptor.hpp"
 #include "kvforge/geometry.hpp"
 #include "kvforge/memory.hpp"
+#include "kvforge/on_demand.hpp"
 #include "kvforge/registry.hpp"
 #include "kvforge/tensor.hpp"
 #include "kvforge/variant_library.hpp"
