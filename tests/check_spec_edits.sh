@@ -8,7 +8,8 @@ prefix="$1" work="$2"
 rm -rf "$work" && mkdir -p "$work"
 cp -r "$here/consumer" "$work/src"
 layouts="$work/src/specs/layouts" models="$work/src/specs/models"
-cmake -S "$work/src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+# Unoptimized, as tests/check_consumer.sh: this checks what rebuilds, and the results on a few tokens.
+cmake -S "$work/src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 
 # step <what> <checked f32/bf16 variants> <every registered name, space-separated>
 step() {
