@@ -21,7 +21,8 @@ kvforge.specs.
 
 from . import errors
 from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, cpu_level, cpu_threads, cuda_available,
-                      describe, load_variants, nearest, plan_memory, quant_max, set_cpu_threads, variant_name)
+                      describe, load_variants, nearest, plan_memory, quant_max, set_cpu_threads, shard_pieces,
+                      variant_name)
 from ._native import create as _create
 from ._native import variants as _variants
 from .errors import *  # noqa: F401,F403  (the exception classes, at the top level too)
@@ -29,7 +30,7 @@ from .jit import variant  # noqa: E402  (after the native names it builds on)
 
 __all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "create", "variants", "describe",
            "nearest", "plan_memory", "quant_max", "variant_name", "cpu_level", "cpu_threads", "set_cpu_threads",
-           "cuda_available", "errors", "variant", "load_variants"] + \
+           "cuda_available", "errors", "variant", "load_variants", "shard_pieces"] + \
     [name for name in dir(errors) if name.endswith("Error") or name == "Error"]
 
 

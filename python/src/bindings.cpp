@@ -24,6 +24,7 @@
 #include "kvforge/memory_plan.hpp"
 #include "kvforge/quant.hpp"
 #include "kvforge/sequence_manager.hpp"
+#include "kvforge/shard.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -476,6 +477,13 @@ NB_MODULE(_native, m) {
         return axes;
       })
       .def_ro("bytes_per_token", &VariantDescriptor::bytes_per_token)
+      .def_ro("tensor_parallel", &VariantDescriptor::tensor_parallel)
+      .def_ro("model_heads", &VariantDescriptor::model_heads)
+      .def_prop_ro("shard_of", [](const VariantDescriptor& d) { return d.shard_of ? d.shard_of : d.model; })
+      .def("shard_heads", [](const VariantDescriptor& d, int rank) {
+        const HeadRange r = shard_heads(d, rank);
+        return std::make_pair(r.begin, r.end());
+      }, "rank"_a, "The heads [begin, end) of the whole model that tensor-parallel `rank` holds.")
       .def_prop_ro("quant", [](const VariantDescriptor& d) { return name_of(d.quant); })
       .def_prop_ro("scale_dtype", [](const VariantDescriptor& d) {
         return d.quantized() ? std::optional<std::string>(name(d.scale)) : std::nullopt;
@@ -718,6 +726,13 @@ NB_MODULE(_native, m) {
     for (int i = 0; i < iterations; ++i) c.append(layer, kv, vv, t);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
   }, "cache"_a, "layer"_a, "k"_a, "v"_a, "slots"_a, "iterations"_a);
+  m.def("shard_pieces", [](int model_heads, int sender_tp, int receiver_tp) {
+    nb::list out;
+    for (const ShardPiece& p : shard_pieces(model_heads, sender_tp, receiver_tp))
+      out.append(nb::make_tuple(p.sender, p.receiver, p.heads.begin, p.heads.end()));
+    return out;
+  }, "model_heads"_a, "sender_tp"_a, "receiver_tp"_a,
+        "[(sender, receiver, head_begin, head_end)]: which sender rank gives each receiver rank which heads.");
   m.def("cpu_level", [] { return cpu_level(); });
   m.def("set_cpu_threads", [](int64_t threads) {
     if (threads < 0 || threads > INT32_MAX) throw OutOfRangeError("threads", threads, 0, INT32_MAX, -1, "0 is OpenMP's own count");

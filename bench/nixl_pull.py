@@ -1,0 +1,110 @@
+"""Pulls of one llama3-8b request over NIXL (kvforge.nixl) between two processes on this machine, against
+a raw NIXL READ of the same bytes, contiguous, between the same two pools, in the same run.
+
+    PYTHONPATH=build/python python3 bench/nixl_pull.py [--tokens 4096 32768] [--repeat 3]
+
+Per layout pair and size: how the pull went (direct into the pool, or staged and appended), its NIXL
+descriptors, the median pull time (planning, READs and any append included) and the median raw READ time.
+A fresh sending process serves each row, so that only one pair's pools are in memory at once.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import kvforge
+import kvforge.nixl  # before NIXL itself (UCX's modules)
+from kvforge.nixl import Placement
+
+PAIRS = [("vllm_paged_nhd", "flashinfer_paged_hnd"), ("deepspeed_blocked", "vllm_paged_nhd"),
+         ("vllm_paged_nhd", "jetstream_paged"), ("flashinfer_paged_hnd", "deepspeed_blocked"),
+         ("vllm_paged_nhd", "vllm_paged_nhd"), ("jetstream_contiguous", "vllm_paged_nhd"),
+         ("vllm_paged_nhd", "jetstream_contiguous"),
+         ("flashinfer_paged_hnd", "flashinfer_paged_hnd.llama3_8b.int8_in_bf16")]
+
+
+def variant(layout):
+    return layout if "." in layout else f"{layout}.llama3_8b.bf16"
+
+
+def config(name, tokens):
+    d = kvforge.describe(name)
+    return ({"pages": -(-tokens // d.page_size)}, Placement(pages=np.arange(-(-tokens // d.page_size)))) \
+        if d.paged else ({"rows": 1}, Placement(row=0))
+
+
+def serve(name, tokens):
+    """The sending side: one cache of `name` holding `tokens` positions, registered; waits for `quit`."""
+    with kvforge.nixl.Agent("prefill") as agent:
+        cache = kvforge.create(name, **config(name, tokens)[0])
+        agent.register("kv", cache)
+        print("metadata", agent.metadata().hex(), flush=True)
+        for line in sys.stdin:
+            if line.strip() == "quit":
+                break
+
+
+def row(source, target, tokens, repeat):
+    server = subprocess.Popen([sys.executable, __file__, "--serve", source, str(tokens)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    metadata = next(bytes.fromhex(line.split()[1]) for line in server.stdout if line.startswith("metadata "))
+    with kvforge.nixl.Agent("decode") as agent:
+        peer = agent.connect(metadata)
+        cache = kvforge.create(target, **config(target, tokens)[0])
+        agent.register("kv", cache)
+        facts = agent._peers[peer]["kv"]
+        pulls, report = [], None
+        for _ in range(repeat):
+            start = time.perf_counter()
+            report = agent.pull([(peer, "kv")], "kv", tokens, config(source, tokens)[1], config(target, tokens)[1],
+                                timeout=600)
+            pulls.append(time.perf_counter() - start)
+        # The raw READ: the same number of bytes, one descriptor, from the sender's pool to this one's.
+        nixl, mine = agent._nixl, agent._caches["kv"][1]
+        size = min(report["bytes"], facts["buffers"][0][1], mine["buffers"][0][1])
+        local = nixl.get_xfer_descs(np.array([[mine["buffers"][0][0], size, 0]], dtype=np.uint64), "DRAM")
+        remote = nixl.get_xfer_descs(np.array([[facts["buffers"][0][0], size, 0]], dtype=np.uint64), "DRAM")
+        raws = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            handle = nixl.initialize_xfer("READ", local, remote, peer)
+            state = nixl.transfer(handle)
+            while state == "PROC":
+                state = nixl.check_xfer_state(handle)
+            assert state == "DONE", state
+            raws.append(time.perf_counter() - start)
+            handle.release()
+    server.stdin.write("quit\n")
+    server.stdin.flush()
+    server.wait()
+    pull, raw = statistics.median(pulls), statistics.median(raws)
+    return (f"| {source} | {target} | {tokens} | {report['bytes']} | {report['how']} | {report['descriptors']} | "
+            f"{pull * 1e3:.1f} | {raw * 1e3:.1f} | {raw / pull:.2f} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 32768])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(args.serve[0], int(args.serve[1]))
+    print("| prefill | decode | tokens | bytes | how | descriptors | pull ms | raw READ ms | ÷ raw |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for source, target in PAIRS:
+        for tokens in args.tokens:
+            if any(tokens > d.max_seq_len for d in map(kvforge.describe, (variant(source), variant(target)))
+                   if not d.paged):
+                continue  # a contiguous row holds max_seq_len positions
+            print(row(variant(source), variant(target), tokens, args.repeat), flush=True)
+
+
+if __name__ == "__main__":
+    main()

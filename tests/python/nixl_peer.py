@@ -1,0 +1,76 @@
+"""A sending process for tests/python/test_nixl.py: it creates caches, writes requests into them through
+the caches' own append, registers them with a kvforge.nixl Agent and serves pulls until told to stop.
+
+    python3 nixl_peer.py <agent name> <json: [{key, variant, rank, pages|rows, requests: [[id, placement]]}]>
+
+stdout: a line `metadata <hex>`, the agent's metadata. stdin: `notifications` (answers `notifications <json>`, those
+received so far) or `quit`.
+"""
+
+import json
+import sys
+
+import numpy as np
+import torch
+
+import kvforge
+import kvforge.nixl
+from kvforge.torch_dtypes import TORCH_DTYPES
+
+
+def value(request, layer, kv, heads, positions, head_dim):
+    """[positions, heads, head_dim] of exact bf16 values: multiples of 1/8 in [-12.5, 12.375], a function
+    of (request, layer, K or V, global head, position, dim) alone."""
+    h = torch.as_tensor(heads).view(1, -1, 1)
+    p = torch.as_tensor(positions).view(-1, 1, 1)
+    e = torch.arange(head_dim).view(1, 1, -1)
+    return (((request * 13 + layer * 7 + kv * 5 + h * 3 + p * 11 + e) % 200) - 100).float() / 8
+
+
+def where(descriptor, placement, positions):
+    """The append arguments that put positions at `placement` ({"pages": [...]} or {"row": r})."""
+    if "pages" in placement:
+        pages = np.asarray(placement["pages"])
+        return {"slots": torch.from_numpy(pages[positions // descriptor.page_size] * descriptor.page_size +
+                                          positions % descriptor.page_size)}
+    return {"rows": torch.full((len(positions),), placement["row"], dtype=torch.int32),
+            "positions": torch.from_numpy(positions.astype(np.int32))}
+
+
+def write_request(cache, rank, request, placement, count):
+    d = cache.descriptor
+    begin, end = d.shard_heads(rank)
+    positions = np.arange(count)
+    dtype = TORCH_DTYPES[d.input]
+    for layer in range(d.layers):
+        k, v = (value(request, layer, kv, range(begin, end), positions, d.head_dim).to(dtype) for kv in (0, 1))
+        cache.append(layer, k, v, **where(d, placement, positions))
+    if d.lazy:
+        cache.commit()
+
+
+def main():
+    name, plan = sys.argv[1], json.loads(sys.argv[2])
+    agent = kvforge.nixl.Agent(name)
+    caches = []
+    for entry in plan:
+        cache = kvforge.create(entry["variant"], **{k: entry[k] for k in ("pages", "rows", "max_staged_tokens")
+                                                    if k in entry})
+        for request, placement, count in entry["requests"]:
+            write_request(cache, entry.get("rank", 0), request, placement, count)
+        agent.register(entry["key"], cache, rank=entry.get("rank", 0))
+        caches.append(cache)
+    print("metadata", agent.metadata().hex(), flush=True)
+    received = {}
+    for line in sys.stdin:
+        if line.strip() == "notifications":
+            for peer, messages in agent.notifications().items():
+                received.setdefault(peer, []).extend(m.decode() for m in messages)
+            print("notifications", json.dumps(received), flush=True)
+        elif line.strip() == "quit":
+            break
+    agent.close()
+
+
+if __name__ == "__main__":
+    main()
