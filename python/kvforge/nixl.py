@@ -251,17 +251,18 @@ class Agent:
         positions = np.arange(begin, begin + count, dtype=np.int64)
         src_place = _places("source", theirs[0], source, positions)
         dst_place = _places("target", mine, target, positions)
-        # The staging area follows the sources' order within a page: positions outside heads where a page
-        # holds [slot, head, dim] (NHD), heads outside positions where it holds [head, slot, dim] (HND), so
-        # that a source page's runs stay whole in it; a [positions, heads, dim] view of it feeds append.
-        _, s_pos, s_head = theirs[0]["strides"]
-        heads_outside = s_head > s_pos
-        shape = (mine["layers"], 2) + ((mine["heads"], count) if heads_outside else (count, mine["heads"])) + \
-            (mine["head_dim"],)
-        element_bytes = theirs[0]["element_bytes"]
-        may_go_direct = mine["storage"] == theirs[0]["storage"] and mine["quant"] == "none"
-        planes = mine["layers"] * 2  # (layer, K or V): every plane has the same offsets, from its own base
-        plane_bytes = int(np.prod(shape[2:])) * element_bytes
+        # Runs are enumerated in the source's own order, its axes from the widest stride in, so that its
+        # adjacent runs come one after another and merge without sorting. Into the pool the axes are (page,
+        # slot, K/V, head); the staging area takes positions as one axis, so that a [positions, heads, dim]
+        # view of it feeds append: [K/V, positions, heads] for NHD pages, [K/V, heads, positions] for HND
+        # ones, [positions, K/V, heads] where K and V interleave by position.
+        first = theirs[0]
+        stage_order = sorted(("kv", "pos", "head"), key=lambda axis: -abs(_axis_strides(first)[axis]))
+        element_bytes = first["element_bytes"]
+        sizes = {"kv": 2, "pos": count, "head": mine["heads"]}
+        shape = (mine["layers"],) + tuple(sizes[axis] for axis in stage_order) + (mine["head_dim"],)
+        layer_bytes = int(np.prod(shape[1:])) * element_bytes
+        may_go_direct = mine["storage"] == first["storage"] and mine["quant"] == "none"
         pieces = kvforge.shard_pieces(mine["model_heads"], len(theirs), mine["tp"])
         direct, staged = [], []
         for sender, receiver, head_begin, head_end in pieces:
@@ -269,15 +270,18 @@ class Agent:
                 continue
             d, peer = theirs[sender], sources[sender][0]
             heads = np.arange(head_begin, head_end, dtype=np.int64)
-            local = heads - mine["heads_of_rank"][0]
-            src = _offsets(d, src_place, heads - d["heads_of_rank"][0], heads_outside)
+            theirs_heads, local = heads - d["heads_of_rank"][0], heads - mine["heads_of_rank"][0]
             run = d["head_dim"] * d["element_bytes"]
-            bases = _plane_bases(d)
-            staged.append((peer, bases, np.arange(planes, dtype=np.int64) * plane_bytes,
-                           _merged(src, _staging_offsets(shape, element_bytes, local, heads_outside), run), d))
+            cells = _cells({"kv": 2, "pos": count, "head": len(heads)}, stage_order)
+            src = _at(d, src_place, theirs_heads, cells)
+            into = _grid_offsets(cells, sizes, stage_order, local, mine["head_dim"] * element_bytes)
+            staged.append((peer, _layer_bases(d), np.arange(mine["layers"], dtype=np.int64) * layer_bytes,
+                           _merged(src, into, run), d))
             if may_go_direct:
-                direct.append((peer, bases, _plane_bases(mine),
-                               _merged(src, _offsets(mine, dst_place, local, heads_outside), run), d))
+                cells = _page_cells(d, positions, len(heads))
+                direct.append((peer, _layer_bases(d), _layer_bases(mine),
+                               _merged(_at(d, src_place, theirs_heads, cells), _at(mine, dst_place, local, cells), run),
+                               d))
         # Straight into the pool unless that takes many more descriptors than the staging area does
         # (NHD pages into HND ones: a run per position and head, against one per page).
         runs = lambda pieces: sum(len(p[3][2]) for p in pieces)  # noqa: E731
@@ -287,15 +291,18 @@ class Agent:
         else:
             area = self._take_staging(int(np.prod(shape)) * element_bytes,
                                       torch.device("cuda" if mine["device"] == "VRAM" else "cpu"))
-            staging = area[0][:int(np.prod(shape)) * element_bytes].view(TORCH_DTYPES[theirs[0]["storage"]]).view(shape)
-            chosen = [(peer, src_bases, dst_bases + staging.data_ptr(), runs_, d)
+            staging = area[0][:int(np.prod(shape)) * element_bytes].view(TORCH_DTYPES[first["storage"]]).view(shape)
+            # Each layer as [K/V, positions, heads, dim]: the [positions, heads, dim] views append takes.
+            staging = staging.permute(0, *(1 + stage_order.index(axis) for axis in ("kv", "pos", "head")), 4)
+            chosen = [(peer, src_bases, dst_bases + area[0].data_ptr(), runs_, d)
                       for peer, src_bases, dst_bases, runs_, d in staged]
         requests = []
         for peer, src_bases, dst_bases, (src, dst, lengths), d in chosen:
             requests.append((peer, ((src_bases[:, None] + src[None, :]).reshape(-1),
-                                    (dst_bases[:, None] + dst[None, :]).reshape(-1), np.tile(lengths, planes)), d))
-        return {"cache": cache, "mine": mine, "staging": staging, "area": area, "requests": requests, "dst_place": dst_place,
-                "heads_outside": heads_outside}
+                                    (dst_bases[:, None] + dst[None, :]).reshape(-1), np.tile(lengths, mine["layers"])),
+                             d))
+        return {"cache": cache, "mine": mine, "staging": staging, "area": area, "requests": requests,
+                "dst_place": dst_place}
 
 
 class Pull:
@@ -352,10 +359,7 @@ class Pull:
             rows, slots = plan["dst_place"]
             into = TORCH_DTYPES[mine["input"]]
             for layer in range(mine["layers"]):
-                k, v = staging[layer, 0], staging[layer, 1]
-                if plan["heads_outside"]:
-                    k, v = k.transpose(0, 1), v.transpose(0, 1)  # [positions, heads, dim], dim contiguous
-                k, v = k.to(into), v.to(into)
+                k, v = staging[layer, 0].to(into), staging[layer, 1].to(into)  # [positions, heads, dim]
                 if mine["paged"]:
                     cache.append(layer, k, v, slots=torch.from_numpy(rows * mine["page_size"] + slots))
                 else:
@@ -429,30 +433,60 @@ def _places(what, d, placement, positions):
     return np.full_like(positions, placement.row), positions
 
 
-def _plane_bases(d):
-    """The byte address of each (layer, K or V) plane's element 0: [layers * 2]."""
-    return np.asarray(d["addresses"], dtype=np.int64).reshape(-1)
+def _layer_bases(d):
+    """The byte address of each layer's K element 0: [layers]."""
+    return np.asarray([k for k, _ in d["addresses"]], dtype=np.int64)
 
 
-def _offsets(d, place, heads, heads_outside):
-    """Byte offsets from a plane's base of each (position, head) run, through the view's strides: positions
-    outside heads, or heads outside positions."""
+def _axis_strides(d):
+    """Bytes between neighbours along K/V (V's element 0 less K's: one for every layer in a generated
+    layout), positions within a page, and heads."""
+    deltas = {v - k for k, v in d["addresses"]}
+    if len(deltas) != 1:
+        raise kvforge.UnsupportedError(f"cache: {d['name']} keeps V at another distance from K in each layer")
+    _, s_pos, s_head = d["strides"]
+    return {"kv": deltas.pop(), "pos": s_pos * d["element_bytes"], "head": s_head * d["element_bytes"]}
+
+
+def _cells(sizes, order):
+    """Every cell of a grid over `order`'s axes, enumerated with the last axis fastest: {axis: index}."""
+    index = np.indices([sizes[axis] for axis in order], dtype=np.int64).reshape(len(order), -1)
+    return {axis: index[i] for i, axis in enumerate(order)}
+
+
+def _page_cells(d, positions, heads):
+    """(K/V, position, head) cells enumerated over the source's (page, slot, K/V, head) axes, widest stride
+    first; cells outside the request's positions dropped. A row is one page of max_seq_len slots."""
+    strides = _axis_strides(d)
+    page_size = d["page_size"] if d["paged"] else d["extent"][1]
+    first, last = int(positions[0]) // page_size, int(positions[-1]) // page_size
+    strides["page"] = d["strides"][0] * d["element_bytes"]
+    order = sorted(("page", "pos", "kv", "head"), key=lambda axis: -abs(strides[axis]))
+    cells = _cells({"page": last - first + 1, "pos": page_size, "kv": 2, "head": heads}, order)
+    position = (first + cells.pop("page")) * page_size + cells["pos"]
+    keep = (position >= positions[0]) & (position <= positions[-1])
+    cells["pos"] = position - positions[0]
+    return {axis: index[keep] for axis, index in cells.items()}
+
+
+def _at(d, place, heads, cells):
+    """Byte offsets from a layer's K base of each cell (K/V, index into the request's positions, index into
+    `heads`): the view's strides."""
     rows, slots = place
     s_row, s_pos, s_head = d["strides"]
-    cells = (rows * s_row + slots * s_pos)[:, None] + heads[None, :] * s_head  # [positions, heads]
-    return (cells.T if heads_outside else cells).reshape(-1) * d["element_bytes"]
+    position = (rows * s_row + slots * s_pos) * d["element_bytes"]
+    return cells["kv"] * _axis_strides(d)["kv"] + position[cells["pos"]] + \
+        heads[cells["head"]] * s_head * d["element_bytes"]
 
 
-def _staging_offsets(shape, element_bytes, heads, heads_outside):
-    """_offsets in the staging area: `shape` is [layers, 2, positions, heads, dim], or [layers, 2, heads,
-    positions, dim] with heads outside."""
-    _, _, a, b, head_dim = shape
-    count, local_heads = (b, a) if heads_outside else (a, b)
-    if heads_outside:
-        cells = heads[:, None] * count + np.arange(count, dtype=np.int64)[None, :]
-    else:
-        cells = np.arange(count, dtype=np.int64)[:, None] * local_heads + heads[None, :]
-    return cells.reshape(-1) * head_dim * element_bytes
+def _grid_offsets(cells, sizes, order, heads, run):
+    """Byte offsets of each cell in a layer of the staging area, dense over `order` (`sizes` of its axes)
+    then dim; a cell's head is `heads[cells["head"]]`."""
+    stride, strides = run, {}
+    for axis in reversed(order):
+        strides[axis] = stride
+        stride *= sizes[axis]
+    return cells["kv"] * strides["kv"] + cells["pos"] * strides["pos"] + heads[cells["head"]] * strides["head"]
 
 
 def _merged(src, dst, run):
