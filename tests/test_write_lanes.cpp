@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kvforge/exec_cpu.hpp"
-#include "kvforge/ops.hpp"
+#include "kvforge/upkeep_ops.hpp"
 
 namespace kvtest {
 namespace {
@@ -64,7 +64,7 @@ template <class Traits> Strides pool_strides(int pages) {
 template <class Traits> void check_write(int pages, int tokens, int layer, int head_gap, uint32_t seed) {
   using T = typename Traits::storage_t;
   constexpr int H = Traits::heads, D = Traits::head_dim, P = Traits::page_size, L = 2;
-  using Ops = detail::Ops<Traits, HostLanesExec>;
+  using Ops = detail::WriteOps<Traits, HostLanesExec>;
   SCOPED_TRACE(::testing::Message() << "H=" << H << " D=" << D << " P=" << P << " " << sizeof(T) << "-byte elements, "
                                     << tokens << " tokens, head gap " << head_gap << ", "
                                     << (Ops::template WrittenToken<false>::kHolds ? "held in lanes" : "copied after the target"));
@@ -153,7 +153,7 @@ template <class Traits> void check_stage(int tokens, int head_gap, uint32_t seed
                          &status};
   a.targets.slots = slots.data();
   a.targets.slots_stage = staged_slots.data();
-  detail::Ops<Traits, HostLanesExec>::stage(HostLanesExec{{int64_t(1) << 40, 0, false}}, a);
+  detail::WriteOps<Traits, HostLanesExec>::stage(HostLanesExec{{int64_t(1) << 40, 0, false}}, a);
   for (int t = 0; t < tokens; ++t) {
     ASSERT_EQ(staged_slots[size_t(t)], slots[size_t(t)]) << "token " << t;
     for (int h = 0; h < H; ++h)
@@ -208,7 +208,7 @@ template <class Traits> void check_gather(int pages, int64_t begin, int64_t coun
   T* v_out = reinterpret_cast<T*>(got[1].data()) + offset;
   detail::GatherArgs<T, T> a{pool, s, detail::ScaleRef{nullptr, Strides{}}, {k_out, token_stride, head_stride},
                              {v_out, token_stride, head_stride}, layer, 0, page_table.data(), begin, count, &status};
-  detail::Ops<Traits, HostLanesExec>::gather(HostLanesExec{{int64_t(1) << 40, 0, false}}, a);
+  detail::GatherOps<Traits, HostLanesExec>::gather(HostLanesExec{{int64_t(1) << 40, 0, false}}, a);
   for (int kv = 0; kv < 2; ++kv) {
     const unsigned char* bytes = reinterpret_cast<const unsigned char*>(got[kv].data());
     for (size_t b = 0; b < want[kv].size(); ++b)
@@ -231,7 +231,7 @@ template <class Traits> void check_halted_write() {
   detail::WriteArgs<T, T> a{reinterpret_cast<T*>(storage.data()), s, detail::ScaleRef{nullptr, Strides{}},
                             {in.data(), int64_t(H) * D, D}, {in.data(), int64_t(H) * D, D}, 0, nullptr, nullptr, &slot, 0,
                             1, 0, 1, nullptr, &status};
-  detail::Ops<Traits, HostLanesExec>::write(HostLanesExec{{int64_t(1) << 40, 0, false}}, a);
+  detail::WriteOps<Traits, HostLanesExec>::write(HostLanesExec{{int64_t(1) << 40, 0, false}}, a);
   EXPECT_EQ(0, std::memcmp(storage.data(), before.data(), storage.size() * sizeof(Vec16Storage)))
       << "a write stored after the status word had recorded a failure";
 }

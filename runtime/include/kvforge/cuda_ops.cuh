@@ -3,7 +3,7 @@
 #pragma once
 
 #include "kvforge/exec_cuda.cuh"
-#include "kvforge/ops.hpp"
+#include "kvforge/upkeep_ops.hpp"
 
 namespace kvforge::detail {
 
