@@ -31,27 +31,13 @@ import torch
 
 import kvforge
 
+from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
+                         _at, _check_pair, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
+                         _source_grid)
 from .torch_dtypes import TORCH_DTYPES
 
 _MAGIC = b"KVFN"
 _VERSION = 1
-
-
-class PullTimeout(kvforge.Error, TimeoutError):
-    """A pull did not complete in time. It was abandoned: its NIXL requests were cancelled and released
-    (or are released by a later call where NIXL could not yet), and the target positions hold undefined
-    bytes, as before any write. Nothing else changed; the same request can be pulled again."""
-
-
-class Placement:
-    """Where a request's positions lie in one cache: a page table (paged layouts; position p is on
-    pages[p // page_size] at slot p % page_size) or a row (contiguous layouts; position p of that row)."""
-
-    def __init__(self, pages=None, row=None):
-        if (pages is None) == (row is None):
-            raise kvforge.ArgumentError("placement: give pages (a paged cache) or row (a contiguous one), not both")
-        self.pages = None if pages is None else np.asarray(pages, dtype=np.int64).reshape(-1)
-        self.row = row
 
 
 # Where the machine has no InfiniBand device, UCX's IB module is left out: nixl-cu13 1.5.1 bundles a
@@ -60,6 +46,12 @@ class Placement:
 # caller's own UCX_MODULES wins.
 if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
     os.environ.setdefault("UCX_MODULES", "^ib")
+
+
+class PullTimeout(kvforge.Error, TimeoutError):
+    """A pull did not complete in time. It was abandoned: its NIXL requests were cancelled and released
+    (or are released by a later call where NIXL could not yet), and the target positions hold undefined
+    bytes, as before any write. Nothing else changed; the same request can be pulled again."""
 
 
 def _import_nixl():
@@ -251,16 +243,14 @@ class Agent:
         positions = np.arange(begin, begin + count, dtype=np.int64)
         src_place = _places("source", theirs[0], source, positions)
         dst_place = _places("target", mine, target, positions)
-        # Runs are enumerated in the source's own order, its axes from the widest stride in, so that its
-        # adjacent runs come one after another and merge without sorting. Into the pool the axes are (page,
-        # slot, K/V, head); the staging area takes positions as one axis, so that a [positions, heads, dim]
-        # view of it feeds append: [K/V, positions, heads] for NHD pages, [K/V, heads, positions] for HND
-        # ones, [positions, K/V, heads] where K and V interleave by position.
+        # Runs are enumerated in the source's own order: its (page, slot, K/V, head) axes from the widest
+        # stride in, so that its adjacent runs come one after another and merge without sorting. The
+        # staging area is dense over the same axes: a source page lands whole.
         first = theirs[0]
-        stage_order = sorted(("kv", "pos", "head"), key=lambda axis: -abs(_axis_strides(first)[axis]))
+        order, grid, start = _source_grid(first, positions)
         element_bytes = first["element_bytes"]
-        sizes = {"kv": 2, "pos": count, "head": mine["heads"]}
-        shape = (mine["layers"],) + tuple(sizes[axis] for axis in stage_order) + (mine["head_dim"],)
+        sizes = dict(grid, kv=2, head=mine["heads"])
+        shape = (mine["layers"],) + tuple(sizes[axis] for axis in order) + (mine["head_dim"],)
         layer_bytes = int(np.prod(shape[1:])) * element_bytes
         may_go_direct = mine["storage"] == first["storage"] and mine["quant"] == "none"
         pieces = kvforge.shard_pieces(mine["model_heads"], len(theirs), mine["tp"])
@@ -272,16 +262,14 @@ class Agent:
             heads = np.arange(head_begin, head_end, dtype=np.int64)
             theirs_heads, local = heads - d["heads_of_rank"][0], heads - mine["heads_of_rank"][0]
             run = d["head_dim"] * d["element_bytes"]
-            cells = _cells({"kv": 2, "pos": count, "head": len(heads)}, stage_order)
+            cells = _page_cells(order, dict(grid, kv=2, head=len(heads)), start, positions)
             src = _at(d, src_place, theirs_heads, cells)
-            into = _grid_offsets(cells, sizes, stage_order, local, mine["head_dim"] * element_bytes)
             staged.append((peer, _layer_bases(d), np.arange(mine["layers"], dtype=np.int64) * layer_bytes,
-                           _merged(src, into, run), d))
+                           _merged(src, _grid_offsets(cells, sizes, order, local, mine["head_dim"] * element_bytes),
+                                   run), d))
             if may_go_direct:
-                cells = _page_cells(d, positions, len(heads))
                 direct.append((peer, _layer_bases(d), _layer_bases(mine),
-                               _merged(_at(d, src_place, theirs_heads, cells), _at(mine, dst_place, local, cells), run),
-                               d))
+                               _merged(src, _at(mine, dst_place, local, cells), run), d))
         # Straight into the pool unless that takes many more descriptors than the staging area does
         # (NHD pages into HND ones: a run per position and head, against one per page).
         runs = lambda pieces: sum(len(p[3][2]) for p in pieces)  # noqa: E731
@@ -292,8 +280,8 @@ class Agent:
             area = self._take_staging(int(np.prod(shape)) * element_bytes,
                                       torch.device("cuda" if mine["device"] == "VRAM" else "cpu"))
             staging = area[0][:int(np.prod(shape)) * element_bytes].view(TORCH_DTYPES[first["storage"]]).view(shape)
-            # Each layer as [K/V, positions, heads, dim]: the [positions, heads, dim] views append takes.
-            staging = staging.permute(0, *(1 + stage_order.index(axis) for axis in ("kv", "pos", "head")), 4)
+            # Each layer as [K/V, page, slot, head, dim]; _finish makes positions of (page, slot).
+            staging = staging.permute(0, *(1 + order.index(axis) for axis in ("kv", "page", "slot", "head")), 5)
             chosen = [(peer, src_bases, dst_bases + area[0].data_ptr(), runs_, d)
                       for peer, src_bases, dst_bases, runs_, d in staged]
         requests = []
@@ -302,7 +290,7 @@ class Agent:
                                     (dst_bases[:, None] + dst[None, :]).reshape(-1), np.tile(lengths, mine["layers"])),
                              d))
         return {"cache": cache, "mine": mine, "staging": staging, "area": area, "requests": requests,
-                "dst_place": dst_place}
+                "dst_place": dst_place, "first_position": int(positions[0]) - start, "count": count}
 
 
 class Pull:
@@ -358,8 +346,12 @@ class Pull:
             cache, mine = plan["cache"], plan["mine"]
             rows, slots = plan["dst_place"]
             into = TORCH_DTYPES[mine["input"]]
+            at, count = plan["first_position"], plan["count"]
             for layer in range(mine["layers"]):
-                k, v = staging[layer, 0].to(into), staging[layer, 1].to(into)  # [positions, heads, dim]
+                kv = staging[layer]  # [K/V, page, slot, head, dim]: a view of the pages as they came, or
+                # (heads outside slots in the source's pages) a copy with positions outside heads
+                kv = kv.reshape(2, kv.shape[1] * kv.shape[2], kv.shape[3], kv.shape[4])[:, at:at + count]
+                k, v = kv[0].to(into), kv[1].to(into)  # [positions, heads, dim]
                 if mine["paged"]:
                     cache.append(layer, k, v, slots=torch.from_numpy(rows * mine["page_size"] + slots))
                 else:
@@ -378,122 +370,3 @@ class Pull:
         self._handles = []
         self._agent._release_abandoned()
         self._finished = True
-
-
-# -- the plan's arithmetic -----------------------------------------------------------------------------
-
-
-def _check_pair(mine, theirs):
-    """Every sender against this cache: one model, one degree, ranks in order; a refusal names the field."""
-    for rank, d in enumerate(theirs):
-        for field in ("model", "layers", "model_heads", "head_dim"):
-            if d[field] != mine[field]:
-                raise kvforge.ArgumentError(f"{field}: sources[{rank}] ({d['name']}) has {d[field]!r}, this cache "
-                                            f"({mine['name']}) {mine[field]!r}")
-        if d["tp"] != len(theirs):
-            raise kvforge.ArgumentError(f"sources: {len(theirs)} given, but sources[{rank}] ({d['name']}) is a shard "
-                                        f"of degree {d['tp']}: give one source per rank")
-        if d["rank"] != rank:
-            raise kvforge.ArgumentError(f"sources[{rank}]: that cache is rank {d['rank']}; list the sources in rank "
-                                        f"order")
-        if d["quant"] != "none":
-            raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}); "
-                                           f"pulls read float sources")
-        if d["device"] != theirs[0]["device"]:
-            raise kvforge.ArgumentError("sources: every rank's cache must be in one kind of memory")
-    if mine["storage"] != theirs[0]["storage"] and mine["input"] not in ("fp32", "fp16", "bf16"):
-        raise kvforge.DtypeError(f"input: {mine['name']} appends {mine['input']}")
-
-
-def _places(what, d, placement, positions):
-    """(row or page, position or slot) of each position, checked against the cache's extent."""
-    if not isinstance(placement, Placement):
-        raise kvforge.ArgumentError(f"{what}: expected a kvforge.nixl.Placement")
-    extent_rows, extent_positions = d["extent"]
-    if d["paged"]:
-        if placement.pages is None:
-            raise kvforge.ArgumentError(f"{what}: {d['name']} is paged; give Placement(pages=...)")
-        needed = int(positions[-1]) // d["page_size"] + 1
-        if len(placement.pages) < needed:
-            raise kvforge.ArgumentError(f"{what}.pages: {len(placement.pages)} pages cover positions up to "
-                                        f"{len(placement.pages) * d['page_size']}, the pull needs {needed} pages")
-        used = placement.pages[:needed]
-        bad = np.flatnonzero((used < 0) | (used >= extent_rows))
-        if bad.size:
-            i = int(bad[0])
-            raise kvforge.OutOfRangeError(f"{what}.pages[{i}] = {int(used[i])} is outside [0, {extent_rows})")
-        return placement.pages[positions // d["page_size"]], positions % d["page_size"]
-    if placement.row is None:
-        raise kvforge.ArgumentError(f"{what}: {d['name']} is contiguous; give Placement(row=...)")
-    if not 0 <= placement.row < extent_rows:
-        raise kvforge.OutOfRangeError(f"{what}.row = {placement.row} is outside [0, {extent_rows})")
-    if positions[-1] >= extent_positions:
-        raise kvforge.OutOfRangeError(f"count: positions up to {int(positions[-1])} do not fit a row of "
-                                      f"{extent_positions} (allowed: begin + count <= {extent_positions})")
-    return np.full_like(positions, placement.row), positions
-
-
-def _layer_bases(d):
-    """The byte address of each layer's K element 0: [layers]."""
-    return np.asarray([k for k, _ in d["addresses"]], dtype=np.int64)
-
-
-def _axis_strides(d):
-    """Bytes between neighbours along K/V (V's element 0 less K's: one for every layer in a generated
-    layout), positions within a page, and heads."""
-    deltas = {v - k for k, v in d["addresses"]}
-    if len(deltas) != 1:
-        raise kvforge.UnsupportedError(f"cache: {d['name']} keeps V at another distance from K in each layer")
-    _, s_pos, s_head = d["strides"]
-    return {"kv": deltas.pop(), "pos": s_pos * d["element_bytes"], "head": s_head * d["element_bytes"]}
-
-
-def _cells(sizes, order):
-    """Every cell of a grid over `order`'s axes, enumerated with the last axis fastest: {axis: index}."""
-    index = np.indices([sizes[axis] for axis in order], dtype=np.int64).reshape(len(order), -1)
-    return {axis: index[i] for i, axis in enumerate(order)}
-
-
-def _page_cells(d, positions, heads):
-    """(K/V, position, head) cells enumerated over the source's (page, slot, K/V, head) axes, widest stride
-    first; cells outside the request's positions dropped. A row is one page of max_seq_len slots."""
-    strides = _axis_strides(d)
-    page_size = d["page_size"] if d["paged"] else d["extent"][1]
-    first, last = int(positions[0]) // page_size, int(positions[-1]) // page_size
-    strides["page"] = d["strides"][0] * d["element_bytes"]
-    order = sorted(("page", "pos", "kv", "head"), key=lambda axis: -abs(strides[axis]))
-    cells = _cells({"page": last - first + 1, "pos": page_size, "kv": 2, "head": heads}, order)
-    position = (first + cells.pop("page")) * page_size + cells["pos"]
-    keep = (position >= positions[0]) & (position <= positions[-1])
-    cells["pos"] = position - positions[0]
-    return {axis: index[keep] for axis, index in cells.items()}
-
-
-def _at(d, place, heads, cells):
-    """Byte offsets from a layer's K base of each cell (K/V, index into the request's positions, index into
-    `heads`): the view's strides."""
-    rows, slots = place
-    s_row, s_pos, s_head = d["strides"]
-    position = (rows * s_row + slots * s_pos) * d["element_bytes"]
-    return cells["kv"] * _axis_strides(d)["kv"] + position[cells["pos"]] + \
-        heads[cells["head"]] * s_head * d["element_bytes"]
-
-
-def _grid_offsets(cells, sizes, order, heads, run):
-    """Byte offsets of each cell in a layer of the staging area, dense over `order` (`sizes` of its axes)
-    then dim; a cell's head is `heads[cells["head"]]`."""
-    stride, strides = run, {}
-    for axis in reversed(order):
-        strides[axis] = stride
-        stride *= sizes[axis]
-    return cells["kv"] * strides["kv"] + cells["pos"] * strides["pos"] + heads[cells["head"]] * strides["head"]
-
-
-def _merged(src, dst, run):
-    """Consecutive runs of `run` bytes, merged where adjacent on both sides: (src, dst, lengths). The runs
-    come in the source's order within a page, so a source page's runs are consecutive."""
-    breaks = np.ones(len(src), dtype=bool)
-    breaks[1:] = (src[1:] != src[:-1] + run) | (dst[1:] != dst[:-1] + run)
-    starts = np.flatnonzero(breaks)
-    lengths = np.diff(np.append(starts, len(src))) * run
-    return src[starts], dst[starts], lengths

@@ -1,0 +1,145 @@
+"""The arithmetic of a kvforge.nixl pull: the checks of a cache pair, where a request's positions lie, and
+the byte offsets of its (layer, K or V, position, head) runs in the source, the target and a staging
+area, merged into NIXL descriptors. Pure numpy over the facts each side publishes (nixl._describe)."""
+
+import numpy as np
+
+import kvforge
+
+
+class Placement:
+    """Where a request's positions lie in one cache: a page table (paged layouts; position p is on
+    pages[p // page_size] at slot p % page_size) or a row (contiguous layouts; position p of that row)."""
+
+    def __init__(self, pages=None, row=None):
+        if (pages is None) == (row is None):
+            raise kvforge.ArgumentError("placement: give pages (a paged cache) or row (a contiguous one), not both")
+        self.pages = None if pages is None else np.asarray(pages, dtype=np.int64).reshape(-1)
+        self.row = row
+
+
+def _check_pair(mine, theirs):
+    """Every sender against this cache: one model, one degree, ranks in order; a refusal names the field."""
+    for rank, d in enumerate(theirs):
+        for field in ("model", "layers", "model_heads", "head_dim"):
+            if d[field] != mine[field]:
+                raise kvforge.ArgumentError(f"{field}: sources[{rank}] ({d['name']}) has {d[field]!r}, this cache "
+                                            f"({mine['name']}) {mine[field]!r}")
+        if d["tp"] != len(theirs):
+            raise kvforge.ArgumentError(f"sources: {len(theirs)} given, but sources[{rank}] ({d['name']}) is a shard "
+                                        f"of degree {d['tp']}: give one source per rank")
+        if d["rank"] != rank:
+            raise kvforge.ArgumentError(f"sources[{rank}]: that cache is rank {d['rank']}; list the sources in rank "
+                                        f"order")
+        if d["quant"] != "none":
+            raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}); "
+                                           f"pulls read float sources")
+        if d["device"] != theirs[0]["device"]:
+            raise kvforge.ArgumentError("sources: every rank's cache must be in one kind of memory")
+    if mine["storage"] != theirs[0]["storage"] and mine["input"] not in ("fp32", "fp16", "bf16"):
+        raise kvforge.DtypeError(f"input: {mine['name']} appends {mine['input']}")
+
+
+def _places(what, d, placement, positions):
+    """(row or page, position or slot) of each position, checked against the cache's extent."""
+    if not isinstance(placement, Placement):
+        raise kvforge.ArgumentError(f"{what}: expected a kvforge.nixl.Placement")
+    extent_rows, extent_positions = d["extent"]
+    if d["paged"]:
+        if placement.pages is None:
+            raise kvforge.ArgumentError(f"{what}: {d['name']} is paged; give Placement(pages=...)")
+        needed = int(positions[-1]) // d["page_size"] + 1
+        if len(placement.pages) < needed:
+            raise kvforge.ArgumentError(f"{what}.pages: {len(placement.pages)} pages cover positions up to "
+                                        f"{len(placement.pages) * d['page_size']}, the pull needs {needed} pages")
+        used = placement.pages[:needed]
+        bad = np.flatnonzero((used < 0) | (used >= extent_rows))
+        if bad.size:
+            i = int(bad[0])
+            raise kvforge.OutOfRangeError(f"{what}.pages[{i}] = {int(used[i])} is outside [0, {extent_rows})")
+        return placement.pages[positions // d["page_size"]], positions % d["page_size"]
+    if placement.row is None:
+        raise kvforge.ArgumentError(f"{what}: {d['name']} is contiguous; give Placement(row=...)")
+    if not 0 <= placement.row < extent_rows:
+        raise kvforge.OutOfRangeError(f"{what}.row = {placement.row} is outside [0, {extent_rows})")
+    if positions[-1] >= extent_positions:
+        raise kvforge.OutOfRangeError(f"count: positions up to {int(positions[-1])} do not fit a row of "
+                                      f"{extent_positions} (allowed: begin + count <= {extent_positions})")
+    return np.full_like(positions, placement.row), positions
+
+
+def _layer_bases(d):
+    """The byte address of each layer's K element 0: [layers]."""
+    return np.asarray([k for k, _ in d["addresses"]], dtype=np.int64)
+
+
+def _axis_strides(d):
+    """Bytes between neighbours along K/V (V's element 0 less K's: one for every layer in a generated
+    layout), positions within a page, and heads."""
+    deltas = {v - k for k, v in d["addresses"]}
+    if len(deltas) != 1:
+        raise kvforge.UnsupportedError(f"cache: {d['name']} keeps V at another distance from K in each layer")
+    _, s_pos, s_head = d["strides"]
+    return {"kv": deltas.pop(), "pos": s_pos * d["element_bytes"], "head": s_head * d["element_bytes"]}
+
+
+def _cells(sizes, order):
+    """Every cell of a grid over `order`'s axes, enumerated with the last axis fastest: {axis: index}."""
+    index = np.indices([sizes[axis] for axis in order], dtype=np.int64).reshape(len(order), -1)
+    return {axis: index[i] for i, axis in enumerate(order)}
+
+
+def _source_grid(d, positions):
+    """The source's axes over a request, widest stride first, their sizes, and the position of cell (0, 0):
+    (page, slot) for a paged cache, one page of `count` slots for a row."""
+    strides = _axis_strides(d)
+    if d["paged"]:
+        page_size = d["page_size"]
+        first, last = int(positions[0]) // page_size, int(positions[-1]) // page_size
+        grid, start = {"page": last - first + 1, "slot": page_size}, first * page_size
+    else:
+        grid, start = {"page": 1, "slot": len(positions)}, int(positions[0])
+    strides.update(page=d["strides"][0] * d["element_bytes"], slot=strides.pop("pos"))
+    order = sorted(("page", "slot", "kv", "head"), key=lambda axis: -abs(strides[axis]))
+    return order, grid, start
+
+
+def _page_cells(order, sizes, start, positions):
+    """Every (page, slot, K/V, head) cell in `order`, the last axis fastest, but those outside the request's
+    positions; each also with `pos`, its index into the positions."""
+    cells = _cells(sizes, order)
+    position = start + cells["page"] * sizes["slot"] + cells["slot"]
+    keep = (position >= positions[0]) & (position <= positions[-1])
+    cells["pos"] = position - positions[0]
+    return {axis: index[keep] for axis, index in cells.items()}
+
+
+def _at(d, place, heads, cells):
+    """Byte offsets from a layer's K base of each cell (K/V, index into the request's positions, index into
+    `heads`): the view's strides."""
+    rows, slots = place
+    s_row, s_pos, s_head = d["strides"]
+    position = (rows * s_row + slots * s_pos) * d["element_bytes"]
+    return cells["kv"] * _axis_strides(d)["kv"] + position[cells["pos"]] + \
+        heads[cells["head"]] * s_head * d["element_bytes"]
+
+
+def _grid_offsets(cells, sizes, order, heads, run):
+    """Byte offsets of each cell in a layer of the staging area, dense over `order` (`sizes` of its axes)
+    then dim; a cell's head is `heads[cells["head"]]`."""
+    stride, strides = run, {}
+    for axis in reversed(order):
+        strides[axis] = stride
+        stride *= sizes[axis]
+    return cells["kv"] * strides["kv"] + cells["page"] * strides["page"] + cells["slot"] * strides["slot"] + \
+        heads[cells["head"]] * strides["head"]
+
+
+def _merged(src, dst, run):
+    """Consecutive runs of `run` bytes, merged where adjacent on both sides: (src, dst, lengths). The runs
+    come in the source's order within a page, so a source page's runs are consecutive."""
+    breaks = np.ones(len(src), dtype=bool)
+    breaks[1:] = (src[1:] != src[:-1] + run) | (dst[1:] != dst[:-1] + run)
+    starts = np.flatnonzero(breaks)
+    lengths = np.diff(np.append(starts, len(src))) * run
+    return src[starts], dst[starts], lengths
