@@ -277,5 +277,15 @@ TEST(CudaWriteOnHostLanes, SetStatusWordWritesNothing) {
   check_halted_write<PagedTraits<fp16, 64, 256, 2>>();
 }
 
+// The executor contract (executor.hpp) that make_op_table asserts: both executors meet it, and its
+// detectors see what a would-be executor lacks, so the static_assert names that member.
+struct TilesWithoutTileFor {
+  static constexpr int kTileItems = 4;
+};
+static_assert(detail::check_executor<detail::CpuExec<2>>());
+static_assert(!detail::contract::for_each_item<TilesWithoutTileFor>::value);
+static_assert(!detail::contract::tiles<TilesWithoutTileFor>::value);
+static_assert(!detail::contract::constants<TilesWithoutTileFor>::value);
+
 }  // namespace
 }  // namespace kvtest

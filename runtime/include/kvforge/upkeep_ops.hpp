@@ -4,6 +4,7 @@
 // make_op_table, which fills a backend's table from both.
 #pragma once
 
+#include "kvforge/executor.hpp"
 #include "kvforge/gather_ops.hpp"
 #include "kvforge/write_ops.hpp"
 
@@ -203,6 +204,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
 // Fills a backend's table from this one source run on its executor, which it builds from a Launch.
 template <class Traits, class Exec>
 OpTable<Traits> make_op_table(void (*check_indices)(const Launch&, const IndexChecks&)) {
+  static_assert(check_executor<Exec>());
   using O = UpkeepOps<Traits, Exec>;
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
