@@ -20,6 +20,8 @@ if(KVFORGE_CUDA)
 endif()
 target_compile_definitions(kvforge_runtime PUBLIC
   "KVFORGE_ON_DEMAND_PYTHON=\"${Python3_EXECUTABLE}\""
+  "KVFORGE_ON_DEMAND_NVCC=\"${KVFORGE_ON_DEMAND_NVCC}\""
+  "KVFORGE_ON_DEMAND_CUDA_ARCHS=\"${KVFORGE_ON_DEMAND_CUDA_ARCHS}\""
   "KVFORGE_ON_DEMAND_CXX=\"${CMAKE_CXX_COMPILER}\""
   "$<BUILD_INTERFACE:KVFORGE_ON_DEMAND_CODEGEN=\"${PROJECT_SOURCE_DIR}/codegen\">"
   "$<BUILD_INTERFACE:KVFORGE_ON_DEMAND_SPECS=\"${PROJECT_SOURCE_DIR}/specs\">"
@@ -60,5 +62,8 @@ if(KVFORGE_PYTHON)
                      \"CODEGEN = \\\"\${CMAKE_INSTALL_PREFIX}/${KVFORGE_INSTALL_DATADIR}/codegen\\\"\\n\"
                      \"INCLUDE = \\\"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_INCLUDEDIR}\\\"\\n\"
                      \"SPECS = \\\"\${CMAKE_INSTALL_PREFIX}/${KVFORGE_INSTALL_DATADIR}/specs\\\"\\n\"
-                     \"CXX = \\\"${CMAKE_CXX_COMPILER}\\\"\\n\")")
+                     \"CXX = \\\"${CMAKE_CXX_COMPILER}\\\"\\n\"
+                     \"NVCC = \\\"${KVFORGE_ON_DEMAND_NVCC}\\\"\\n\"
+                     \"CUDA_ARCHS = \\\"${KVFORGE_ON_DEMAND_CUDA_ARCHS}\\\"\\n\"
+                     \"CUDA_LIB = \\\"${KVFORGE_ON_DEMAND_CUDA_LIB}\\\"\\n\")")
 endif()

@@ -31,6 +31,8 @@ CODEGEN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the build gives every kernel file (cmake/kvforge.cmake's KVFORGE_KERNEL_OPTIONS), and the levels it
 # builds: the base file at x86-64-v2, <variant>.cpu_v<N>.cpp at level N.
 FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-fPIC", "-fopenmp", "-fno-trapping-math")
+# What the build gives a CUDA kernel file (kvforge::runtime's CUDA options, CMake's position-independent code).
+NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "--extended-lambda", "--expt-relaxed-constexpr")
 _LEVEL_FILE = re.compile(r"\.cpu_v(\d+)\.cpp$")
 _BASE_LEVEL = 2
 NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -147,10 +149,13 @@ def compiler_identity(compiler: str) -> Optional[Tuple[str, str]]:
     return found, (out.stdout.splitlines()[0] if out.stdout else "")
 
 
-def key_of(layouts: List[Dict], model: Dict, include: str, compiler: Tuple[str, str], link: Sequence[str]) -> str:
+def key_of(layouts: List[Dict], model: Dict, include: str, compiler: Tuple[str, str], link: Sequence[str],
+           cuda: Optional[Tuple[Tuple[str, str], Sequence[str]]] = None) -> str:
+    """cuda: (nvcc's identity, architectures) where the library gets CUDA kernels too."""
     runtime = [(item, os.path.getmtime(item)) if os.path.isfile(item) else item for item in link]
     return hashlib.sha256(yaml.safe_dump([layouts, model], sort_keys=True).encode() +
-                          repr((_digest_of_sources(include), compiler, FLAGS, runtime)).encode()).hexdigest()
+                          repr((_digest_of_sources(include), compiler, FLAGS, runtime,
+                                cuda and (cuda, NVCC_FLAGS))).encode()).hexdigest()
 
 
 def _sha256_of(path: str) -> str:
@@ -178,7 +183,7 @@ def _intact(entry: str, key: str) -> bool:
 
 
 def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_function: str, compiler: str,
-           include: str, link: Sequence[str]) -> None:
+           include: str, link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]]) -> None:
     """Generates the variant into a scratch folder beside `entry` and compiles it into entry/variants.so."""
     scratch = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(entry))
     try:
@@ -190,7 +195,7 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
         generated = os.path.join(scratch, "generated")
         env = dict(os.environ, PYTHONPATH=CODEGEN + os.pathsep + os.environ.get("PYTHONPATH", ""))
         command = [sys.executable, "-m", "kvforge_codegen", "generate", "--layouts", os.path.join(scratch, "layouts"),
-                   "--models", os.path.join(scratch, "models"), "--tuning", "--backends", "cpu",
+                   "--models", os.path.join(scratch, "models"), "--tuning", "--backends", "cpu,cuda" if cuda else "cpu",
                    "--source-root", scratch, "--out", generated, "--registry-function", registry_function,
                    "--layout", layouts[0]["name"]]  # a hybrid's members only as its members
         out = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -204,11 +209,19 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
         with open(os.path.join(generated, "base_unit.cpp"), "w", encoding="utf-8") as f:
             f.writelines(f'#include "{source}"\n' for source in base)
         sources = ["base_unit.cpp"] + [f for f in sources if _LEVEL_FILE.search(f)]
+        if cuda:
+            sources += sorted(f for f in os.listdir(generated) if f.endswith(".cu"))
 
         def compile_one(source: str) -> str:
+            obj = os.path.join(scratch, source + ".o")
+            if source.endswith(".cu"):
+                nvcc, archs = cuda
+                codes = [f"--generate-code=arch=compute_{a},code=[compute_{a},sm_{a}]" for a in archs]
+                _run([nvcc, *NVCC_FLAGS, *codes, "-I", generated, "-I", include, "-c", os.path.join(generated, source),
+                      "-o", obj], f"compiling {source}")
+                return obj
             match = _LEVEL_FILE.search(source)
             level = int(match.group(1)) if match else _BASE_LEVEL
-            obj = os.path.join(scratch, source + ".o")
             _run([compiler, *FLAGS, f"-march=x86-64-v{level}", "-I", generated, "-I", include, "-c",
                   os.path.join(generated, source), "-o", obj], f"compiling {source}")
             return obj
@@ -231,9 +244,10 @@ builds = 0  # libraries this process built (not found on disk)
 
 
 def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler: str, include: str,
-            link: Sequence[str]) -> Tuple[str, str]:
+            link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]] = None) -> Tuple[str, str]:
     """(path of the library that holds `wanted`, its registry function): found in the cache, else built
-    under a file lock, so that two processes asking for one key build it once."""
+    under a file lock, so that two processes asking for one key build it once. cuda: (nvcc, architectures)
+    to give it CUDA kernels too."""
     registry_function = f"kvforge_on_demand::registry_{key[:16]}"
     root = cache_dir()
     os.makedirs(root, exist_ok=True)
@@ -242,10 +256,21 @@ def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler
         with open(os.path.join(root, key[:32] + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process building this key finishes first
             if not _intact(entry, key):
-                _build(entry, layouts, model, key, registry_function, compiler, include, link)
+                _build(entry, layouts, model, key, registry_function, compiler, include, link, cuda)
                 global builds
                 builds += 1
     return os.path.join(entry, "variants.so"), registry_function
+
+
+def cuda_of(nvcc: str, archs: Sequence[str], wanted: str) -> Optional[Tuple[Tuple[str, str], Sequence[str]]]:
+    """(nvcc's identity, architectures) where the build has CUDA (an nvcc is named), else None."""
+    if not nvcc:
+        return None
+    identity = compiler_identity(nvcc)
+    if identity is None:
+        raise OnDemandError("backend", f"nvcc: {nvcc} was not found, so kvforge cannot build {wanted}'s CUDA kernels "
+                                       f"on demand (this kvforge was built with the CUDA backend)")
+    return identity, tuple(archs)
 
 
 def no_compiler(compiler: str, wanted: str) -> OnDemandError:
