@@ -1,5 +1,5 @@
 """Checks across spec files, and the one predicate "can this combination be built", which the planner
-and the checks share. The flow is parse (spec.py), then validate (here), then plan (plan.py)."""
+and the checks share. The flow is parse (parse.py, into spec.py's types), then validate (here), then plan (plan.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import AbstractSet, Dict, List, Sequence
 from . import vocab
 from .diagnostics import Diagnostics, SpecFailure
 from .naming import variant_name
-from .spec import LayoutSpec, ModelSpec, SpecSet, parse_specs
+from .parse import parse_specs
+from .spec import LayoutSpec, ModelSpec, SpecSet
 
 
 # ---- the one "is this combination supported" predicate ---------------------------------------------
