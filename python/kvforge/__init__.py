@@ -16,7 +16,8 @@ Every argument is checked before anything is written; a refused call raises one 
 kvforge.errors with the runtime's message. The GIL is released while an operation runs. On a CUDA
 build, `create(..., device="cuda", stream=<cudaStream_t as int>)` queues every operation on that
 stream. torch custom ops are in kvforge.ops, a transformers Cache in kvforge.hf, spec validation in
-kvforge.specs.
+kvforge.specs, variants built on demand in kvforge.jit (kvforge.variant), and KV pulls between
+processes over NIXL in kvforge.nixl.
 """
 
 from . import errors
