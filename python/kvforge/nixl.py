@@ -167,12 +167,22 @@ class Agent:
         version, size = struct.unpack_from("<II", metadata, 4)
         if version != _VERSION:
             raise kvforge.ArgumentError(f"metadata: version {version}, this kvforge reads {_VERSION}")
-        facts = json.loads(bytes(metadata[12:12 + size]))
-        name = self._nixl.add_remote_agent(bytes(metadata[12 + size:]))
+        try:
+            facts = json.loads(bytes(metadata[12:12 + size]))
+            agent, caches = facts["agent"], facts["caches"]
+        except (ValueError, KeyError, TypeError):
+            raise kvforge.ArgumentError("metadata: its header is not a kvforge.nixl Agent.metadata()'s") from None
+        if agent == self.name:
+            raise kvforge.ArgumentError(f"metadata: {agent!r} is this agent's own name")
+        try:
+            name = self._nixl.add_remote_agent(bytes(metadata[12 + size:]))
+        except Exception as e:  # noqa: BLE001  (NIXL's own error, about bytes the caller passed)
+            raise kvforge.ArgumentError(f"metadata: NIXL refused the agent metadata of {agent!r}: {e}") from None
         name = name.decode() if isinstance(name, bytes) else name
-        if name != facts["agent"] or name == self.name:
-            raise kvforge.ArgumentError(f"metadata: agent {name!r} is this agent or names itself otherwise")
-        self._peers[name] = facts["caches"]
+        if name != agent:
+            self._nixl.remove_remote_agent(name)
+            raise kvforge.ArgumentError(f"metadata: the header names {agent!r}, NIXL's part {name!r}")
+        self._peers[name] = caches
         return name
 
     def notifications(self):

@@ -41,19 +41,22 @@ COUNT = 50  # positions per request: several pages of 16, within the tiny model'
 LAYOUTS = [d for d in variants_where(model="tiny", storage="bf16", hybrid=False) if d.addressing != "ring"]
 
 
-def reversed_pages(d, first):
-    """A page table that is not the identity: the request's pages in descending order from `first`."""
-    needed = -(-COUNT // d.page_size)
-    return [first - i for i in range(needed)]
+def pages_needed(d):
+    return -(-COUNT // d.page_size)
 
 
 def placement_of(d, index):
-    """Where request `index` lies in a cache of `d` (sending side): a descending page table, or row index."""
-    return {"pages": reversed_pages(d, 7)} if d.paged else {"row": index % 2}
+    """Where request `index` lies in a cache of `d` (sending side): its pages in descending order from the
+    pool's last, so not the identity, or row index % 2."""
+    last = config_of(d)["pages"] - 1 if d.paged else 0
+    return {"pages": [last - i for i in range(pages_needed(d))]} if d.paged else {"row": index % 2}
 
 
 def config_of(d):
-    return {"pages": 8} if d.paged else {"rows": 2, "max_staged_tokens": COUNT} if d.lazy else {"rows": 2}
+    """Pools that hold a request twice over, whatever the page size (a page of 1 slot too)."""
+    if d.paged:
+        return {"pages": 2 * pages_needed(d) + 2}
+    return {"rows": 2, "max_staged_tokens": COUNT} if d.lazy else {"rows": 2}
 
 
 class Peer:
@@ -164,7 +167,7 @@ def assert_holds(cache, placement, request, rank=0, count=COUNT):
 
 def target_of(d):
     """Where this process puts a pulled request: another page table than the sender's, or row 1."""
-    return Placement(pages=[2 + i for i in range(-(-COUNT // d.page_size))]) if d.paged else Placement(row=1)
+    return Placement(pages=[2 + i for i in range(pages_needed(d))]) if d.paged else Placement(row=1)
 
 
 def source_of(d, index):
@@ -286,6 +289,10 @@ def test_refusals_name_the_field_and_write_nothing(peers):
         agent.register("ring", kvforge.create("jetstream_ring.tiny.bf16", rows=1))
     with pytest.raises(kvforge.ArgumentError, match="metadata: not the bytes"):
         agent.connect(b"hello")
+    with pytest.raises(kvforge.ArgumentError, match="metadata: its header is not"):
+        agent.connect(b"KVFN" + bytes([1, 0, 0, 0, 3, 0, 0, 0]) + b"{x}garbage")
+    with pytest.raises(kvforge.ArgumentError, match="'decode' is this agent's own name"):
+        agent.connect(agent.metadata())
 
 
 def test_a_stalled_sender_times_out_and_the_same_pull_then_completes(monkeypatch):
