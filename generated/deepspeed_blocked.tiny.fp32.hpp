@@ -21,9 +21,9 @@ struct deepspeed_blocked__tiny__fp32_traits {
   static constexpr int max_seq_len = 64;
   // Launch parameters: the defaults.
   static constexpr int64_t cpu_parallel_bytes = 65536;
-  static constexpr int cpu_chunk_items = 0;
-  static constexpr int cuda_block_threads = 256;
-  static constexpr int cuda_items_per_thread = 1;
+  static constexpr int64_t cpu_chunk_items = 0;
+  static constexpr int64_t cuda_block_threads = 256;
+  static constexpr int64_t cuda_items_per_thread = 1;
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim};

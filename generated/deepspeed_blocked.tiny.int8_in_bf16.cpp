@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of deepspeed_blocked.tiny.int8_in_bf16 and its CPU kernels.
 #include "deepspeed_blocked.tiny.int8_in_bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::deepspeed_blocked__tiny__int8_in_bf16_traits>;
 

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of deepspeed_blocked.tiny_tp.fp32 and its CPU kernels.
 #include "deepspeed_blocked.tiny_tp.fp32.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::deepspeed_blocked__tiny_tp__fp32_traits>;
 

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of deepspeed_static.qwen2_5_0_5b.bf16 and its CPU kernels.
 #include "deepspeed_static.qwen2_5_0_5b.bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::deepspeed_static__qwen2_5_0_5b__bf16_traits>;
 

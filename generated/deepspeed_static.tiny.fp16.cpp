@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of deepspeed_static.tiny.fp16 and its CPU kernels.
 #include "deepspeed_static.tiny.fp16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::deepspeed_static__tiny__fp16_traits>;
 

@@ -4,7 +4,7 @@
 // level's -march (kvforge.cmake); the variant's own file declares these and picks them at run time
 // where the CPU has the level (cpu_level.hpp).
 #include "deepspeed_static.tiny.fp16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template kvforge::detail::OpTable<kvforge::variants::deepspeed_static__tiny__fp16_traits>
 kvforge::detail::cpu_kernels<kvforge::variants::deepspeed_static__tiny__fp16_traits, 3>();

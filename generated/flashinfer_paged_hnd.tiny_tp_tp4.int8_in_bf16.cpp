@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of flashinfer_paged_hnd.tiny_tp_tp4.int8_in_bf16 and its CPU kernels.
 #include "flashinfer_paged_hnd.tiny_tp_tp4.int8_in_bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::flashinfer_paged_hnd__tiny_tp_tp4__int8_in_bf16_traits>;
 

@@ -4,7 +4,7 @@
 // level's -march (kvforge.cmake); the variant's own file declares these and picks them at run time
 // where the CPU has the level (cpu_level.hpp).
 #include "hybrid_paged.gemma2_2b.bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template kvforge::detail::OpTable<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits>
 kvforge::detail::cpu_kernels<kvforge::variants::hybrid_paged__gemma2_2b__bf16__local_traits, 3>();

@@ -23,9 +23,9 @@ struct hybrid_paged__gemma2_2b__bf16__local_traits {
   static constexpr int max_seq_len = 8192;
   // Launch parameters: the defaults.
   static constexpr int64_t cpu_parallel_bytes = 65536;
-  static constexpr int cpu_chunk_items = 0;
-  static constexpr int cuda_block_threads = 256;
-  static constexpr int cuda_items_per_thread = 1;
+  static constexpr int64_t cpu_chunk_items = 0;
+  static constexpr int64_t cuda_block_threads = 256;
+  static constexpr int64_t cuda_items_per_thread = 1;
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim};
@@ -51,9 +51,9 @@ struct hybrid_paged__gemma2_2b__bf16__global_traits {
   static constexpr int max_seq_len = 8192;
   // Launch parameters: the defaults.
   static constexpr int64_t cpu_parallel_bytes = 65536;
-  static constexpr int cpu_chunk_items = 0;
-  static constexpr int cuda_block_threads = 256;
-  static constexpr int cuda_items_per_thread = 1;
+  static constexpr int64_t cpu_chunk_items = 0;
+  static constexpr int64_t cuda_block_threads = 256;
+  static constexpr int64_t cuda_items_per_thread = 1;
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::layer, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim};
@@ -79,9 +79,9 @@ struct hybrid_paged__gemma2_2b__bf16_traits {
   static constexpr int max_seq_len = 8192;
   // Launch parameters: the defaults.
   static constexpr int64_t cpu_parallel_bytes = 65536;
-  static constexpr int cpu_chunk_items = 0;
-  static constexpr int cuda_block_threads = 256;
-  static constexpr int cuda_items_per_thread = 1;
+  static constexpr int64_t cpu_chunk_items = 0;
+  static constexpr int64_t cuda_block_threads = 256;
+  static constexpr int64_t cuda_items_per_thread = 1;
   static constexpr int local_layers[] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24};
   static constexpr int global_layers[] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25};
   static constexpr kvforge::LayerGroupInfo groups[] = {

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of hybrid_paged.tiny_hybrid.bf16 and its CPU kernels.
 #include "hybrid_paged.tiny_hybrid.bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__local_traits>;
 template class kvforge::TypedCache<kvforge::variants::hybrid_paged__tiny_hybrid__bf16__global_traits>;

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of jetstream_ring.tiny.int8_in_bf16 and its CPU kernels.
 #include "jetstream_ring.tiny.int8_in_bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::jetstream_ring__tiny__int8_in_bf16_traits>;
 

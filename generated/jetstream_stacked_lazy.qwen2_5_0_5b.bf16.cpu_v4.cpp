@@ -4,7 +4,7 @@
 // level's -march (kvforge.cmake); the variant's own file declares these and picks them at run time
 // where the CPU has the level (cpu_level.hpp).
 #include "jetstream_stacked_lazy.qwen2_5_0_5b.bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template kvforge::detail::OpTable<kvforge::variants::jetstream_stacked_lazy__qwen2_5_0_5b__bf16_traits>
 kvforge::detail::cpu_kernels<kvforge::variants::jetstream_stacked_lazy__qwen2_5_0_5b__bf16_traits, 4>();

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of vllm_paged_nhd.llama3_8b.fp8_e4m3_in_bf16 and its CPU kernels.
 #include "vllm_paged_nhd.llama3_8b.fp8_e4m3_in_bf16.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::vllm_paged_nhd__llama3_8b__fp8_e4m3_in_bf16_traits>;
 

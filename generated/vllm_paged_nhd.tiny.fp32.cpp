@@ -2,7 +2,7 @@
 // through codegen/templates/variant.cpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // The host-side class of vllm_paged_nhd.tiny.fp32 and its CPU kernels.
 #include "vllm_paged_nhd.tiny.fp32.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template class kvforge::TypedCache<kvforge::variants::vllm_paged_nhd__tiny__fp32_traits>;
 

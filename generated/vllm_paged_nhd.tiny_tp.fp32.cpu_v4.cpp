@@ -4,7 +4,7 @@
 // level's -march (kvforge.cmake); the variant's own file declares these and picks them at run time
 // where the CPU has the level (cpu_level.hpp).
 #include "vllm_paged_nhd.tiny_tp.fp32.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 template kvforge::detail::OpTable<kvforge::variants::vllm_paged_nhd__tiny_tp__fp32_traits>
 kvforge::detail::cpu_kernels<kvforge::variants::vllm_paged_nhd__tiny_tp__fp32_traits, 4>();

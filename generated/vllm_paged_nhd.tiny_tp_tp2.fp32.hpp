@@ -21,9 +21,9 @@ struct vllm_paged_nhd__tiny_tp_tp2__fp32_traits {
   static constexpr int max_seq_len = 64;
   // Launch parameters: the defaults.
   static constexpr int64_t cpu_parallel_bytes = 65536;
-  static constexpr int cpu_chunk_items = 0;
-  static constexpr int cuda_block_threads = 256;
-  static constexpr int cuda_items_per_thread = 1;
+  static constexpr int64_t cpu_chunk_items = 0;
+  static constexpr int64_t cuda_block_threads = 256;
+  static constexpr int64_t cuda_items_per_thread = 1;
   // One rank's shard of tiny_tp at tensor-parallel degree 2 (shard.hpp).
   static constexpr const char* shard_of = "tiny_tp";
   static constexpr int tensor_parallel = 2;

@@ -18,6 +18,16 @@ struct Fp8Spec {
   int exp_bits, mant_bits, bias;
   bool has_inf;
 };
+// Equal as values, NaN equal to NaN.
+inline bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+// A one-byte code's bits.
+template <class Code> uint8_t code_byte(Code c) {
+  uint8_t b;
+  std::memcpy(&b, &c, 1);
+  return b;
+}
+
 inline Fp8Spec fp8_spec(DType t) { return t == DType::f8e4m3 ? Fp8Spec{4, 3, 7, false} : Fp8Spec{5, 2, 15, true}; }
 
 // The value of an 8-bit code; NaN where the format says NaN.

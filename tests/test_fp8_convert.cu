@@ -3,6 +3,8 @@
 // for both fp8 formats and int8 (int8 also at every half-integer of its range and either side of it);
 // and the device's division by a scale (ScaleDivisor's product and correction) against the host's
 // IEEE division. Built with KVFORGE_CUDA only; without a GPU it skips and says why.
+#include "kvforge/backends/cuda/target.cuh"  // first: the codecs compile for the device
+
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "kvforge/exec_cpu.hpp"
+#include "kvforge/backends/cpu/exec_cpu.hpp"
 #include "kvforge/upkeep_ops.hpp"
 
 namespace kvtest {

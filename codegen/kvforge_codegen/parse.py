@@ -423,15 +423,15 @@ def _parse_tuning(path: str, display: str, diags: Diagnostics) -> Optional[Tuple
         if not r.has(section):
             continue
         sr = _Reader(diags, r.fields[section].value, section, tuple(fields))
-        for field, (default, lo, hi) in fields.items():
+        for field, (default, lo, hi, multiple, _) in fields.items():
             if not sr.has(field):
                 continue
             v = sr.fields[field].value
             if isinstance(v.data, bool) or not isinstance(v.data, int) or not lo <= v.data <= hi:
                 diags.error(v.loc, f"{section}.{field}", f"expected an integer in {lo}..{hi}, got {_shown(v.data)}", f"{lo}..{hi}")
-            elif field == "block_threads" and v.data % vocab.WARP:
-                diags.error(v.loc, f"{section}.{field}", f"{v.data} is not a whole number of warps",
-                            f"multiples of {vocab.WARP}")
+            elif v.data % multiple:
+                diags.error(v.loc, f"{section}.{field}", f"{v.data} is not a multiple of {multiple}",
+                            f"multiples of {multiple} in {lo}..{hi}")
             else:
                 values[f"{section}_{field}"] = v.data
     if len(diags.errors) != before:

@@ -47,7 +47,7 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
            built: Sequence[str] = tuple(vocab.BACKENDS)) -> Dict[str, str]:
     """Every file of the expansion, for the backends `built` (the committed generated/ has them all)."""
     env = _environment()
-    common = {"version": VERSION, "dtypes": vocab.DTYPES, "registry_function": registry_function,
+    common = {"version": VERSION, "dtypes": vocab.DTYPES, "tunables": vocab.TUNABLES, "registry_function": registry_function,
               "backends": tuple(vocab.BACKENDS), "built": tuple(built),
               "cpu_wide_levels": vocab.CPU_WIDE_LEVELS, "registry_header": registry_header(registry_function),
               "registry_symbol": "kvforge_registry__" + registry_function.replace("::", "__")}
@@ -122,5 +122,6 @@ def render_vocab_header() -> str:
               ("kMaxTensorParallel", vocab.MAX_TENSOR_PARALLEL)]
     return _environment().get_template("vocab.hpp.j2").render(
         version=VERSION, enums=vocab.CPP_ENUMS, axes=vocab.AXES, limits=limits, tunables=vocab.TUNABLES,
-        warp=vocab.WARP, backends=tuple(vocab.BACKENDS), cpu_base_level=vocab.CPU_BASE_LEVEL,
+        backends=tuple(vocab.BACKENDS), dlpack={b: v["dlpack"] for b, v in vocab.BACKENDS.items()},
+        cpu_base_level=vocab.CPU_BASE_LEVEL,
         cpu_max_level=max(vocab.CPU_WIDE_LEVELS))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Optional, Tuple
 
 from . import vocab
@@ -19,15 +19,13 @@ class LayerGroup:
     loc: Loc
 
 
-@dataclass(frozen=True)
-class Tuning:
-    """Launch parameters baked into a model's variants: measured winners, or the defaults."""
-
-    cpu_parallel_bytes: int = vocab.TUNABLES["cpu"]["parallel_bytes"][0]
-    cpu_chunk_items: int = vocab.TUNABLES["cpu"]["chunk_items"][0]
-    cuda_block_threads: int = vocab.TUNABLES["cuda"]["block_threads"][0]
-    cuda_items_per_thread: int = vocab.TUNABLES["cuda"]["items_per_thread"][0]
-    source: Optional[str] = None  # the tuning file, or None for the defaults
+# Launch parameters baked into a model's variants: measured winners, or the defaults. One field per
+# vocab.TUNABLES entry, named <backend>_<name> (cpu_parallel_bytes, ...), and the tuning file they came
+# from (`source`, None for the defaults).
+Tuning = make_dataclass(
+    "Tuning", [(f"{section}_{name}", int, field(default=entry[0]))
+               for section, entries in vocab.TUNABLES.items() for name, entry in entries.items()] +
+    [("source", Optional[str], field(default=None))], frozen=True)
 
 
 def shard_model_name(model: str, tp: int) -> str:

@@ -3,9 +3,13 @@
 AXES = ("layer", "row", "seq", "page", "slot", "kv", "head", "dim")
 # Backends, in the order of kvforge::Device: each instantiates a variant's kernels in a file of its own,
 # from a template that fills the backend's OpTable (see docs/design.md, "A new backend").
+# The backend table. Each backend's kernels file and its template, and the DLPack device types
+# (DLDeviceType) whose memory it addresses, the first of them the one its arrays export as: kDLCPU 1,
+# kDLCUDA 2, kDLCUDAHost 3 (pinned host memory is host memory). Its C++ entry points, <name>_backend()
+# and <name>_available(), come from its folder runtime/src/backends/<name>/ (vocab.hpp declares them).
 BACKENDS = {
-    "cpu": {"file": "{name}.cpp", "template": "variant.cpp.j2"},  # also the variant's host-side class
-    "cuda": {"file": "{name}.cu", "template": "variant.cu.j2"},
+    "cpu": {"file": "{name}.cpp", "template": "variant.cpp.j2", "dlpack": (1, 3)},  # also the host-side class
+    "cuda": {"file": "{name}.cu", "template": "variant.cu.j2", "dlpack": (2,)},
 }
 # x86-64 microarchitecture levels of the CPU kernels. The variant's own file builds them for the base
 # level, which every x86-64 machine kvforge supports runs; each wider level gets a file of its own,
@@ -60,15 +64,17 @@ MAX_HEAD_DIM = 4096
 MAX_SEQ_LEN = 1 << 24
 MAX_TENSOR_PARALLEL = 64  # ranks one model's KV heads may be sharded over
 
-# Launch parameters a model's specs/tuning/<model>.yaml may set (written by kvforge_bench --kvf_tune),
-# with the defaults every variant gets otherwise and the range each may take.
-TUNABLES = {
-    "cpu": {"parallel_bytes": (65536, 0, 1 << 30),  # below this much data an operation runs on one thread
-            "chunk_items": (0, 0, 1 << 20)},        # OpenMP chunk in items; 0: one even chunk per thread
-    "cuda": {"block_threads": (256, 32, 1024),      # threads per CUDA block
-             "items_per_thread": (1, 1, 64)},       # items a CUDA thread takes, a grid apart
-}
 WARP = 32  # cuda.block_threads is a whole number of warps
+# Launch parameters a model's specs/tuning/<model>.yaml may set (written by kvforge_bench --kvf_tune),
+# one section per backend: the default every variant gets otherwise, the range [lo, hi] each may
+# take, the number it must be a multiple of, and what it means. C++'s Tuning (vocab.hpp), its checks,
+# the traits' constants and Python's Cache.tuning / set_tuning all follow from this table.
+TUNABLES = {
+    "cpu": {"parallel_bytes": (65536, 0, 1 << 30, 1, "below this much data an operation runs on one thread"),
+            "chunk_items": (0, 0, 1 << 20, 1, "OpenMP chunk in items; 0: one even chunk per thread")},
+    "cuda": {"block_threads": (256, 32, 1024, WARP, "threads per CUDA block; items per block = this / lanes"),
+             "items_per_thread": (1, 1, 64, 1, "items a CUDA thread takes, a grid apart")},
+}
 
 # What the spec loader accepts before it refuses a file outright; the default specs are a few hundred
 # bytes, 4 levels and 40 values deep.

@@ -161,16 +161,9 @@ NB_MODULE(_native, m) {
       // The CUDA stream later operations are queued on, as an integer handle (torch: stream.cuda_stream).
       .def("set_stream", [](Cache& c, uintptr_t stream) { c.set_stream(reinterpret_cast<void*>(stream)); }, "stream"_a)
       .def_prop_ro("tuning", [](const Cache& c) { return tuning_fields(c.tuning()); })
-      .def("set_tuning", [](Cache& c, std::optional<int64_t> cpu_parallel_bytes, std::optional<int> cpu_chunk_items,
-                            std::optional<int> cuda_block_threads, std::optional<int> cuda_items_per_thread) {
-        Tuning t = c.tuning();
-        if (cpu_parallel_bytes) t.cpu_parallel_bytes = *cpu_parallel_bytes;
-        if (cpu_chunk_items) t.cpu_chunk_items = *cpu_chunk_items;
-        if (cuda_block_threads) t.cuda_block_threads = *cuda_block_threads;
-        if (cuda_items_per_thread) t.cuda_items_per_thread = *cuda_items_per_thread;
-        c.set_tuning(t);
-      }, "cpu_parallel_bytes"_a = nb::none(), "cpu_chunk_items"_a = nb::none(), "cuda_block_threads"_a = nb::none(),
-         "cuda_items_per_thread"_a = nb::none())
+      // Keyword arguments named as Cache.tuning's keys (the backend table's tunables); those not given
+      // keep their values.
+      .def("set_tuning", [](Cache& c, const nb::kwargs& given) { c.set_tuning(tuning_from(c.tuning(), given)); })
       .def_prop_ro("num_groups", &Cache::num_groups)
       .def("group", [](Cache& c, int g) -> Cache& { return c.group(g); }, "g"_a, nb::rv_policy::reference_internal)
       .def("group_of", &Cache::group_of, "layer"_a)

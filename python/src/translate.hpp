@@ -151,16 +151,17 @@ DType dtype_of_array(const ArrayArg& a, const char* argument) {
                                  " bits) is not one kvforge takes (allowed: " + allowed + ")");
 }
 
+// The backend table (vocab.hpp) says which DLPack device types each device's memory is.
 Device device_of_array(const ArrayArg& a, const char* argument) {
-  switch (a.t.device.device_type) {
-    case nb::device::cpu::value:
-    case nb::device::cuda_host::value:  // pinned host memory is host memory
-      return Device::cpu;
-    case nb::device::cuda::value:
-      return Device::cuda;
-  }
+  std::string allowed;
+  for (size_t d = 0; d < std::size(kBackendDLPackDevices); ++d)
+    for (const int type : kBackendDLPackDevices[d]) {
+      if (type == 0) break;
+      if (int(a.t.device.device_type) == type) return Device(d);
+      allowed += (allowed.empty() ? "" : ", ") + std::to_string(type) + " (" + kDeviceNames[d] + ")";
+    }
   throw DeviceError(argument, "DLPack device type " + std::to_string(a.t.device.device_type) +
-                                  " is not one kvforge runs on (allowed: CPU, CUDA)");
+                                  " is not one kvforge runs on (allowed: " + allowed + ")");
 }
 
 TensorView tensor_view(nb::handle obj, const char* argument, Access access) {
@@ -223,7 +224,7 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
   return nb::dtype<uint8_t>();
 }
 
-int dlpack_device(Device d) { return d == Device::cuda ? nb::device::cuda::value : nb::device::cpu::value; }
+int dlpack_device(Device d) { return kBackendDLPackDevices[size_t(d)][0]; }
 
 // A view of memory `owner` holds; the exported array keeps `owner` (the Python cache) alive.
 Exported export_array(const void* data, DType dtype, Device device, std::vector<size_t> shape,
@@ -363,10 +364,29 @@ nb::list layer_groups(const VariantDescriptor& d) {
   return groups;
 }
 
+// `base` with the fields `given` names (Cache.set_tuning's keywords), each an int; any other name
+// is refused, naming the ones there are.
+Tuning tuning_from(Tuning base, const nb::kwargs& given) {
+  for (auto [key, value] : given) {
+    const std::string name = nb::cast<std::string>(key);
+    bool known = false;
+    std::string names;
+    for_each_tunable(base, [&](const char* field, int64_t& slot, const tunables::Range&) {
+      names += std::string(names.empty() ? "" : ", ") + field;
+      if (name != field) return;
+      known = true;
+      if (!nb::isinstance<nb::int_>(value) || nb::isinstance<nb::bool_>(value))
+        throw ArgumentError(name, "expected an int, got " + nb::cast<std::string>(nb::str(value.type().attr("__name__"))));
+      slot = nb::cast<int64_t>(value);
+    });
+    if (!known) throw ArgumentError(name, "not a launch parameter (allowed: " + names + ")");
+  }
+  return base;
+}
+
 nb::dict tuning_fields(const Tuning& t) {
   nb::dict f;
-  f["cpu_parallel_bytes"] = t.cpu_parallel_bytes, f["cpu_chunk_items"] = t.cpu_chunk_items,
-  f["cuda_block_threads"] = t.cuda_block_threads, f["cuda_items_per_thread"] = t.cuda_items_per_thread;
+  for_each_tunable(t, [&](const char* name, int64_t value, const tunables::Range&) { f[name] = value; });
   return f;
 }
 

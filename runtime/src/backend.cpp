@@ -10,4 +10,12 @@ Backend& backend(Device d) {
   return kBackendAccessors[size_t(d)]();
 }
 
+bool backend_available(Device d, std::string* why) {
+  if (size_t(d) >= std::size(kBackendAvailability)) {
+    if (why) *why = "unknown device";
+    return false;
+  }
+  return kBackendAvailability[size_t(d)](why);
+}
+
 }  // namespace kvforge

@@ -18,17 +18,12 @@ constexpr int64_t kDefaultPagedStagedTokens = 4096;
 
 void check_tuning(const Tuning& t) {
   // The ranges a tuning file may set (vocab.hpp), so that what the spec refuses the runtime refuses too.
-  auto check = [](const char* field, int64_t value, const tunables::Range& r) {
+  for_each_tunable(t, [](const char* name, int64_t value, const tunables::Range& r) {
+    const std::string field = std::string("tuning.") + name;
     if (value < r.lo || value > r.hi) throw OutOfRangeError(field, value, r.lo, r.hi + 1);
-  };
-  check("tuning.cpu_parallel_bytes", t.cpu_parallel_bytes, tunables::cpu_parallel_bytes);
-  check("tuning.cpu_chunk_items", t.cpu_chunk_items, tunables::cpu_chunk_items);
-  check("tuning.cuda_block_threads", t.cuda_block_threads, tunables::cuda_block_threads);
-  check("tuning.cuda_items_per_thread", t.cuda_items_per_thread, tunables::cuda_items_per_thread);
-  if (t.cuda_block_threads % tunables::kWarp)
-    throw ArgumentError("tuning.cuda_block_threads", "must be a whole number of warps (a multiple of " +
-                                                         std::to_string(tunables::kWarp) + "), got " +
-                                                         std::to_string(t.cuda_block_threads));
+    if (value % r.multiple)
+      throw ArgumentError(field, "must be a multiple of " + std::to_string(r.multiple) + ", got " + std::to_string(value));
+  });
 }
 
 void check_layer(int layer, int layers) {
@@ -88,10 +83,9 @@ void check_targets_addressing(const TokenTargets& targets, bool paged, int64_t t
 }
 
 void check_config(const VariantDescriptor& d, const CacheConfig& c) {
-  if (c.device == Device::cuda) {
-    std::string why;
-    if (!cuda_available(&why)) throw DeviceError("config.device", "cuda is not usable here: " + why);
-  }
+  std::string why;
+  if (!backend_available(c.device, &why))
+    throw DeviceError("config.device", std::string(name_of(c.device)) + " is not usable here: " + why);
   if (d.addressing == Addressing::paged) {
     const int64_t max_pages = INT32_MAX / d.page_size;
     if (c.pages < 1 || c.pages > max_pages)

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kvforge/cache_impl.hpp"
-#include "kvforge/cpu_ops.hpp"
+#include "kvforge/backends/cpu/cpu_ops.hpp"
 
 namespace kvforge::generic_path {
 

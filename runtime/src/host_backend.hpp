@@ -8,6 +8,11 @@
 
 namespace kvforge {
 
+namespace detail {
+// A step's batch arrays built by the CPU's executor (backends/cpu/step_cpu.cpp).
+void build_step_on_host(const StepBuildArgs& args);
+}
+
 class HostMemoryBackend : public Backend {
  public:
   Device device() const override { return Device::cpu; }
@@ -18,6 +23,9 @@ class HostMemoryBackend : public Backend {
   void synchronize(void*) override {}
   int64_t free_memory() override { return -1; }  // the host has no figure worth reserving from
   Backend& host() override { return *this; }
+  // On the host a step's scan is a loop, which needs no scratch.
+  int64_t step_scratch_bytes(int64_t) override { return 0; }
+  void build_step(const detail::StepBuildArgs& args, void*, void*, int64_t) override { build_step_on_host(args); }
 };
 
 }  // namespace kvforge

@@ -2,27 +2,11 @@
 
 #include <algorithm>
 
+#include "kvforge/backend.hpp"
 #include "kvforge/errors.hpp"
-#include "kvforge/exec_cpu.hpp"
-#include "kvforge/vocab.hpp"
-#include "step_cuda.hpp"
+#include "kvforge/step_build.hpp"
 
 namespace kvforge {
-namespace detail {
-
-// The CPU's scan: a loop, as the batch is at most thousands of sequences.
-template <int Level>
-void exclusive_scan(const CpuExec<Level>&, const int32_t* in, int32_t* out, int64_t items, void*, int64_t) {
-  int32_t sum = 0;
-  for (int64_t i = 0; i < items; ++i) {
-    const int32_t v = in[i];
-    out[i] = sum;
-    sum += v;
-  }
-}
-
-}  // namespace detail
-
 DeviceStepState::DeviceStepState(Device device, void* stream, int32_t page_size)
     : device_(device), stream_(stream), page_size_(page_size), backend_(backend(device)) {}
 
@@ -90,14 +74,9 @@ const DeviceStep& DeviceStepState::build(const StepChanges& c, bool with_indices
   a.slots = reserve<int64_t>(slots_, c.total_new_tokens);
   a.indices = with_indices ? reserve<int32_t>(indices_, c.total_held_pages) : nullptr;
 
-  if (device_ == Device::cpu) {
-    detail::CpuExec<kCpuBaseLevel> ex{tunables::cpu_parallel_bytes.default_value, 0, false};
-    detail::build_step(ex, a, nullptr, 0);
-  } else {
-    const int64_t need = detail::step_scan_temp_bytes_cuda(n + 1);
-    if (scan_temp_.bytes() < need) scan_temp_ = Buffer(backend_, std::max(need, 2 * scan_temp_.bytes()));
-    detail::build_step_cuda(a, stream_, scan_temp_.data(), scan_temp_.bytes());
-  }
+  const int64_t need = backend_.step_scratch_bytes(n + 1);
+  if (scan_temp_.bytes() < need) scan_temp_ = Buffer(backend_, std::max(need, 2 * scan_temp_.bytes()));
+  backend_.build_step(a, stream_, scan_temp_.data(), scan_temp_.bytes());
 
   auto view = [&](const void* p, DType t, int64_t count) { return IndexView{p, t, device_, count}; };
   step_.slots = view(a.slots, DType::i64, c.total_new_tokens);

@@ -354,8 +354,8 @@ class TuningFiles(unittest.TestCase):
                           v.model.tuning.cuda_block_threads, v.model.tuning.cuda_items_per_thread), (16384, 8, 256, 4))
         header = render([v])["ok.tiny.bf16.hpp"]
         for line in ("// Launch parameters: tuning/tiny.yaml.", "static constexpr int64_t cpu_parallel_bytes = 16384;",
-                     "static constexpr int cpu_chunk_items = 8;", "static constexpr int cuda_block_threads = 256;",
-                     "static constexpr int cuda_items_per_thread = 4;"):
+                     "static constexpr int64_t cpu_chunk_items = 8;", "static constexpr int64_t cuda_block_threads = 256;",
+                     "static constexpr int64_t cuda_items_per_thread = 4;"):
             self.assertIn(line, header)
 
     def test_bad_tuning_files(self):
@@ -366,7 +366,7 @@ class TuningFiles(unittest.TestCase):
         self.assertEqual([str(e) for e in caught.exception.errors], [
             "tuning/tiny.yaml:3: cpu.parallel_bytes: expected an integer in 0..1073741824, got -1 "
             "(allowed: 0..1073741824)",
-            "tuning/tiny.yaml:5: cuda.block_threads: 100 is not a whole number of warps (allowed: multiples of 32)",
+            "tuning/tiny.yaml:5: cuda.block_threads: 100 is not a multiple of 32 (allowed: multiples of 32 in 32..1024)",
             "tuning/tiny.yaml:6: cuda.items_per_thread: expected an integer in 1..64, got 0 (allowed: 1..64)",
             "tuning/tiny.yaml:7: gpu: unknown field (allowed: model, cpu, cuda)"])
         d, tuning = self.tuned("model: tiny\n", name="other.yaml")

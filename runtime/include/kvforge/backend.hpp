@@ -1,5 +1,7 @@
-// Memory and synchronization for one device kind. Kernels are not here: they are launched through the
-// executors in exec_cpu.hpp and exec_cuda.cuh, from the one source in ops.hpp.
+// Memory, synchronization and step building for one device kind: a row of the backend table
+// (vocab.hpp), implemented in the backend's folder (runtime/src/backends/<name>/). Kernels are not
+// here: they are launched through the executors in kvforge/backends/<name>/, from the one source in
+// ops.hpp.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,10 @@
 #include "kvforge/tensor.hpp"
 
 namespace kvforge {
+
+namespace detail {
+struct StepBuildArgs;  // step_build.hpp
+}
 
 class Backend {
  public:
@@ -25,12 +31,19 @@ class Backend {
   // The host memory that pairs with this device for offload: pinned memory for CUDA, so transfers
   // run at full speed; plain memory for the CPU (this same backend).
   virtual Backend& host() = 0;
+  // A step's batch arrays (step_build.hpp), built where this backend's memory is: the scratch bytes
+  // the build needs for `items` scanned entries, and the build, queued on `stream`, with `scratch`
+  // of at least that many bytes.
+  virtual int64_t step_scratch_bytes(int64_t items) = 0;
+  virtual void build_step(const detail::StepBuildArgs& args, void* stream, void* scratch, int64_t scratch_bytes) = 0;
 };
 
 // The backend for a device; throws BackendError when it is not built in or no device is present.
 Backend& backend(Device d);
 
-// Whether CUDA kernels can run here; when not, `why` says why (not built, no driver, no device).
+// Whether a device's kernels can run here; when not, `why` says why (not built, no driver, no device).
+bool backend_available(Device d, std::string* why = nullptr);
+// The same for CUDA, by name (the cuda row of the table).
 bool cuda_available(std::string* why = nullptr);
 
 // Owns one allocation from a backend.

@@ -1,17 +1,9 @@
-// Portability macros shared by host-only and CUDA translation units.
+// The target a translation unit compiles kernel code for: its function qualifiers (KVF_HD,
+// KVF_INLINE, KVF_UNROLL), its 16-byte vector type and the hardware hooks that shared kernel code
+// calls (namespace kvforge::target). The host's unless a backend's header came first and named its
+// own (backends/<name>/target.*).
 #pragma once
 
-#if defined(__CUDACC__)
-#define KVF_HD __host__ __device__
-#define KVF_INLINE __forceinline__
-#else
-#define KVF_HD
-#define KVF_INLINE inline __attribute__((always_inline))
-#endif
-
-// Unrolls a loop of constant trip count on the device, so that arrays indexed by it stay in registers.
-#if defined(__CUDACC__)
-#define KVF_UNROLL _Pragma("unroll")
-#else
-#define KVF_UNROLL
+#ifndef KVF_TARGET
+#include "kvforge/backends/cpu/target.hpp"
 #endif

@@ -15,17 +15,6 @@ namespace kvforge {
 
 struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
 
-// Launch parameters. A variant bakes in its model's specs/tuning/<model>.yaml (written by
-// kvforge_bench --kvf_tune) or these defaults; Cache::set_tuning changes them at run time, which is
-// how the tuner measures candidates.
-// Defaults and ranges come from vocab.hpp's table, which the spec language shares.
-struct Tuning {
-  int64_t cpu_parallel_bytes = tunables::cpu_parallel_bytes.default_value;  // below this much data an operation runs on one thread
-  int cpu_chunk_items = int(tunables::cpu_chunk_items.default_value);       // OpenMP chunk in items; 0: one even chunk per thread
-  int cuda_block_threads = int(tunables::cuda_block_threads.default_value);  // threads per CUDA block; items per block = this / lanes
-  int cuda_items_per_thread = int(tunables::cuda_items_per_thread.default_value);  // items a CUDA thread takes, a grid apart
-};
-
 // Everything the spec fixed about a variant. Generated as a constexpr per variant.
 struct VariantDescriptor {
   const char* name;
@@ -103,10 +92,7 @@ template <class T> constexpr VariantDescriptor describe_common() {
   d.heads = T::heads;
   d.head_dim = T::head_dim;
   d.max_seq_len = T::max_seq_len;
-  d.tuning.cpu_parallel_bytes = T::cpu_parallel_bytes;
-  d.tuning.cpu_chunk_items = T::cpu_chunk_items;
-  d.tuning.cuda_block_threads = T::cuda_block_threads;
-  d.tuning.cuda_items_per_thread = T::cuda_items_per_thread;
+  d.tuning = tuning_of<T>();
   d.tensor_parallel = shard_traits<T>::tensor_parallel;
   d.model_heads = shard_traits<T>::model_heads;
   d.shard_of = shard_traits<T>::shard_of;

@@ -16,10 +16,6 @@
 #include "kvforge/dtype.hpp"
 #include "kvforge/vocab.hpp"
 
-#if defined(__CUDACC__)
-#include <cuda_fp8.h>  // the hardware's saturating fp8 convert
-#endif
-
 namespace kvforge {
 
 // Dynamic scales one token holds for its K (or its V) in one layer. A per_tensor scale is per layer,
@@ -105,54 +101,38 @@ template <> struct Codec<int8_t> {
   // (NaN comes out of it as 2^22), the integer clamp to +-qmax is two vector min/max, and NaN is
   // masked to 0 last. The same codes as clamping to +-qmax in floats (tests/test_quant.cpp checks
   // every bf16 and fp16 input), in about 3/4 of the vector instructions.
+  // A device converts with its own instructions (target::device_int8), held to this bit for bit by
+  // tests/test_fp8_convert.cu.
   KVF_HD static KVF_INLINE int8_t encode(float v) {
-#if defined(__CUDA_ARCH__)
-    // On the device, the hardware's convert rounds half to even, saturates to int32 and makes NaN 0,
-    // which leaves the clamp to +-qmax: three instructions. tests/test_fp8_convert.cu holds it to the
-    // software path below bit for bit.
-    const int r = __float2int_rn(v);
-    return int8_t(min(max(r, -int(qmax)), int(qmax)));
-#else
-    constexpr float kRoundable = 4194304.0f;  // 2^22: round_half_even_small's range
-    float c = v < kRoundable ? v : kRoundable;
-    c = c > -kRoundable ? c : -kRoundable;
-    int r = int(round_half_even_small(c));
-    r = r < int(qmax) ? r : int(qmax);
-    r = r > -int(qmax) ? r : -int(qmax);
-    return int8_t(v == v ? r : 0);
-#endif
+    if constexpr (target::kOnDevice) {
+      return target::device_int8(v);
+    } else {
+      constexpr float kRoundable = 4194304.0f;  // 2^22: round_half_even_small's range
+      float c = v < kRoundable ? v : kRoundable;
+      c = c > -kRoundable ? c : -kRoundable;
+      int r = int(round_half_even_small(c));
+      r = r < int(qmax) ? r : int(qmax);
+      r = r > -int(qmax) ? r : -int(qmax);
+      return int8_t(v == v ? r : 0);
+    }
   }
   KVF_HD static KVF_INLINE float decode(int8_t c) { return float(c); }
 };
-// On the device, fp8 codes come from the hardware's saturating convert (one cvt instruction on sm_89
-// and later), with NaN kept signed as the software codec keeps it; the host encodes in software.
+// A device takes fp8 codes from its own convert (target::device_fp8_*); the host encodes in software.
 // tests/test_fp8_convert.cu checks the two bit-exact over every bf16 input.
-#if defined(__CUDA_ARCH__)
-template <__nv_fp8_interpretation_t Kind> __device__ KVF_INLINE uint8_t hardware_fp8(float v) {
-  const uint32_t u = float_bits(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint8_t(((u >> 24) & 0x80u) | 0x7fu);
-  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, Kind));
-}
-#endif
 template <> struct Codec<fp8_e4m3> {
   static constexpr float qmax = 448.0f;
   KVF_HD static KVF_INLINE fp8_e4m3 encode(float v) {
-#if defined(__CUDA_ARCH__)
-    return fp8_e4m3{hardware_fp8<__NV_E4M3>(v)};
-#else
-    return fp8_e4m3{E4M3::encode(v)};
-#endif
+    if constexpr (target::kOnDevice) return fp8_e4m3{target::device_fp8_e4m3(v)};
+    else return fp8_e4m3{E4M3::encode(v)};
   }
   KVF_HD static KVF_INLINE float decode(fp8_e4m3 c) { return E4M3::decode(c.bits); }
 };
 template <> struct Codec<fp8_e5m2> {
   static constexpr float qmax = 57344.0f;
   KVF_HD static KVF_INLINE fp8_e5m2 encode(float v) {
-#if defined(__CUDA_ARCH__)
-    return fp8_e5m2{hardware_fp8<__NV_E5M2>(v)};
-#else
-    return fp8_e5m2{E5M2::encode(v)};
-#endif
+    if constexpr (target::kOnDevice) return fp8_e5m2{target::device_fp8_e5m2(v)};
+    else return fp8_e5m2{E5M2::encode(v)};
   }
   KVF_HD static KVF_INLINE float decode(fp8_e5m2 c) { return E5M2::decode(c.bits); }
 };
@@ -178,22 +158,22 @@ struct ScaleDivisor {
       : scale(s), reciprocal(1.0f / s), fused(s >= 0x1p-80f && s <= 0x1p125f) {}
 
   KVF_HD KVF_INLINE float divide(float x) const {
-#if defined(__CUDA_ARCH__)
-    if (fused) return fused_quotient(x);
-#endif
+    if constexpr (target::kOnDevice) {
+      if (fused) return fused_quotient(x);
+    }
     return x / scale;
   }
 
   // Every x[i] /= scale, with one test of `fused` for all of them: a chunk's quotients are then one
   // straight run of FMAs on the device rather than a branch per element.
   template <int N> KVF_HD KVF_INLINE void divide_all(float (&x)[N]) const {
-#if defined(__CUDA_ARCH__)
-    if (fused) {
-      KVF_UNROLL
-      for (int i = 0; i < N; ++i) x[i] = fused_quotient(x[i]);
-      return;
+    if constexpr (target::kOnDevice) {
+      if (fused) {
+        KVF_UNROLL
+        for (int i = 0; i < N; ++i) x[i] = fused_quotient(x[i]);
+        return;
+      }
     }
-#endif
     KVF_UNROLL
     for (int i = 0; i < N; ++i) x[i] = x[i] / scale;
   }

@@ -14,42 +14,29 @@
 
 namespace kvforge::detail {
 
-// 16 bytes, moved as one vector access where aligned.
-#if defined(__CUDACC__)
-using Vec16 = uint4;
-#else
-struct alignas(16) Vec16 {
-  uint32_t x, y, z, w;
-};
-#endif
+// 16 bytes, moved as one vector access where aligned: the target's vector type.
+using target::Vec16;
 
-// One whole vector at `at`, in one access on the device; the host (tests) copies bytes, which its
-// compiler's aliasing rules need, and traps where the device would fault: on an address off the
-// vector's alignment.
+// One whole vector at `at`, in one access on a device (the target's); the host (tests) copies bytes,
+// which its compiler's aliasing rules need, and traps where a device would fault: on an address off
+// the vector's alignment.
 template <class Vector, class E> KVF_HD KVF_INLINE Vector load_vector(const E* at) {
-#if defined(__CUDA_ARCH__)
-  return *reinterpret_cast<const Vector*>(at);
-#else
-  if (reinterpret_cast<uintptr_t>(at) % alignof(Vector) != 0) __builtin_trap();
-  Vector v;
-  std::memcpy(&v, at, sizeof v);
-  return v;
-#endif
+  if constexpr (target::kOnDevice) {
+    return target::device_load_vector<Vector>(at);
+  } else {
+    if (reinterpret_cast<uintptr_t>(at) % alignof(Vector) != 0) __builtin_trap();
+    Vector v;
+    std::memcpy(&v, at, sizeof v);
+    return v;
+  }
 }
-// On the device the store is spelled as one vector store of its width (st.global.cg: kept in L2 as a
-// plain store is, past L1), because NVVM splits a plain struct assignment into 32-bit stores in some
-// bodies (a lazy append's staging), which quarters the store instructions' width.
 template <class Vector, class E> KVF_HD KVF_INLINE void store_vector(E* at, const Vector& v) {
-#if defined(__CUDA_ARCH__)
-  static_assert(sizeof(Vector) == 16 || sizeof(Vector) == 8 || sizeof(Vector) == 4, "a vector store is 4, 8 or 16 bytes");
-  using Word = std::conditional_t<sizeof(Vector) == 16, uint4, std::conditional_t<sizeof(Vector) == 8, uint2, unsigned>>;
-  Word word;
-  memcpy(&word, &v, sizeof word);
-  __stcg(reinterpret_cast<Word*>(at), word);
-#else
-  if (reinterpret_cast<uintptr_t>(at) % alignof(Vector) != 0) __builtin_trap();
-  std::memcpy(at, &v, sizeof v);
-#endif
+  if constexpr (target::kOnDevice) {
+    target::device_store_vector(at, v);
+  } else {
+    if (reinterpret_cast<uintptr_t>(at) % alignof(Vector) != 0) __builtin_trap();
+    std::memcpy(at, &v, sizeof v);
+  }
 }
 
 // Whether every row of one side of a call starts on a `bytes` boundary: its base, and each stride
@@ -75,12 +62,7 @@ template <class T, int H, int D, int Lanes> struct TokenVectors {
   static constexpr bool kHeld = kWhole && kShare >= 1 && kShare <= 4;
   static constexpr int kPerLane = kHeld ? kShare : 1;
 
-#if defined(__CUDA_ARCH__)
-  Vec16 k[kPerLane], v[kPerLane];
-#else
-  // Zeroed on the host (tests' lanes), whose compiler cannot see that store reads only what load filled.
-  Vec16 k[kPerLane] = {}, v[kPerLane] = {};
-#endif
+  Vec16 k[kPerLane] KVF_HELD_INIT, v[kPerLane] KVF_HELD_INIT;  // zeroed where the target asks (the host)
 
   // Whether a side's rows allow 16-byte accesses.
   KVF_HD static KVF_INLINE bool aligned(const T* base, int64_t head_stride) {

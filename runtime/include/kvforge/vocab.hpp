@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kvforge {
 
@@ -31,12 +32,20 @@ inline constexpr const char* kScalePlacementNames[] = {"separate", "in_page"};
 inline constexpr const char* name_of(ScalePlacement v) { return kScalePlacementNames[int(v)]; }
 inline constexpr int kNumAxes = 8;
 
-// Each backend's memory, defined by its own source (runtime/src/backend_<name>.*, or a stand-in that
-// explains its absence where the build has none); backend(Device) dispatches through this table.
+// The backend table, one entry per Device. Each backend's entry points are defined in its own folder
+// (runtime/src/backends/<name>/, or a stand-in there that explains its absence where the build has
+// none): its memory, step building and copies (backend(Device) dispatches through kBackendAccessors),
+// and whether it can run here (backend_available(Device) through kBackendAvailability).
 class Backend;
 Backend& cpu_backend();
+bool cpu_available(std::string* why);
 Backend& cuda_backend();
+bool cuda_available(std::string* why);
 inline constexpr Backend& (*const kBackendAccessors[])() = {&cpu_backend, &cuda_backend};
+inline constexpr bool (*const kBackendAvailability[])(std::string*) = {&cpu_available, &cuda_available};
+// The DLPack device types (DLDeviceType) whose memory each backend addresses; its arrays export as
+// the first. 0 ends a shorter list.
+inline constexpr int kBackendDLPackDevices[][2] = {{1, 3}, {2, 0}};
 
 // Limits every spec is held to.
 namespace limits {
@@ -48,19 +57,46 @@ inline constexpr int64_t kMaxSeqLen = 16777216;
 inline constexpr int64_t kMaxTensorParallel = 64;
 }  // namespace limits
 
-// Launch parameters: the default every variant gets without a tuning file, and the range [lo, hi] a
-// tuning file or Cache::set_tuning may set.
+// Launch parameters: the default every variant gets without a tuning file, the range [lo, hi] a
+// tuning file or Cache::set_tuning may set, and the number a value must be a multiple of.
 namespace tunables {
 struct Range {
-  int64_t default_value, lo, hi;
+  int64_t default_value, lo, hi, multiple;
 };
-inline constexpr Range cpu_parallel_bytes{65536, 0, 1073741824};
-inline constexpr Range cpu_chunk_items{0, 0, 1048576};
-inline constexpr Range cuda_block_threads{256, 32, 1024};
-inline constexpr Range cuda_items_per_thread{1, 1, 64};
-// cuda_block_threads must also be a whole number of warps.
-inline constexpr int kWarp = 32;
+inline constexpr Range cpu_parallel_bytes{65536, 0, 1073741824, 1};
+inline constexpr Range cpu_chunk_items{0, 0, 1048576, 1};
+inline constexpr Range cuda_block_threads{256, 32, 1024, 32};
+inline constexpr Range cuda_items_per_thread{1, 1, 64, 1};
 }  // namespace tunables
+
+// A variant's launch parameters, one section per backend. A variant bakes in its model's
+// specs/tuning/<model>.yaml (written by kvforge_bench --kvf_tune) or the defaults; Cache::set_tuning
+// changes them at run time, which is how the tuner measures candidates.
+struct Tuning {
+  int64_t cpu_parallel_bytes = tunables::cpu_parallel_bytes.default_value;  // below this much data an operation runs on one thread
+  int64_t cpu_chunk_items = tunables::cpu_chunk_items.default_value;  // OpenMP chunk in items; 0: one even chunk per thread
+  int64_t cuda_block_threads = tunables::cuda_block_threads.default_value;  // threads per CUDA block; items per block = this / lanes
+  int64_t cuda_items_per_thread = tunables::cuda_items_per_thread.default_value;  // items a CUDA thread takes, a grid apart
+};
+
+// Calls f(name, field, range) for every field of `t` (a Tuning, const or not), in the table's order:
+// checks, Python's dictionaries and the traits' constants all walk the table through this.
+template <class T, class F> constexpr void for_each_tunable(T& t, F&& f) {
+  f("cpu_parallel_bytes", t.cpu_parallel_bytes, tunables::cpu_parallel_bytes);
+  f("cpu_chunk_items", t.cpu_chunk_items, tunables::cpu_chunk_items);
+  f("cuda_block_threads", t.cuda_block_threads, tunables::cuda_block_threads);
+  f("cuda_items_per_thread", t.cuda_items_per_thread, tunables::cuda_items_per_thread);
+}
+
+// The launch parameters a generated traits struct states as named constants (variant.hpp.j2).
+template <class Traits> constexpr Tuning tuning_of() {
+  Tuning t;
+  t.cpu_parallel_bytes = Traits::cpu_parallel_bytes;
+  t.cpu_chunk_items = Traits::cpu_chunk_items;
+  t.cuda_block_threads = Traits::cuda_block_threads;
+  t.cuda_items_per_thread = Traits::cuda_items_per_thread;
+  return t;
+}
 
 // x86-64 levels the CPU kernels are built for: the base level in every variant's own file, each level
 // above it up to the max in a <variant>.cpu_v<level>.cpp of its own (cpu_level.hpp picks one).

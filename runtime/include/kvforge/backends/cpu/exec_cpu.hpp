@@ -53,7 +53,7 @@ template <int Level> struct CpuExec {
   }
 
   static CpuExec from(const Launch& l) {
-    return CpuExec{l.tuning.cpu_parallel_bytes, l.tuning.cpu_chunk_items, l.stream_stores};
+    return CpuExec{l.tuning.cpu_parallel_bytes, int(l.tuning.cpu_chunk_items), l.stream_stores};
   }
 
   // Runs body(item, 0, 1) for every item, after `checks` (which throw on the first bad entry). An item

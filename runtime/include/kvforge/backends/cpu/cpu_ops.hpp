@@ -6,7 +6,7 @@
 
 #include "kvforge/checks.hpp"
 #include "kvforge/cpu_level.hpp"
-#include "kvforge/exec_cpu.hpp"
+#include "kvforge/backends/cpu/exec_cpu.hpp"
 #include "kvforge/upkeep_ops.hpp"
 #include "kvforge/vocab.hpp"
 

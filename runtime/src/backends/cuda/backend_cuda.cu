@@ -1,13 +1,15 @@
 // The CUDA backend: memory, copies, device-side index checks. Built only with KVFORGE_CUDA=ON.
+#include "kvforge/backends/cuda/exec_cuda.cuh"  // first: it names the target
+
 #include <cuda_runtime.h>
 
 #include <cstring>
 
 #include <string>
 
-#include "host_backend.hpp"
+#include "../../host_backend.hpp"
+#include "step_cuda.hpp"
 #include "kvforge/errors.hpp"
-#include "kvforge/exec_cuda.cuh"
 
 namespace kvforge {
 
@@ -100,6 +102,10 @@ class CudaBackend final : public Backend {
   Backend& host() override {
     static PinnedHostBackend pinned;
     return pinned;
+  }
+  int64_t step_scratch_bytes(int64_t items) override { return detail::step_scan_temp_bytes_cuda(items); }
+  void build_step(const detail::StepBuildArgs& args, void* stream, void* scratch, int64_t scratch_bytes) override {
+    detail::build_step_cuda(args, stream, scratch, scratch_bytes);
   }
 };
 }  // namespace

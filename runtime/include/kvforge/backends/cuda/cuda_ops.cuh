@@ -2,7 +2,7 @@
 // <variant>.cu fills its op_table<traits, Device::cuda>() from cuda_ops<traits>().
 #pragma once
 
-#include "kvforge/exec_cuda.cuh"
+#include "kvforge/backends/cuda/exec_cuda.cuh"
 #include "kvforge/upkeep_ops.hpp"
 
 namespace kvforge::detail {

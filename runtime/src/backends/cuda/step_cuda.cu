@@ -1,8 +1,9 @@
 // step_build.hpp's kernels on CUDA, with CUB's DeviceScan for the two scans (on the caller's stream,
 // in the caller's scratch, so nothing here allocates).
+#include "kvforge/backends/cuda/exec_cuda.cuh"  // first: it names the target
+
 #include <cub/device/device_scan.cuh>
 
-#include "kvforge/exec_cuda.cuh"
 #include "kvforge/step_build.hpp"
 #include "step_cuda.hpp"
 

@@ -1,5 +1,4 @@
-// The CUDA instantiation of step_build.hpp (step_cuda.cu), or, in a build without CUDA, the
-// functions that say so (backend_cuda_absent.cpp).
+// The CUDA instantiation of step_build.hpp (step_cuda.cu), which the CUDA backend's build_step runs.
 #pragma once
 
 #include <cstdint>

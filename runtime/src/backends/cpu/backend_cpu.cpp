@@ -2,7 +2,7 @@
 #include <cstring>
 #include <string>
 
-#include "host_backend.hpp"
+#include "../../host_backend.hpp"
 #include "kvforge/errors.hpp"
 
 namespace kvforge {
@@ -22,6 +22,8 @@ class CpuBackend final : public HostMemoryBackend {
   void release(void* p) noexcept override { std::free(p); }
 };
 }  // namespace
+
+bool cpu_available(std::string*) { return true; }
 
 Backend& cpu_backend() {
   static CpuBackend b;

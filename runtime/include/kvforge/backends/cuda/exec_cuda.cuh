@@ -2,6 +2,8 @@
 // as many items as fit. Include only from .cu files.
 #pragma once
 
+#include "kvforge/backends/cuda/target.cuh"  // first: kernel code compiles for the device
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 
 #include "kvforge/dtype.hpp"
 #include "kvforge/errors.hpp"
+#include "kvforge/backends/cuda/gate.cuh"
 #include "kvforge/item_gate.hpp"
 #include "kvforge/op_args.hpp"
 #include "kvforge/op_table.hpp"
@@ -72,7 +75,7 @@ struct CudaExec {
   static constexpr int64_t kFusedCheckEntries = 256;
 
   static CudaExec from(const Launch& l) {
-    return CudaExec{static_cast<cudaStream_t>(l.stream), l.tuning.cuda_block_threads, l.tuning.cuda_items_per_thread};
+    return CudaExec{static_cast<cudaStream_t>(l.stream), int(l.tuning.cuda_block_threads), int(l.tuning.cuda_items_per_thread)};
   }
 
   // What the launches ask of the current device, read once per device.

@@ -2,9 +2,8 @@
 // backend_cuda.cu, so that asking for CUDA says why it cannot be had.
 #include <string>
 
-#include "host_backend.hpp"
+#include "kvforge/backend.hpp"
 #include "kvforge/errors.hpp"
-#include "step_cuda.hpp"
 
 namespace kvforge {
 
@@ -19,13 +18,4 @@ Backend& cuda_backend() {
   throw BackendError(why);
 }
 
-namespace detail {
-
-int64_t step_scan_temp_bytes_cuda(int64_t) {
-  cuda_backend();  // throws: this build has no CUDA backend
-  return 0;
-}
-void build_step_cuda(const StepBuildArgs&, void*, void*, int64_t) { cuda_backend(); }
-
-}  // namespace detail
 }  // namespace kvforge

@@ -1,0 +1,13 @@
+// Benchmarks of the memory manager and the serving simulator (memory_bench.cpp), registered beside
+// the operation matrix by kvforge_bench's main.
+#pragma once
+
+namespace kvforge_bench {
+
+// The variant the memory benchmarks run on; kvforge_bench times a copy of its offload's bytes beside them.
+inline constexpr const char* kMemoryVariant = "vllm_paged_nhd.llama3_8b.bf16";
+
+void register_memory_benchmarks();  // memory/...: allocator, step metadata, offload and restore
+void register_simulations();        // simulate/<variant>: one per paged bf16 layout of the tiny model
+
+}  // namespace kvforge_bench

@@ -1,0 +1,264 @@
+// The CUDA write's quantizer and gather, run on host lanes: the chunked quantizer's coverage of a
+// token's elements and its codes, and one token through Ops' quantize and dequantize with a CUDA
+// item's lanes emulated on threads, both against the independent reference quantizer.
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "kvforge/ops.hpp"
+#include "kvforge/quant_chunks.hpp"
+#include "quant_reference.hpp"
+
+namespace kvtest {
+namespace {
+
+// The CUDA write's chunked quantizer (quant_chunks.hpp), run lane by lane on the host: its lanes
+// cover each element of a token exactly once, a head's chunks lie in one aligned group of lanes (the
+// group its scale is reduced over), and its per-chunk amax and packed encode give the reference's
+// per-head scales and codes. A GPU runs the same steps, with shuffles for the group reduction.
+template <class Store, class In, int H, int D, int MaxLanes = 32> void check_chunked_quantizer(DType storage, uint32_t seed) {
+  using Chunks = detail::QuantChunks<Store, In, H, D, MaxLanes>;
+  static_assert(Chunks::kUsable);
+  ASSERT_LE(Chunks::L, MaxLanes);
+  ASSERT_LE(Chunks::Lh, 32) << "a head's group reduces inside one warp";
+  ASSERT_EQ(32 % Chunks::Lh, 0) << "a head's group never straddles two warps";
+  std::vector<int> covered(static_cast<size_t>(H) * D, 0);
+  for (int p = 0; p < Chunks::Q; ++p)
+    for (int lane = 0; lane < Chunks::L; ++lane)
+      for (int k = 0; k < Chunks::K; ++k) {
+        int h, c;
+        if (!Chunks::chunk_at(lane, p, k, h, c)) continue;
+        ASSERT_EQ(lane / Chunks::Lh, h - p * Chunks::P) << "head " << h << " outside its lane group";
+        for (int i = 0; i < Chunks::V; ++i) ++covered[size_t(h) * D + size_t(c) * Chunks::V + i];
+      }
+  for (size_t e = 0; e < covered.size(); ++e) ASSERT_EQ(covered[e], 1) << "element " << e;
+
+  std::mt19937 rng(seed);
+  std::vector<In> x(static_cast<size_t>(H) * D);
+  std::vector<float> xf(x.size());
+  for (size_t e = 0; e < x.size(); ++e) {
+    const float value = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), int(e % 7) - 3);
+    x[e] = from_float<In>(e == 5 ? INFINITY : value);  // a non-finite value counts 0 toward amax
+    xf[e] = to_float(x[e]);
+  }
+  std::vector<Store> codes(x.size());  // operator new aligns it to 16 bytes
+  const float qmax = ref_qmax(storage);
+  for (int p = 0; p < Chunks::Q; ++p) {
+    // The group reduction: every lane's chunk amax, then the maximum over the lanes of each head.
+    std::vector<uint32_t> head_amax(static_cast<size_t>(H), 0);
+    for (int lane = 0; lane < Chunks::L; ++lane)
+      for (int k = 0; k < Chunks::K; ++k) {
+        int h, c;
+        if (Chunks::chunk_at(lane, p, k, h, c))
+          head_amax[h] = std::max(head_amax[h], Chunks::amax(Chunks::load(x.data(), D, h, c)));
+      }
+    for (int lane = 0; lane < Chunks::L; ++lane)
+      for (int k = 0; k < Chunks::K; ++k) {
+        int h, c;
+        if (!Chunks::chunk_at(lane, p, k, h, c)) continue;
+        const float scale = to_float(detail::dynamic_scale<Store, float>(head_amax[h]));
+        Chunks::encode(codes.data(), D, h, c, Chunks::load(x.data(), D, h, c), detail::ScaleDivisor(scale));
+      }
+  }
+  for (int h = 0; h < H; ++h) {
+    float amax = 0;
+    for (int i = 0; i < D; ++i)
+      if (std::isfinite(xf[size_t(h) * D + i])) amax = std::max(amax, std::fabs(xf[size_t(h) * D + i]));
+    const float scale = ref_scale(DType::f32, amax, qmax);
+    for (int i = 0; i < D; ++i) {
+      const size_t e = size_t(h) * D + i;
+      ASSERT_EQ(code_byte(codes[e]), ref_encode(storage, xf[e] / scale)) << "head " << h << " element " << i;
+    }
+  }
+}
+
+TEST(ChunkedQuantizer, CoversEveryElementOnceAndMatchesTheReference) {
+  check_chunked_quantizer<int8_t, bf16, 8, 128>(DType::i8, 1);       // llama3-8b: 16 chunks a head, 2 heads a pass
+  check_chunked_quantizer<fp8_e4m3, bf16, 5, 96>(DType::f8e4m3, 2);  // 12 chunks: every 8th lane takes two
+  check_chunked_quantizer<fp8_e5m2, fp16, 3, 256>(DType::f8e5m2, 3); // 32 chunks: a head fills the warp
+  check_chunked_quantizer<int8_t, bf16, 2, 512>(DType::i8, 4);       // 64 chunks: two per lane
+  check_chunked_quantizer<int8_t, float, 7, 64>(DType::i8, 5);       // 16 chunks of 4 floats, 7 heads
+  check_chunked_quantizer<int8_t, bf16, 1, 8>(DType::i8, 6);         // one chunk, one lane
+  // Rows of chunks no power of two, at a bf16 token's width: groups of 8 lanes, many heads a pass.
+  static_assert(detail::QuantChunks<int8_t, bf16, 32, 96, 256>::L == 256, "32 heads of 12 chunks fill 256 lanes");
+  static_assert(detail::QuantChunks<int8_t, bf16, 32, 96, 256>::Q == 1, "in one pass");
+  check_chunked_quantizer<int8_t, bf16, 32, 96, 256>(DType::i8, 11);       // phi-3-mini: 12 chunks, 32 heads
+  check_chunked_quantizer<fp8_e4m3, bf16, 20, 80, 256>(DType::f8e4m3, 12);  // 10 chunks, a last pass part empty
+  // Items wider than a warp (per-head and per-tensor scales): a pass covers more heads.
+  check_chunked_quantizer<int8_t, bf16, 8, 128, 256>(DType::i8, 7);     // llama3-8b: 8 heads, 128 lanes, one pass
+  check_chunked_quantizer<fp8_e4m3, bf16, 32, 128, 256>(DType::f8e4m3, 8);  // 16 heads a pass, two passes
+  check_chunked_quantizer<int8_t, bf16, 7, 64, 256>(DType::i8, 9);      // 4 heads a pass, the last pass 3
+  check_chunked_quantizer<int8_t, bf16, 5, 96, 256>(DType::i8, 10);     // 12 chunks: one head a pass, as at 32
+}
+
+// The lanes of one CUDA item, emulated on host threads: each runs the same code with its own lane
+// number, and they meet at every lane_max as a warp's lanes meet at a shuffle. A lane that skips a
+// reduction the others reach (divergence, which a shuffle would not survive) fails the test rather
+// than hanging it.
+class EmulatedLanes {
+ public:
+  template <class F> static bool run(int lanes, F lane_body) {
+    EmulatedLanes group(lanes);
+    std::vector<std::thread> threads;
+    for (int lane = 0; lane < lanes; ++lane)
+      threads.emplace_back([&group, &lane_body, lane] {
+        current() = &group;
+        lane_id() = lane;
+        lane_body(lane);
+        group.leave();
+      });
+    for (std::thread& t : threads) t.join();
+    return !group.diverged_;
+  }
+  // The maximum over the aligned group of `group_lanes` lanes this lane belongs to.
+  static uint32_t group_max(int group_lanes, uint32_t value) {
+    EmulatedLanes& g = *current();
+    const int lane = lane_id();
+    g.values_[size_t(lane)] = value;
+    g.meet();
+    uint32_t m = 0;
+    for (int other = lane / group_lanes * group_lanes; other < (lane / group_lanes + 1) * group_lanes; ++other)
+      m = std::max(m, g.values_[size_t(other)]);
+    g.meet();
+    return m;
+  }
+
+ private:
+  explicit EmulatedLanes(int lanes) : lanes_(lanes), values_(size_t(lanes)) {}
+  static EmulatedLanes*& current() {
+    static thread_local EmulatedLanes* g = nullptr;
+    return g;
+  }
+  static int& lane_id() {
+    static thread_local int lane = 0;
+    return lane;
+  }
+  // Every lane still running arrives before any goes on; a lane that finished counts as diverged.
+  void meet() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == lanes_ - finished_) {
+      arrived_ = 0;
+      ++generation_;
+      wake_.notify_all();
+      return;
+    }
+    if (!wake_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != generation; })) diverged_ = true;
+  }
+  void leave() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++finished_;
+    if (arrived_ > 0) {
+      diverged_ = true;  // some lanes wait at a reduction this lane never reached
+      arrived_ = 0;
+      ++generation_;
+      wake_.notify_all();
+    }
+  }
+  int lanes_, arrived_ = 0, finished_ = 0;
+  uint64_t generation_ = 0;
+  bool diverged_ = false;
+  std::vector<uint32_t> values_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+};
+
+// The executor facts ops.hpp's quantized write reads, with lane_max over emulated lanes.
+struct EmulatedCudaExec {
+  static constexpr int kTileItems = 1;
+  static constexpr bool kChunkedQuant = true;
+  static constexpr bool kHoldsTokens = true;
+  template <int Lanes, int Group = Lanes> static uint32_t lane_max(uint32_t value) {
+    return EmulatedLanes::group_max(Group, value);
+  }
+  template <int Lanes> static uint32_t item_max(uint32_t value) { return EmulatedLanes::group_max(Lanes, value); }
+  static constexpr int row_begin(int lane) { return lane; }
+  static constexpr int row_step(int lanes) { return lanes; }
+};
+
+// A quantized layout of any shape, as a spec could give it (ops.hpp reads these members).
+template <class Store, class In, class ScaleT, Quant Q, int H, int D> struct ChunkedTraits {
+  using storage_t = Store;
+  using input_t = In;
+  using scale_t = ScaleT;
+  static constexpr int heads = H, head_dim = D, page_size = 0, window = 0;
+  static constexpr Addressing addressing = Addressing::contiguous;
+  static constexpr Axis axes[] = {Axis::row, Axis::seq, Axis::head, Axis::dim};
+  static constexpr Quant quant = Q;
+};
+
+// One token through the CUDA write's quantizer (Ops::quantize_token_chunked, as its item body calls
+// it) and back through its gather (dequantize_token_chunked), its lanes emulated, against the
+// reference quantizer: codes, every stored scale, and the values read back.
+template <class Traits> void check_chunked_token(DType storage, DType input, DType scale_dtype, uint32_t seed) {
+  using O = detail::Ops<Traits, EmulatedCudaExec>;
+  using Store = typename Traits::storage_t;
+  using In = typename Traits::input_t;
+  using Scale = typename Traits::scale_t;
+  constexpr int H = Traits::heads, D = Traits::head_dim;
+  static_assert(O::kChunkedQuant);
+  VariantDescriptor d{};
+  d.heads = H, d.head_dim = D, d.storage = storage, d.input = input, d.quant = Traits::quant, d.scale = scale_dtype;
+  std::mt19937 rng(seed);
+  std::vector<In> x(static_cast<size_t>(H) * D);
+  std::vector<float> xf(x.size());
+  for (size_t e = 0; e < x.size(); ++e) {
+    // Heads of different magnitudes, so that per-head and per-token scales differ.
+    const float value = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), int(e / D % 5) - 2);
+    x[e] = from_float<In>(e == 3 ? NAN : value);
+    xf[e] = to_float(x[e]);
+  }
+  const float tensor_scale = 0.03125f;
+  std::vector<Store> codes(x.size());
+  std::vector<Scale> scales(static_cast<size_t>(H), from_float<Scale>(Traits::quant == Quant::per_tensor ? tensor_scale : -1.0f));
+  const bool converged = EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
+    typename O::ChunkRegs regs{};  // chunks past the row stay unread, as on the device
+    if constexpr (O::Chunks::kPreload) O::load_chunks(regs, x.data(), D, lane, 0);
+    O::quantize_token_chunked(regs, codes.data(), D, scales.data(), 1, x.data(), D, lane);
+  });
+  ASSERT_TRUE(converged) << "the lanes did not all reach the same reductions";
+  const RefToken want = ref_quantize(d, xf, tensor_scale);
+  const int stored_scales = Traits::quant == Quant::per_token_head ? H : 1;
+  for (int h = 0; h < stored_scales; ++h) ASSERT_EQ(to_float(scales[size_t(h)]), want.scales[size_t(h)]) << "scale " << h;
+  for (size_t e = 0; e < x.size(); ++e) ASSERT_EQ(code_byte(codes[e]), want.codes[e]) << "element " << e;
+  // And back, as the CUDA gather reads it: the token's K from `codes`, its V from a second copy.
+  std::vector<Store> both(codes);
+  both.insert(both.end(), codes.begin(), codes.end());
+  std::vector<In> k_out(x.size()), v_out(x.size());
+  const Scale* scale = scales.data();
+  ASSERT_TRUE(EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
+    O::dequantize_token_chunked(k_out.data(), D, v_out.data(), D, both.data(), D, int64_t(x.size()), scale, scale,
+                                Traits::quant == Quant::per_token_head ? 1 : 0, lane);
+  }));
+  for (size_t e = 0; e < x.size(); ++e) {
+    ASSERT_TRUE(same_float(to_float(k_out[e]), want.gathered[e])) << "K element " << e;
+    ASSERT_TRUE(same_float(to_float(v_out[e]), want.gathered[e])) << "V element " << e;
+  }
+}
+
+TEST(ChunkedQuantizer, TokenAcrossEmulatedLanesMatchesTheReference) {
+  // llama3-8b's shape in each granularity: 8 heads over 128 lanes, one chunk of K and one of V a lane,
+  // a per-token scale reduced across the item's four warps.
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 8, 128>>(DType::i8, DType::bf16, DType::f32, 1);
+  check_chunked_token<ChunkedTraits<int8_t, bf16, bf16, Quant::per_token_head, 8, 128>>(DType::i8, DType::bf16, DType::bf16, 2);
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, float, Quant::per_tensor, 8, 128>>(DType::f8e4m3, DType::bf16, DType::f32, 3);
+  // Too many chunks to hold: a pass at a time, and a per-token scale's two sweeps.
+  check_chunked_token<ChunkedTraits<int8_t, float, float, Quant::per_token, 8, 128>>(DType::i8, DType::f32, DType::f32, 4);
+  check_chunked_token<ChunkedTraits<fp8_e5m2, fp16, float, Quant::per_token_head, 6, 256>>(DType::f8e5m2, DType::f16, DType::f32, 5);
+  // Two chunks a lane, uneven lanes (12 chunks over 8), and a last pass half empty (7 heads).
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token_head, 2, 512>>(DType::i8, DType::bf16, DType::f32, 6);
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, bf16, Quant::per_token, 5, 96>>(DType::f8e4m3, DType::bf16, DType::bf16, 7);
+  check_chunked_token<ChunkedTraits<int8_t, fp16, float, Quant::per_token_head, 7, 64>>(DType::i8, DType::f16, DType::f32, 8);
+  // 32 heads over 256 lanes (eight warps), two passes, per token and per head.
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 32, 128>>(DType::i8, DType::bf16, DType::f32, 9);
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, bf16, Quant::per_token_head, 32, 128>>(DType::f8e4m3, DType::bf16, DType::bf16, 10);
+  // 12 chunks a head (head_dim 96), 32 heads over 256 lanes in groups of 8: a per-token scale over eight
+  // warps, a per-head one over each group of 8.
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 32, 96>>(DType::i8, DType::bf16, DType::f32, 11);
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token_head, 32, 96>>(DType::i8, DType::bf16, DType::f32, 12);
+}
+
+}  // namespace
+}  // namespace kvtest
