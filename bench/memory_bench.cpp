@@ -243,6 +243,69 @@ void run_serving_simulation(benchmark::State& state, const VariantEntry* e) {
 
 }  // namespace
 
+// A multi-turn chat trace, the memory manager alone (no K/V is written: this measures which tokens a
+// prefill can skip). 160 conversations, each opening with one of four 200-token system prompts; a
+// turn adds about 100 user tokens to the conversation's history and about 60 answer tokens, and the
+// next turn goes to a conversation drawn at random, so a conversation returns after the traffic of
+// others. The device pool holds about a tenth of the working set (the histories); `host_factor`
+// gives the host tier that many times the device pool (0: no tier, evicted blocks are freed, as
+// before tiers). Counters: prompt tokens, tokens served from the cache (prefill saved), blocks
+// demoted and promoted, and KV events recorded per second of the manager's own time.
+void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_factor) {
+  const int P = e->descriptor->page_size;
+  for (auto _ : state) {
+    std::mt19937 rng(3);
+    std::lognormal_distribution<double> user_len(4.6, 0.5), answer_len(4.1, 0.5);
+    const int conversations = 160, turns = 1200;
+    std::vector<std::vector<int32_t>> history(static_cast<size_t>(conversations));
+    for (int c = 0; c < conversations; ++c) history[size_t(c)].assign(200, int32_t(1000 + c % 4));
+    // Working set: the histories after their expected turns (about 200 + 7.5 * 160 tokens each).
+    const int64_t working_set = int64_t(conversations) * (200 + turns / conversations * 160);
+    CacheConfig cfg;
+    cfg.pages = std::max<int64_t>(64, working_set / 10 / P);
+    auto cache = e->create(cfg);
+    SequenceManagerOptions o;
+    o.host_blocks = int32_t(cfg.pages * host_factor);
+    o.kv_events = true;
+    SequenceManager m(*cache, o);
+    int64_t prompt_tokens = 0, saved = 0, events = 0, refused = 0;
+    double seconds = 0;
+    for (int t = 0; t < turns; ++t) {
+      const int c = int(rng() % uint32_t(conversations));
+      std::vector<int32_t>& h = history[size_t(c)];
+      for (int i = int(user_len(rng)); i > 0; --i) h.push_back(int32_t(rng() % 30000));
+      if (int64_t(h.size()) + 600 > cfg.pages * P) h.erase(h.begin() + 200, h.begin() + 200 + int64_t(h.size()) / 2);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        saved += m.add(t, h);
+      } catch (const CapacityError&) {
+        ++refused;
+        continue;
+      }
+      prompt_tokens += int64_t(h.size());
+      std::vector<int32_t> answer;
+      for (int i = int(answer_len(rng)); i > 0; --i) answer.push_back(int32_t(rng() % 30000));
+      m.step({t});
+      m.append(t, answer);
+      m.step({t});
+      h.insert(h.end(), answer.begin(), answer.end());
+      m.free(t);
+      events += int64_t(m.take_kv_events().size());
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const SequenceStats& st = m.stats();
+    state.counters["prompt_tokens"] = double(prompt_tokens);
+    state.counters["saved_tokens"] = double(saved);
+    state.counters["saved_fraction"] = prompt_tokens ? double(saved) / double(prompt_tokens) : 0;
+    state.counters["device_pages"] = double(cfg.pages);
+    state.counters["demoted_blocks"] = double(st.demoted_blocks);
+    state.counters["promoted_blocks"] = double(st.promoted_blocks);
+    state.counters["promoted_bytes"] = double(st.promoted_blocks * cache->packed_page_bytes());
+    state.counters["events_per_s"] = seconds > 0 ? double(events) / seconds : 0;
+    state.counters["refused"] = double(refused);
+  }
+}
+
 void register_memory_benchmarks() {
   benchmark::RegisterBenchmark("memory/allocate_free/pages:16", run_allocator);
   for (int64_t context : {2048, 32768})
@@ -254,6 +317,12 @@ void register_memory_benchmarks() {
             ->UseManualTime()
             ->Iterations(kStepIterations - 1);
   benchmark::RegisterBenchmark("memory/offload_restore/pages:64", run_offload_restore, int64_t(64))->UseRealTime();
+  const VariantEntry* chat = &registry().at("vllm_paged_nhd.tiny.bf16");
+  for (int host_factor : {0, 1, 4})
+    benchmark::RegisterBenchmark(("memory/multiturn/host_tier:" + std::to_string(host_factor) + "x").c_str(), run_multiturn,
+                                 chat, host_factor)
+        ->Iterations(1)
+        ->UseRealTime();
 }
 
 // One simulation per paged layout of the tiny model (every layout gets the same trace and budget).

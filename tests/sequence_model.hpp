@@ -3,8 +3,10 @@
 // offload, restore, and the evictions that allocation pressure causes) run against a plain model of
 // which sequence holds which tokens. The K/V written for position p of a sequence is a pure function
 // of its tokens [0, p], as a model's would be, so shared prefixes must read back identically. After
-// every operation the manager's invariants are checked; every verify() gathers each live sequence
-// and compares it with the model.
+// every operation the manager's invariants are checked, and its KV events, replayed into a router's
+// view of the cache written here (the block hashes computed from docs/memory.md's definition), give
+// exactly the blocks it caches; every verify() gathers each live sequence and compares it with the
+// model. Retention priorities change at random, and the prefix cache is reset now and then.
 #pragma once
 
 #include <functional>
@@ -60,6 +62,7 @@ class SequenceModel {
     o.prefix_caching = prefix_caching;
     o.host_blocks = host_pages;
     o.window = window;
+    o.kv_events = true;
     manager_ = std::make_unique<SequenceManager>(*cache_, o);
     // System prompts that many requests start with: 0 to 3 pages and a bit.
     const int P = d_.page_size;
@@ -88,6 +91,13 @@ class SequenceModel {
         offload(any);
       } else if (op < 91) {
         restore(c);
+      } else if (op < 94 && any >= 0 && !model_.at(any).offloaded) {
+        retain(any, c);
+      } else if (op == 94) {
+        try {
+          manager_->reset_prefix_cache();
+        } catch (const StateError&) {  // a live sequence holds a cached block: refused whole
+        }
       } else {
         step_all();
       }
@@ -95,6 +105,66 @@ class SequenceModel {
       ++capacity_refusals;
     }
     check();
+  }
+
+  // Random retention ranges over the sequence's tokens.
+  void retain(int64_t id, Choices& c) {
+    std::vector<RetentionRange> ranges;
+    const int64_t n = int64_t(model_.at(id).tokens.size());
+    for (uint32_t i = c.below(3); i > 0; --i) {
+      RetentionRange r;
+      r.begin = int64_t(c.below(uint32_t(n + 1)));
+      r.end = r.begin + int64_t(c.below(uint32_t(n - r.begin + 1)));
+      r.priority = int(c.below(101));
+      ranges.push_back(r);
+    }
+    manager_->set_retention(id, ranges);
+  }
+
+  // A block's hash as docs/memory.md defines it, written from that page.
+  static uint64_t documented_mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+    return h ^ (h >> 31);
+  }
+
+  // The manager's events since the last check, replayed into the set of blocks a router believes the
+  // cache holds; every stored hash is recomputed from its parent, salt and tokens.
+  void replay_events() {
+    for (const KvEvent& e : manager_->take_kv_events()) {
+      switch (e.kind) {
+        case KvEvent::Kind::block_stored: {
+          if (e.block_size != d_.page_size || e.token_ids.size() != e.block_hashes.size() * size_t(e.block_size))
+            throw ModelMismatch("BlockStored: sizes disagree");
+          uint64_t parent = e.parent_block_hash.value_or(0);
+          for (size_t b = 0; b < e.block_hashes.size(); ++b) {
+            uint64_t h = documented_mix(parent, e.salt);
+            for (int i = 0; i < e.block_size; ++i)
+              h = documented_mix(h, uint64_t(uint32_t(e.token_ids[b * size_t(e.block_size) + size_t(i)])));
+            if (h != e.block_hashes[b]) throw ModelMismatch("BlockStored: a hash is not the documented one");
+            if (!router_[e.medium].insert(h).second) throw ModelMismatch("BlockStored: a block stored twice in " + e.medium);
+            parent = h;
+          }
+          break;
+        }
+        case KvEvent::Kind::block_removed:
+          for (uint64_t h : e.block_hashes)
+            if (!router_[e.medium].erase(h)) throw ModelMismatch("BlockRemoved: a block never stored in " + e.medium);
+          break;
+        case KvEvent::Kind::all_blocks_cleared:
+          router_.clear();
+          break;
+      }
+    }
+    // A CPU cache's blocks are "CPU", its host tier's "HOST".
+    for (const auto& [medium, held] : {std::pair{std::string("CPU"), manager_->cached_block_hashes()},
+                                       std::pair{std::string("HOST"), manager_->host_cached_block_hashes()}}) {
+      const std::set<uint64_t>& replayed = router_[medium];
+      if (std::vector<uint64_t>(replayed.begin(), replayed.end()) != held)
+        throw ModelMismatch("the router's replay holds " + std::to_string(replayed.size()) + " blocks in " + medium +
+                            ", the cache " + std::to_string(held.size()));
+    }
   }
 
   void add(Choices& c) {
@@ -261,8 +331,9 @@ class SequenceModel {
   }
 
   // The manager agrees with the model, and its own invariants hold.
-  void check() const {
+  void check() {
     manager_->check_invariants();
+    replay_events();
     const double u = manager_->utilization();
     if (!(u >= 0.0 && u <= 1.0)) throw ModelMismatch("utilization " + std::to_string(u) + " is outside [0, 1]");
     for (const auto& [id, m] : model_) {
@@ -285,6 +356,7 @@ class SequenceModel {
   int64_t capacity_refusals = 0, verified_sequences = 0;
 
  private:
+  std::map<std::string, std::set<uint64_t>> router_;  // per medium, the blocks the events say it holds
   struct Model {
     std::vector<int32_t> tokens;
     int64_t pending = 0;

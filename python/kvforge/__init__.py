@@ -16,8 +16,9 @@ Every argument is checked before anything is written; a refused call raises one 
 kvforge.errors with the runtime's message. The GIL is released while an operation runs. On a CUDA
 build, `create(..., device="cuda", stream=<cudaStream_t as int>)` queues every operation on that
 stream. torch custom ops are in kvforge.ops, a transformers Cache in kvforge.hf, spec validation in
-kvforge.specs, variants built on demand in kvforge.jit (kvforge.variant), and KV pulls between
-processes over NIXL in kvforge.nixl.
+kvforge.specs, variants built on demand in kvforge.jit (kvforge.variant), KV pulls between
+processes over NIXL in kvforge.nixl, and a prefix cache's KV events as vLLM publishes them in
+kvforge.kv_events.
 """
 
 from . import errors

@@ -5,6 +5,7 @@
 // producer goes in, and what comes out is a DLPack-capable array torch.from_dlpack() or numpy take.
 // nanobind's ndarray is the one FFI type here (translate.hpp holds the conversions), so another binding
 // layer would change only these two files.
+#include "events.hpp"
 #include "translate.hpp"
 
 NB_MODULE(_native, m) {
@@ -204,10 +205,22 @@ NB_MODULE(_native, m) {
 
   nb::class_<SequenceManager>(m, "SequenceManager")
       .def("__init__", [](SequenceManager* self, Cache& cache, bool prefix_caching, uint64_t salt, int32_t host_blocks,
-                          int32_t window) {
-        new (self) SequenceManager(cache, manager_options(prefix_caching, salt, host_blocks, window));
+                          int32_t window, bool kv_events, int default_priority, bool demote_to_host) {
+        SequenceManagerOptions o = manager_options(prefix_caching, salt, host_blocks, window);
+        o.kv_events = kv_events, o.default_priority = default_priority, o.demote_to_host = demote_to_host;
+        new (self) SequenceManager(cache, o);
       }, "cache"_a, "prefix_caching"_a = true, "salt"_a = 0, "host_blocks"_a = 0, "window"_a = 0,
+         "kv_events"_a = false, "default_priority"_a = kDefaultPriority, "demote_to_host"_a = true,
          nb::keep_alive<1, 2>())
+      // ranges: (begin, end, priority[, seconds]) each; see RetentionRange (sequence_manager.hpp).
+      .def("set_retention", [](SequenceManager& s, int64_t seq, nb::handle ranges) {
+        s.set_retention(seq, retention_ranges(ranges));
+      }, "seq"_a, "ranges"_a)
+      // The KV events since the last call, as dictionaries with vLLM's field names (kvforge.kv_events).
+      .def("take_kv_events", [](SequenceManager& s) { return event_list(s.take_kv_events()); })
+      .def("reset_prefix_cache", &SequenceManager::reset_prefix_cache)
+      .def("cached_block_hashes", &SequenceManager::cached_block_hashes)
+      .def("host_cached_block_hashes", &SequenceManager::host_cached_block_hashes)
       .def("add", [](SequenceManager& s, int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
         return s.add(seq, prompt, salt);
       }, "seq"_a, "prompt"_a, "salt"_a = nb::none())
@@ -250,7 +263,8 @@ NB_MODULE(_native, m) {
         nb::dict f;
         f["prefix_hits"] = t.prefix_hits, f["prefix_misses"] = t.prefix_misses, f["evictions"] = t.evictions,
         f["copies_on_write"] = t.copies_on_write, f["offloaded_pages"] = t.offloaded_pages,
-        f["restored_pages"] = t.restored_pages;
+        f["restored_pages"] = t.restored_pages, f["demoted_blocks"] = t.demoted_blocks;
+        f["promoted_blocks"] = t.promoted_blocks;
         return f;
       })
       .def_prop_ro("available_blocks", &SequenceManager::available_blocks)
@@ -260,9 +274,15 @@ NB_MODULE(_native, m) {
       .def("check_invariants", &SequenceManager::check_invariants);
 
   nb::class_<HybridSequenceManager>(m, "HybridSequenceManager")
-      .def("__init__", [](HybridSequenceManager* self, Cache& cache, bool prefix_caching, uint64_t salt) {
-        new (self) HybridSequenceManager(cache, manager_options(prefix_caching, salt, 0, 0));
-      }, "cache"_a, "prefix_caching"_a = true, "salt"_a = 0, nb::keep_alive<1, 2>())
+      .def("__init__", [](HybridSequenceManager* self, Cache& cache, bool prefix_caching, uint64_t salt, bool kv_events) {
+        SequenceManagerOptions o = manager_options(prefix_caching, salt, 0, 0);
+        o.kv_events = kv_events;
+        new (self) HybridSequenceManager(cache, o);
+      }, "cache"_a, "prefix_caching"_a = true, "salt"_a = 0, "kv_events"_a = false, nb::keep_alive<1, 2>())
+      .def("set_retention", [](HybridSequenceManager& s, int64_t seq, nb::handle ranges) {
+        s.set_retention(seq, retention_ranges(ranges));
+      }, "seq"_a, "ranges"_a)
+      .def("take_kv_events", [](HybridSequenceManager& s) { return event_list(s.take_kv_events()); })
       .def("add", [](HybridSequenceManager& s, int64_t seq, const std::vector<int32_t>& prompt,
                      std::optional<uint64_t> salt) { return s.add(seq, prompt, salt); },
            "seq"_a, "prompt"_a, "salt"_a = nb::none())

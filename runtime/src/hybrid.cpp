@@ -118,6 +118,21 @@ std::vector<BatchMetadata> HybridSequenceManager::step(const std::vector<int64_t
   return out;
 }
 
+void HybridSequenceManager::set_retention(int64_t seq, const std::vector<RetentionRange>& ranges) {
+  managers_[0]->set_retention(seq, ranges);  // checks the ranges once, before any group changes
+  for (size_t g = 1; g < managers_.size(); ++g) managers_[g]->set_retention(seq, ranges);
+}
+
+std::vector<KvEvent> HybridSequenceManager::take_kv_events() {
+  std::vector<KvEvent> out;
+  for (size_t g = 0; g < managers_.size(); ++g)
+    for (KvEvent& e : managers_[g]->take_kv_events()) {
+      e.group = int(g);
+      out.push_back(std::move(e));
+    }
+  return out;
+}
+
 GatherRange HybridSequenceManager::range(int layer, int64_t seq, int64_t begin, int64_t end) {
   return managers_[size_t(cache_.group_of(layer))]->range(seq, begin, end);
 }

@@ -19,6 +19,8 @@ void check_listed_once(const std::vector<int64_t>& seqs) {
 const SequenceManagerOptions& checked(const SequenceManagerOptions& o) {
   if (o.host_blocks < 0) throw OutOfRangeError("options.host_blocks", o.host_blocks, 0, LLONG_MAX, -1, "0: no offload");
   if (o.window < 0) throw OutOfRangeError("options.window", o.window, 0, LLONG_MAX, -1, "0: no window");
+  if (o.default_priority < kMinPriority || o.default_priority > kMaxPriority)
+    throw OutOfRangeError("options.default_priority", o.default_priority, kMinPriority, kMaxPriority + 1);
   return o;
 }
 }  // namespace
@@ -46,10 +48,12 @@ SequenceManager::SequenceManager(Cache& cache, SequenceManagerOptions options)
       options_(checked(options)),
       backend_(backend(cache.config().device)),
       device_(int32_t(cache.config().pages)),
-      prefix_(int32_t(cache.config().pages)),
-      host_(options.host_blocks) {
+      prefix_(int32_t(cache.config().pages), options.default_priority),
+      host_(options.host_blocks),
+      host_prefix_(options.host_blocks, options.default_priority) {
   if (!cache.descriptor().paged())
     throw UnsupportedError(std::string(cache.descriptor().name) + ": a sequence manager owns pages; this layout has none");
+  events_.enabled = options.kv_events;
   if (options.host_blocks > 0) host_pool_ = Buffer(backend_.host(), int64_t(options.host_blocks) * cache.packed_page_bytes());
 }
 
@@ -74,11 +78,7 @@ const std::vector<int32_t>& SequenceManager::tokens(int64_t seq) const { return 
 
 void SequenceManager::allocate(int32_t n, std::vector<int32_t>& out) {
   if (n > available_blocks()) throw CapacityError("pages", n, available_blocks());
-  // Evict the least recently used cached pages that nobody holds, only as many as needed.
-  while (device_.free_count() < n) {
-    device_.release({prefix_.evict_oldest()});
-    ++stats_.evictions;
-  }
+  evict(n);
   device_.allocate(n, out);
 }
 
@@ -93,15 +93,23 @@ void SequenceManager::register_full_blocks(Sequence& s) {
   if (!options_.prefix_caching) return;
   const int32_t P = page_size();
   const int32_t full = int32_t(s.tokens.size() / size_t(P));
+  std::vector<int32_t> joined;  // blocks joining the cache, for their BlockStored events
   for (; s.hashed_blocks < full; ++s.hashed_blocks) {
     const int32_t* t = s.tokens.data() + size_t(s.hashed_blocks) * P;
+    const uint64_t parent = s.chain;
     s.chain = PrefixCache::key(s.chain, s.salt, t, P);
     const int32_t b = s.pages[size_t(s.hashed_blocks)];
+    const auto [priority, until] = retention_of(s, s.hashed_blocks);
     // A page that left the window before its step was never written; one already cached is shared.
-    if (b < 0 || prefix_.cached(b) || prefix_.has_key(s.chain)) continue;
-    prefix_.insert(s.chain, b, t, P);
-    device_.retain(b);  // the cache's own reference
+    const bool joins = b >= 0 && !prefix_.cached(b) && !prefix_.has_key(s.chain);
+    if (joins) {
+      prefix_.insert(s.chain, b, t, P, parent, s.salt);
+      device_.retain(b);  // the cache's own reference
+      joined.push_back(b);
+    }
+    if (b >= 0 && prefix_.cached(b)) prefix_.retain(b, priority, until);
   }
+  record_stored(prefix_, joined, device_medium());
 }
 
 // The cached full blocks at the head of `prompt`, leaving its last token to compute. With a sliding
@@ -133,7 +141,11 @@ std::vector<int32_t> SequenceManager::shared_prefix(const std::vector<int32_t>& 
 
 int64_t SequenceManager::cached_prefix(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) const {
   uint64_t chain;
-  return int64_t(shared_prefix(prompt, salt.value_or(options_.salt), chain).size()) * page_size();
+  const uint64_t s = salt.value_or(options_.salt);
+  const int64_t on_device = int64_t(shared_prefix(prompt, s, chain).size());
+  int64_t further = 0;
+  host_prefix(prompt, s, on_device, chain, &further);
+  return (on_device + further) * page_size();
 }
 
 int32_t SequenceManager::pages_to_add(const std::vector<int32_t>& prompt, int64_t cached) const {
@@ -159,6 +171,25 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
   uint64_t chain = 0;
   std::vector<int32_t> shared = shared_prefix(prompt, s.salt, chain);
   const int64_t lookups = prompt.empty() ? 0 : int64_t(prompt.size() - 1) / P;
+  // Blocks the host tier holds past the device's prefix come back first (not for a hybrid cache's
+  // groups, which agree on max_cached and keep no host tier). They take pages that the prompt would
+  // take anyway, so the capacity the rest of add() checks is the same, and it is checked first.
+  if (max_cached == INT64_MAX && host_prefix_.size() > 0) {
+    const std::vector<int32_t> from_host = host_prefix(prompt, s.salt, int64_t(shared.size()), chain);
+    if (!from_host.empty()) {
+      std::vector<int32_t> on_device;
+      int32_t pinned = 0;
+      for (int32_t b : shared)
+        if (b >= 0) on_device.push_back(b), pinned += prefix_.evictable(b) ? 1 : 0;
+      const int32_t need = int32_t((int64_t(prompt.size()) + P - 1) / P) - int32_t(shared.size());
+      if (need > available_blocks() - pinned) throw CapacityError("pages", need, available_blocks() - pinned);
+      for (int32_t b : on_device) prefix_.keep(b);  // the eviction that promotion may cause must not take them
+      promote(from_host);
+      for (int32_t b : on_device)
+        if (device_.ref_count(b) == 1) prefix_.make_evictable(b);
+      shared = shared_prefix(prompt, s.salt, chain);
+    }
+  }
   if (int64_t(shared.size()) * P > max_cached) {
     // Another group holds less of this prefix: share only what every group can, and let the chain
     // restart from the last block kept.
@@ -460,7 +491,10 @@ void SequenceManager::check_invariants() const {
   }
   if (free_pages != device_.free_count()) fail("the free count disagrees with the owners");
   for (int32_t b = 0; b < host_.total(); ++b)
-    if (host_.ref_count(b) != host_owners[size_t(b)]) fail("host page " + std::to_string(b) + " has the wrong owners");
+    if (host_.ref_count(b) != host_owners[size_t(b)] + (host_prefix_.cached(b) ? 1 : 0))
+      fail("host page " + std::to_string(b) + " has the wrong owners");
+    else if (host_prefix_.cached(b) && (host_owners[size_t(b)] != 0 || !host_prefix_.evictable(b) || !host_prefix_.consistent(b)))
+      fail("host page " + std::to_string(b) + " holds a demoted block and something else");
 }
 
 }  // namespace kvforge

@@ -125,6 +125,10 @@ class HybridSequenceManager {
   int64_t length(int64_t seq) const { return managers_[0]->length(seq); }
   int num_groups() const { return int(managers_.size()); }
   SequenceManager& group(int g) { return *managers_[size_t(g)]; }
+  // Retention (RetentionRange) for the sequence's blocks in every group.
+  void set_retention(int64_t seq, const std::vector<RetentionRange>& ranges);
+  // Every group's KV events since the last call, group by group, each naming its group.
+  std::vector<KvEvent> take_kv_events();
 
  private:
   Cache& cache_;

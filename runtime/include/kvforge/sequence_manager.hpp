@@ -13,6 +13,7 @@
 #include "kvforge/backend.hpp"
 #include "kvforge/block_allocator.hpp"
 #include "kvforge/cache.hpp"
+#include "kvforge/kv_events.hpp"
 #include "kvforge/prefix_cache.hpp"
 #include "kvforge/step_state.hpp"
 
@@ -45,10 +46,33 @@ class DeviceBatch {
 struct SequenceManagerOptions {
   bool prefix_caching = true;
   uint64_t salt = 0;        // mixed into every block hash (an adapter or model id); add() may override
-  int32_t host_blocks = 0;  // capacity of the host tier for offload, in pages; 0: no offload
+  // Capacity of the host tier, in pages: offloaded sequences, and the cached blocks that eviction
+  // demotes there. 0: no host tier (no offload, and eviction frees).
+  int32_t host_blocks = 0;
   // Sliding-window attention: only the last `window` positions are ever read, so pages wholly before
   // them are freed (their page-table entries become -1). 0: keep everything.
   int32_t window = 0;
+  // Keep KV events (kv_events.hpp) for take_kv_events(); off, none are kept.
+  bool kv_events = false;
+  // The retention priority of a cached block that no retention range covers, 0..100.
+  int default_priority = kDefaultPriority;
+  // Seconds on a monotonic clock, which retention durations count on; null: std::chrono::steady_clock.
+  double (*clock)() = nullptr;
+  // With a host tier and prefix caching: an evicted cached block moves to the host tier (its own
+  // LRU, by the same priorities) rather than vanishing, and a prefix hit there comes back into
+  // device pages. Offload takes host pages from demoted blocks when it must.
+  bool demote_to_host = true;
+};
+
+// How long a token range of a sequence's prefix stays cached once nobody holds it, as TensorRT-LLM's
+// KvCacheRetentionConfig: eviction takes the lowest priority first, then the least recently used. A
+// full block takes the highest priority of the ranges it overlaps; after `seconds` (0: for good) it
+// drops to the default priority.
+struct RetentionRange {
+  int64_t begin = 0;  // token positions [begin, end) of the sequence, 0 <= begin <= end
+  int64_t end = 0;
+  int priority = kDefaultPriority;  // 0..100
+  double seconds = 0;               // >= 0; 0: the priority holds for good
 };
 
 struct SequenceStats {
@@ -58,6 +82,8 @@ struct SequenceStats {
   int64_t copies_on_write = 0;
   int64_t offloaded_pages = 0;
   int64_t restored_pages = 0;
+  int64_t demoted_blocks = 0;   // cached blocks moved to the host tier on eviction
+  int64_t promoted_blocks = 0;  // prefix hits served from the host tier, copied back into device pages
 };
 
 // Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
@@ -124,10 +150,25 @@ class SequenceManager {
   int32_t evictable_blocks() const { return prefix_.evictable_count(); }
   // Pages a new allocation can take: free ones plus cached ones nobody uses.
   int32_t available_blocks() const { return device_.free_count() + prefix_.evictable_count(); }
-  int32_t host_free() const { return host_.free_count(); }
+  // Host pages offload can take: free ones plus demoted blocks, which it evicts.
+  int32_t host_free() const { return host_.free_count() + host_prefix_.evictable_count(); }
   // Token slots holding live or cached tokens over the slots of the pages held (a shared page counts
   // once): 1 means no waste. O(pages).
   double utilization() const;
+  // Retention of the sequence's blocks (RetentionRange): applies at once to the full blocks it holds
+  // now, and to every block it fills later. Replaces what an earlier call set. All ranges are checked
+  // (ArgumentError or OutOfRangeError naming the range) before anything changes.
+  void set_retention(int64_t seq, const std::vector<RetentionRange>& ranges);
+  // The KV events since the last call, oldest first (options.kv_events; else none).
+  std::vector<KvEvent> take_kv_events() { return events_.take(); }
+  // Forgets every cached block and records AllBlocksCleared, as vLLM's reset_prefix_cache. Refused
+  // (StateError) while any live sequence holds a cached block, before anything changes.
+  void reset_prefix_cache();
+  // The hash of every cached block on the device, and in the host tier (the sets a router that
+  // replays this manager's events holds, per medium).
+  std::vector<uint64_t> cached_block_hashes() const;
+  std::vector<uint64_t> host_cached_block_hashes() const;
+
   // Verifies every internal invariant (reference counts against owners, LRU membership, page counts);
   // throws StateError naming the first broken one. For tests; O(blocks + tokens).
   void check_invariants() const;
@@ -139,6 +180,7 @@ class SequenceManager {
     int64_t pending = 0;         // tokens not yet handed out by step()
     uint64_t salt = 0;
     uint64_t chain = 0;          // hash of the last registered full block
+    std::vector<RetentionRange> retention;
     int32_t hashed_blocks = 0;   // full blocks registered in the prefix cache
     std::vector<int32_t> host_pages;
     bool offloaded = false;
@@ -178,6 +220,25 @@ class SequenceManager {
   void allocate(int32_t n, std::vector<int32_t>& out);  // evicts cached pages when it must
   void release(const std::vector<int32_t>& pages);
   void register_full_blocks(Sequence& s);
+  void evict(int32_t n);  // cached pages nobody holds, lowest priority first, until n are free
+  int32_t host_room(int32_t n);  // frees up to n host pages from demoted blocks; returns how many are free
+  // The host-tier blocks that continue the prefix of `prompt` after its first `from` full blocks (whose
+  // chain is `chain`), with the device's blocks between them; `covered`: how many blocks both give.
+  std::vector<int32_t> host_prefix(const std::vector<int32_t>& prompt, uint64_t salt, int64_t from, uint64_t chain,
+                                   int64_t* covered = nullptr) const;
+  // Copies host-tier blocks back into fresh device pages and caches them there.
+  void promote(const std::vector<int32_t>& host_blocks);
+  // Packed pages between device pages and host pages, one launch (and one copy per run) per call.
+  void pages_to_host(const std::vector<int32_t>& pages, const std::vector<int32_t>& host_pages);
+  void pages_from_host(const std::vector<int32_t>& host_pages, const std::vector<int32_t>& pages);
+  void record_removed(std::vector<uint64_t> hashes, const char* medium);
+  double now() const;
+  // The retention of full block `index` of `s`: the highest priority of its ranges, and its end.
+  std::pair<int, double> retention_of(const Sequence& s, int64_t index) const;
+  // BlockStored for `blocks` of `cache` (one event per chain among them), in `medium`.
+  void record_stored(const PrefixCache& cache, const std::vector<int32_t>& blocks, const char* medium);
+  const char* device_medium() const;
+  const char* host_medium() const;
   IndexView device_index(const std::vector<int32_t>& host, int slot);
   int32_t page_size() const { return cache_.descriptor().page_size; }
 
@@ -189,12 +250,14 @@ class SequenceManager {
   // Holds one reference on each cached block. A full block joins at the step() that hands out its last
   // slots: from then on its K/V is written.
   PrefixCache prefix_;
-  // Host tier for offload.
+  // Host tier: offloaded sequences' pages, and demoted cached blocks (one reference each).
   BlockAllocator host_;
+  PrefixCache host_prefix_;
   Buffer host_pool_;
   Buffer staging_;
   Buffer index_scratch_[2];
   SequenceStats stats_;
+  KvEventLog events_;
   // The device side of step_on_device: table rows free for new sequences, the last batch (whose
   // sequences a steady decode step finds again without a lookup), and the persistent state.
   std::vector<int32_t> free_rows_;

@@ -1,0 +1,167 @@
+"""KV events, the host tier and retention from Python: a router written here replays two instances'
+msgpack event batches through a random trace and holds exactly each instance's cached blocks, per
+medium (device and host tier), at every step; the block hashes it checks are computed here in plain
+Python from docs/memory.md; its prefix lookups agree with each instance's own, and conversations
+that return for another turn after other traffic come back from the host tier (the model-based C++
+test checks their K/V); a system prompt at priority 100 outlives a flood; bad ranges are refused by
+name."""
+
+import random
+
+import msgpack
+import pytest
+
+import kvforge
+import kvforge.kv_events as kv_events
+
+VARIANT = "vllm_paged_nhd.tiny.fp32"
+
+
+def documented_hash(parent, salt, tokens):
+    """docs/memory.md, "Block hashes", step by step."""
+    mask = (1 << 64) - 1
+
+    def mix(h, v):
+        h ^= (v + 0x9E3779B97F4A7C15 + ((h << 6) & mask) + (h >> 2)) & mask
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & mask
+        return h ^ (h >> 31)
+
+    h = mix(parent if parent is not None else 0, salt)
+    for t in tokens:
+        h = mix(h, t % (1 << 32))
+    return h
+
+
+class Router:
+    """What a KV-aware router knows of each instance: the hashes its events say it holds."""
+
+    def __init__(self, instances):
+        self.held = [{"CPU": set(), "HOST": set()} for _ in range(instances)]  # a CPU cache and its host tier
+        self.seen = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+
+    def receive(self, instance, data):
+        _, events, rank = kv_events.decode(data)
+        assert rank == instance
+        raw = msgpack.unpackb(data, raw=False)  # vLLM's positional form, tag first
+        for event, array in zip(events, raw[1]):
+            assert array[0] == event["type"]
+            self.seen[event["type"]] += 1
+            if event["type"] == "BlockStored":
+                size, salt = event["block_size"], (event["extra_keys"] or [[0]])[0][0]
+                parent = event["parent_block_hash"]
+                assert len(event["token_ids"]) == size * len(event["block_hashes"])
+                held = self.held[instance][event["medium"]]
+                assert array[1:8] == [event["block_hashes"], parent, event["token_ids"], size, None, event["medium"], None]
+                for i, h in enumerate(event["block_hashes"]):
+                    assert h == documented_hash(parent, salt, event["token_ids"][i * size:(i + 1) * size])
+                    assert h not in held, "stored twice"
+                    held.add(h)
+                    parent = h
+            elif event["type"] == "BlockRemoved":
+                for h in event["block_hashes"]:
+                    self.held[instance][event["medium"]].remove(h)
+            else:
+                for held in self.held[instance].values():
+                    held.clear()
+
+    def cached_tokens(self, instance, prompt, block_size, salt):
+        """Tokens of `prompt` this instance holds, leaving its last token to compute (as add() does)."""
+        parent, covered = None, 0
+        for start in range(0, len(prompt) - 1 - block_size + 1, block_size):
+            parent = documented_hash(parent, salt, prompt[start:start + block_size])
+            if all(parent not in held for held in self.held[instance].values()):
+                break
+            covered += block_size
+        return covered
+
+
+def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step():
+    rng = random.Random(5)
+    instances = []
+    for i in range(2):
+        cache = kvforge.create(VARIANT, pages=12)
+        # Instance 0 demotes evicted blocks to a host tier of 8 pages; instance 1 has none.
+        instances.append(kvforge.SequenceManager(cache, kv_events=True, salt=7 * i, host_blocks=8 * (1 - i)))
+    block = kvforge.describe(VARIANT).page_size
+    systems = [[1000 * s + i for i in range(2 * block + 3)] for s in range(3)]
+    router, live, next_id = Router(2), [[], []], 0
+    finished = [[], []]  # conversations that may return for another turn
+    for step in range(300):
+        i = rng.randrange(2)
+        m = instances[i]
+        if step % 150 == 149:  # now and then: drain the instance, then clear its cache (reset_prefix_cache)
+            for seq in live[i]:
+                m.free(seq)
+            live[i] = []
+            m.reset_prefix_cache()
+        elif rng.random() < 0.5 or not live[i]:
+            if finished[i] and rng.random() < 0.4:  # a conversation's next turn
+                prompt = finished[i].pop(rng.randrange(len(finished[i]))) + [rng.randrange(50) for _ in range(3)]
+            else:
+                prompt = rng.choice(systems) + [rng.randrange(50) for _ in range(rng.randrange(1, 2 * block))]
+            salt = 7 * i
+            assert router.cached_tokens(i, prompt, block, salt) == m.cached_prefix(prompt)
+            try:
+                m.add(next_id, prompt)
+                live[i].append(next_id)
+                next_id += 1
+            except kvforge.errors.CapacityError:
+                pass
+        elif rng.random() < 0.6:
+            seq = rng.choice(live[i])
+            try:
+                m.append(seq, [rng.randrange(50) for _ in range(rng.randrange(1, block + 2))])
+            except kvforge.errors.CapacityError:
+                pass
+        else:
+            seq = live[i].pop(rng.randrange(len(live[i])))
+            finished[i].append(list(m.tokens(seq)))
+            m.free(seq)
+        m.step(live[i])
+        router.receive(i, kv_events.encode(m.take_kv_events(), ts=float(step), data_parallel_rank=i))
+        for j in range(2):
+            assert router.held[j]["CPU"] == set(instances[j].cached_block_hashes()), f"step {step}, instance {j}"
+            assert router.held[j]["HOST"] == set(instances[j].host_cached_block_hashes()), f"step {step}, instance {j}"
+    assert sum(m.stats["evictions"] for m in instances) > 0, "the trace never evicted"
+    assert instances[0].stats["promoted_blocks"] > 0, "no prefix hit came back from the host tier"
+    assert all(router.seen.values()), router.seen
+
+
+def test_the_packaged_hash_is_the_documented_one():
+    tokens = list(range(-3, 40))
+    assert kv_events.prompt_hashes(tokens, 16, salt=9) == [
+        documented_hash(None, 9, tokens[0:16]), documented_hash(documented_hash(None, 9, tokens[0:16]), 9, tokens[16:32])]
+
+
+def test_a_system_prompt_at_priority_100_outlives_a_flood():
+    cache = kvforge.create(VARIANT, pages=16)
+    m = kvforge.SequenceManager(cache)
+    block = kvforge.describe(VARIANT).page_size
+    system = list(range(2 * block + 1))
+    m.add(0, system)
+    m.set_retention(0, [(0, 2 * block, 100)])
+    m.step([0])
+    m.free(0)
+    for r in range(1, 12):  # 11 requests of 4 pages, 3 of them cached at priority 0: the pool twice
+        prompt = [10000 * r + i for i in range(3 * block + 1)]
+        m.add(r, prompt)
+        m.set_retention(r, [(0, len(prompt), 0, 30.0)])
+        m.step([r])
+        m.free(r)
+    assert m.stats["evictions"] > 16
+    assert m.cached_prefix(system) == 2 * block
+    m.check_invariants()
+
+
+def test_bad_ranges_are_refused_by_name():
+    m = kvforge.SequenceManager(kvforge.create(VARIANT, pages=4))
+    m.add(0, [1, 2, 3])
+    for ranges, argument in (([(0, 2, 101)], "ranges[0].priority"), ([(0, 2, 5), (3, 1, 5)], "ranges[1]"),
+                             ([(0, 2)], "ranges[0]"), ([("a", 2, 5)], "ranges[0]"), ([(0, 2, 5, -1.0)], "ranges[0].seconds"),
+                             ("x", "ranges")):
+        with pytest.raises(kvforge.errors.ArgumentError) as e:
+            m.set_retention(0, ranges)
+        assert e.value.argument == argument
+    with pytest.raises(ValueError):
+        kv_events.encode([{"type": "Nothing"}])
