@@ -2,10 +2,12 @@
 // the host and on the device, offload and restore against a copy of the same bytes, and the
 // serving-trace simulator over every paged layout of the tiny model.
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -249,9 +251,9 @@ void run_serving_simulation(benchmark::State& state, const VariantEntry* e) {
 // next turn goes to a conversation drawn at random, so a conversation returns after the traffic of
 // others. The device pool holds about a tenth of the working set (the histories); `host_factor`
 // gives the host tier that many times the device pool (0: no tier, evicted blocks are freed, as
-// before tiers). Counters: prompt tokens, tokens served from the cache (prefill saved), blocks
+// before tiers), and `disk_factor` a disk tier of that many (a file in /tmp). Counters: prompt tokens, tokens served from the cache (prefill saved), blocks
 // demoted and promoted, and KV events recorded per second of the manager's own time.
-void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_factor) {
+void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_factor, int disk_factor) {
   const int P = e->descriptor->page_size;
   for (auto _ : state) {
     std::mt19937 rng(3);
@@ -267,6 +269,9 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_fact
     SequenceManagerOptions o;
     o.host_blocks = int32_t(cfg.pages * host_factor);
     o.kv_events = true;
+    const std::string disk = "/tmp/kvforge_multiturn_" + std::to_string(::getpid()) + ".blocks";
+    std::remove(disk.c_str());
+    if (disk_factor > 0) o.disk_path = disk, o.disk_blocks = cfg.pages * disk_factor;
     SequenceManager m(*cache, o);
     int64_t prompt_tokens = 0, saved = 0, events = 0, refused = 0;
     double seconds = 0;
@@ -303,6 +308,9 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_fact
     state.counters["promoted_bytes"] = double(st.promoted_blocks * cache->packed_page_bytes());
     state.counters["events_per_s"] = seconds > 0 ? double(events) / seconds : 0;
     state.counters["refused"] = double(refused);
+    state.counters["disk_writes"] = double(st.disk_writes);
+    state.counters["disk_reads"] = double(st.disk_reads);
+    std::remove(disk.c_str());
   }
 }
 
@@ -318,9 +326,10 @@ void register_memory_benchmarks() {
             ->Iterations(kStepIterations - 1);
   benchmark::RegisterBenchmark("memory/offload_restore/pages:64", run_offload_restore, int64_t(64))->UseRealTime();
   const VariantEntry* chat = &registry().at("vllm_paged_nhd.tiny.bf16");
-  for (int host_factor : {0, 1, 4})
-    benchmark::RegisterBenchmark(("memory/multiturn/host_tier:" + std::to_string(host_factor) + "x").c_str(), run_multiturn,
-                                 chat, host_factor)
+  for (const auto& [host_factor, disk_factor] : {std::pair{0, 0}, {1, 0}, {4, 0}, {1, 10}})
+    benchmark::RegisterBenchmark(("memory/multiturn/host:" + std::to_string(host_factor) + "x/disk:" +
+                                  std::to_string(disk_factor) + "x").c_str(),
+                                 run_multiturn, chat, host_factor, disk_factor)
         ->Iterations(1)
         ->UseRealTime();
 }

@@ -9,6 +9,9 @@
 // model. Retention priorities change at random, and the prefix cache is reset now and then.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <random>
@@ -63,6 +66,13 @@ class SequenceModel {
     o.host_blocks = host_pages;
     o.window = window;
     o.kv_events = true;
+    if (host_pages > 0) {  // a disk tier below the host tier, in a file of this model's own
+      static int models = 0;
+      disk_path_ = "/tmp/kvforge_model_" + std::to_string(getpid()) + "_" + std::to_string(models++);
+      std::remove(disk_path_.c_str());
+      o.disk_path = disk_path_;
+      o.disk_blocks = 24;
+    }
     manager_ = std::make_unique<SequenceManager>(*cache_, o);
     // System prompts that many requests start with: 0 to 3 pages and a bit.
     const int P = d_.page_size;
@@ -71,6 +81,10 @@ class SequenceModel {
       for (int i = 0; i < s * P + P / 2 + 1; ++i) t.push_back(int32_t(1000 * (s + 1) + i));
       system_prompts_.push_back(t);
     }
+  }
+
+  ~SequenceModel() {
+    if (!disk_path_.empty()) std::remove(disk_path_.c_str());
   }
 
   // One random operation. Capacity errors are part of the game: the manager must refuse them whole.
@@ -157,9 +171,10 @@ class SequenceModel {
           break;
       }
     }
-    // A CPU cache's blocks are "CPU", its host tier's "HOST".
+    // A CPU cache's blocks are "CPU", its host tier's "HOST", its disk tier's "DISK".
     for (const auto& [medium, held] : {std::pair{std::string("CPU"), manager_->cached_block_hashes()},
-                                       std::pair{std::string("HOST"), manager_->host_cached_block_hashes()}}) {
+                                       std::pair{std::string("HOST"), manager_->host_cached_block_hashes()},
+                                       std::pair{std::string("DISK"), manager_->disk_cached_block_hashes()}}) {
       const std::set<uint64_t>& replayed = router_[medium];
       if (std::vector<uint64_t>(replayed.begin(), replayed.end()) != held)
         throw ModelMismatch("the router's replay holds " + std::to_string(replayed.size()) + " blocks in " + medium +
@@ -356,6 +371,7 @@ class SequenceModel {
   int64_t capacity_refusals = 0, verified_sequences = 0;
 
  private:
+  std::string disk_path_;
   std::map<std::string, std::set<uint64_t>> router_;  // per medium, the blocks the events say it holds
   struct Model {
     std::vector<int32_t> tokens;

@@ -19,6 +19,12 @@ void check_listed_once(const std::vector<int64_t>& seqs) {
 const SequenceManagerOptions& checked(const SequenceManagerOptions& o) {
   if (o.host_blocks < 0) throw OutOfRangeError("options.host_blocks", o.host_blocks, 0, LLONG_MAX, -1, "0: no offload");
   if (o.window < 0) throw OutOfRangeError("options.window", o.window, 0, LLONG_MAX, -1, "0: no window");
+  if (o.disk_blocks < 0 || o.disk_blocks > INT32_MAX)
+    throw OutOfRangeError("options.disk_blocks", o.disk_blocks, 0, int64_t(INT32_MAX) + 1, -1, "0: no disk tier");
+  if (o.disk_blocks > 0 && o.disk_path.empty())
+    throw ArgumentError("options.disk_path", "a disk tier of " + std::to_string(o.disk_blocks) + " blocks needs a file path");
+  if (o.disk_blocks > 0 && o.host_blocks == 0)
+    throw ArgumentError("options.disk_blocks", "blocks reach the disk tier from the host tier: give options.host_blocks too");
   if (o.default_priority < kMinPriority || o.default_priority > kMaxPriority)
     throw OutOfRangeError("options.default_priority", o.default_priority, kMinPriority, kMaxPriority + 1);
   return o;
@@ -50,11 +56,13 @@ SequenceManager::SequenceManager(Cache& cache, SequenceManagerOptions options)
       device_(int32_t(cache.config().pages)),
       prefix_(int32_t(cache.config().pages), options.default_priority),
       host_(options.host_blocks),
-      host_prefix_(options.host_blocks, options.default_priority) {
+      host_prefix_(options.host_blocks, options.default_priority),
+      disk_prefix_(int32_t(options.disk_blocks), options.default_priority) {
   if (!cache.descriptor().paged())
     throw UnsupportedError(std::string(cache.descriptor().name) + ": a sequence manager owns pages; this layout has none");
   events_.enabled = options.kv_events;
   if (options.host_blocks > 0) host_pool_ = Buffer(backend_.host(), int64_t(options.host_blocks) * cache.packed_page_bytes());
+  open_disk_tier();
 }
 
 SequenceManager::Sequence& SequenceManager::live(int64_t seq, const char* argument) {
@@ -144,7 +152,7 @@ int64_t SequenceManager::cached_prefix(const std::vector<int32_t>& prompt, std::
   const uint64_t s = salt.value_or(options_.salt);
   const int64_t on_device = int64_t(shared_prefix(prompt, s, chain).size());
   int64_t further = 0;
-  host_prefix(prompt, s, on_device, chain, &further);
+  lower_prefix(prompt, s, on_device, chain, &further);
   return (on_device + further) * page_size();
 }
 
@@ -174,9 +182,9 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
   // Blocks the host tier holds past the device's prefix come back first (not for a hybrid cache's
   // groups, which agree on max_cached and keep no host tier). They take pages that the prompt would
   // take anyway, so the capacity the rest of add() checks is the same, and it is checked first.
-  if (max_cached == INT64_MAX && host_prefix_.size() > 0) {
-    const std::vector<int32_t> from_host = host_prefix(prompt, s.salt, int64_t(shared.size()), chain);
-    if (!from_host.empty()) {
+  if (max_cached == INT64_MAX) {
+    std::vector<LowerBlock> lower = lower_prefix(prompt, s.salt, int64_t(shared.size()), chain);
+    if (!lower.empty()) {
       std::vector<int32_t> on_device;
       int32_t pinned = 0;
       for (int32_t b : shared)
@@ -184,7 +192,7 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
       const int32_t need = int32_t((int64_t(prompt.size()) + P - 1) / P) - int32_t(shared.size());
       if (need > available_blocks() - pinned) throw CapacityError("pages", need, available_blocks() - pinned);
       for (int32_t b : on_device) prefix_.keep(b);  // the eviction that promotion may cause must not take them
-      promote(from_host);
+      promote(std::move(lower));
       for (int32_t b : on_device)
         if (device_.ref_count(b) == 1) prefix_.make_evictable(b);
       shared = shared_prefix(prompt, s.salt, chain);

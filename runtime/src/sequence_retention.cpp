@@ -29,83 +29,6 @@ void SequenceManager::record_removed(std::vector<uint64_t> hashes, const char* m
   events_.push(std::move(removed));
 }
 
-int32_t SequenceManager::host_room(int32_t n) {
-  std::vector<uint64_t> dropped;
-  if (host_.free_count() < n) host_prefix_.expire(now());
-  while (host_.free_count() < n && host_prefix_.evictable_count() > 0) {
-    const int32_t h = host_prefix_.take_victim();
-    dropped.push_back(host_prefix_.key_of(h));
-    host_prefix_.forget(h);
-    host_.release({h});
-  }
-  record_removed(std::move(dropped), host_medium());
-  return std::min(n, host_.free_count());
-}
-
-void SequenceManager::evict(int32_t n) {
-  if (device_.free_count() >= n) return;
-  prefix_.expire(now());
-  std::vector<int32_t> victims;
-  while (device_.free_count() + int32_t(victims.size()) < n) {
-    victims.push_back(prefix_.take_victim());
-  }
-  // Demoted to the host tier, as many as it has room for: packed there before the pages are reused.
-  const bool demote = options_.demote_to_host && host_.total() > 0;
-  std::vector<int32_t> moved, host_pages;
-  if (demote) {
-    for (int32_t b : victims)
-      if (!host_prefix_.has_key(prefix_.key_of(b))) moved.push_back(b);
-    moved.resize(size_t(host_room(int32_t(moved.size()))));
-    host_.allocate(int32_t(moved.size()), host_pages);
-    pages_to_host(moved, host_pages);
-    for (size_t i = 0; i < moved.size(); ++i) host_prefix_.adopt(prefix_, moved[i], host_pages[i]);
-    stats_.demoted_blocks += int64_t(moved.size());
-    record_stored(host_prefix_, host_pages, host_medium());
-  }
-  std::vector<uint64_t> removed;
-  for (int32_t b : victims) {
-    removed.push_back(prefix_.key_of(b));
-    prefix_.forget(b);
-    device_.release({b});
-    ++stats_.evictions;
-  }
-  record_removed(std::move(removed), device_medium());
-}
-
-std::vector<int32_t> SequenceManager::host_prefix(const std::vector<int32_t>& prompt, uint64_t salt, int64_t from,
-                                                  uint64_t chain, int64_t* covered) const {
-  std::vector<int32_t> out;
-  int64_t blocks = 0;
-  if (host_prefix_.size() > 0 && !prompt.empty()) {
-    const int32_t P = page_size();
-    const int64_t lookups = int64_t(prompt.size() - 1) / P;  // the prompt's last token is always computed
-    for (int64_t i = from; i < lookups; ++i, ++blocks) {
-      const int32_t* t = prompt.data() + i * P;
-      chain = PrefixCache::key(chain, salt, t, P);
-      if (prefix_.find(chain, t, P) >= 0) continue;  // past a block the host brings back, the device has more
-      const int32_t h = host_prefix_.find(chain, t, P);
-      if (h < 0) break;
-      out.push_back(h);
-    }
-  }
-  if (covered) *covered = blocks;
-  return out;
-}
-
-void SequenceManager::promote(const std::vector<int32_t>& host_blocks) {
-  for (int32_t h : host_blocks) host_prefix_.keep(h);  // demotions while allocating must not drop them
-  std::vector<int32_t> pages;
-  allocate(int32_t(host_blocks.size()), pages);
-  pages_from_host(host_blocks, pages);
-  // The allocation's reference becomes the cache's own; the host copy stays, the newest there.
-  for (size_t i = 0; i < pages.size(); ++i) {
-    prefix_.adopt(host_prefix_, host_blocks[i], pages[i]);
-    host_prefix_.make_evictable(host_blocks[i]);
-  }
-  stats_.promoted_blocks += int64_t(pages.size());
-  record_stored(prefix_, pages, device_medium());
-}
-
 std::pair<int, double> SequenceManager::retention_of(const Sequence& s, int64_t index) const {
   const int64_t P = page_size(), begin = index * P, end = begin + P;
   int priority = -1;
@@ -170,6 +93,7 @@ void SequenceManager::reset_prefix_cache() {
                                          " cached blocks are held by live sequences; free them first");
   device_.release(prefix_.evict_all());
   host_.release(host_prefix_.evict_all());
+  for (int32_t slot : disk_prefix_.evict_all()) disk_free_.push_back(slot);
   KvEvent cleared;
   cleared.kind = KvEvent::Kind::all_blocks_cleared;
   cleared.medium = device_medium();
@@ -187,5 +111,6 @@ std::vector<uint64_t> sorted_keys(const PrefixCache& cache) {
 
 std::vector<uint64_t> SequenceManager::cached_block_hashes() const { return sorted_keys(prefix_); }
 std::vector<uint64_t> SequenceManager::host_cached_block_hashes() const { return sorted_keys(host_prefix_); }
+std::vector<uint64_t> SequenceManager::disk_cached_block_hashes() const { return sorted_keys(disk_prefix_); }
 
 }  // namespace kvforge

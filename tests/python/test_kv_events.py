@@ -37,7 +37,8 @@ class Router:
     """What a KV-aware router knows of each instance: the hashes its events say it holds."""
 
     def __init__(self, instances):
-        self.held = [{"CPU": set(), "HOST": set()} for _ in range(instances)]  # a CPU cache and its host tier
+        # A CPU cache, its host tier and its disk tier.
+        self.held = [{"CPU": set(), "HOST": set(), "DISK": set()} for _ in range(instances)]
         self.seen = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
 
     def receive(self, instance, data):
@@ -76,13 +77,14 @@ class Router:
         return covered
 
 
-def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step():
+def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step(tmp_path):
     rng = random.Random(5)
     instances = []
     for i in range(2):
         cache = kvforge.create(VARIANT, pages=12)
-        # Instance 0 demotes evicted blocks to a host tier of 8 pages; instance 1 has none.
-        instances.append(kvforge.SequenceManager(cache, kv_events=True, salt=7 * i, host_blocks=8 * (1 - i)))
+        # Instance 0 demotes evicted blocks to a host tier of 4 pages and a disk tier of 16; instance 1 has none.
+        tiers = dict(host_blocks=4, disk_path=str(tmp_path / "blocks"), disk_blocks=16) if i == 0 else {}
+        instances.append(kvforge.SequenceManager(cache, kv_events=True, salt=7 * i, **tiers))
     block = kvforge.describe(VARIANT).page_size
     systems = [[1000 * s + i for i in range(2 * block + 3)] for s in range(3)]
     router, live, next_id = Router(2), [[], []], 0
@@ -123,8 +125,10 @@ def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step
         for j in range(2):
             assert router.held[j]["CPU"] == set(instances[j].cached_block_hashes()), f"step {step}, instance {j}"
             assert router.held[j]["HOST"] == set(instances[j].host_cached_block_hashes()), f"step {step}, instance {j}"
+            assert router.held[j]["DISK"] == set(instances[j].disk_cached_block_hashes()), f"step {step}, instance {j}"
     assert sum(m.stats["evictions"] for m in instances) > 0, "the trace never evicted"
-    assert instances[0].stats["promoted_blocks"] > 0, "no prefix hit came back from the host tier"
+    assert instances[0].stats["promoted_blocks"] > 0, "no prefix hit came back from a lower tier"
+    assert instances[0].stats["disk_reads"] > 0, "no prefix hit came back from the disk tier"
     assert all(router.seen.values()), router.seen
 
 

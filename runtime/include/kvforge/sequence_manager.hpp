@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "kvforge/backend.hpp"
 #include "kvforge/block_allocator.hpp"
+#include "kvforge/block_store.hpp"
 #include "kvforge/cache.hpp"
 #include "kvforge/kv_events.hpp"
 #include "kvforge/prefix_cache.hpp"
@@ -62,6 +64,11 @@ struct SequenceManagerOptions {
   // LRU, by the same priorities) rather than vanishing, and a prefix hit there comes back into
   // device pages. Offload takes host pages from demoted blocks when it must.
   bool demote_to_host = true;
+  // The disk tier below the host tier: blocks the host tier evicts are written there, one record
+  // each (block_store.hpp), and come back on a prefix hit. `disk_path`'s file is created or reused:
+  // a restart serves every record that checks out. 0 blocks: no disk tier.
+  std::string disk_path;
+  int64_t disk_blocks = 0;
 };
 
 // How long a token range of a sequence's prefix stays cached once nobody holds it, as TensorRT-LLM's
@@ -83,7 +90,10 @@ struct SequenceStats {
   int64_t offloaded_pages = 0;
   int64_t restored_pages = 0;
   int64_t demoted_blocks = 0;   // cached blocks moved to the host tier on eviction
-  int64_t promoted_blocks = 0;  // prefix hits served from the host tier, copied back into device pages
+  int64_t promoted_blocks = 0;  // prefix hits served from a lower tier, copied back into device pages
+  int64_t disk_writes = 0;      // blocks the host tier evicted into the disk tier
+  int64_t disk_reads = 0;       // of promoted_blocks, those read from the disk tier
+  int64_t disk_misses = 0;      // disk records that did not check out when read (torn, cut short, changed)
 };
 
 // Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
@@ -168,6 +178,7 @@ class SequenceManager {
   // replays this manager's events holds, per medium).
   std::vector<uint64_t> cached_block_hashes() const;
   std::vector<uint64_t> host_cached_block_hashes() const;
+  std::vector<uint64_t> disk_cached_block_hashes() const;
 
   // Verifies every internal invariant (reference counts against owners, LRU membership, page counts);
   // throws StateError naming the first broken one. For tests; O(blocks + tokens).
@@ -222,12 +233,21 @@ class SequenceManager {
   void register_full_blocks(Sequence& s);
   void evict(int32_t n);  // cached pages nobody holds, lowest priority first, until n are free
   int32_t host_room(int32_t n);  // frees up to n host pages from demoted blocks; returns how many are free
-  // The host-tier blocks that continue the prefix of `prompt` after its first `from` full blocks (whose
-  // chain is `chain`), with the device's blocks between them; `covered`: how many blocks both give.
-  std::vector<int32_t> host_prefix(const std::vector<int32_t>& prompt, uint64_t salt, int64_t from, uint64_t chain,
-                                   int64_t* covered = nullptr) const;
-  // Copies host-tier blocks back into fresh device pages and caches them there.
-  void promote(const std::vector<int32_t>& host_blocks);
+  // A block of a lower tier: a host page, or a disk record.
+  struct LowerBlock {
+    bool on_disk;
+    int32_t index;
+  };
+  // The lower tiers' blocks that continue the prefix of `prompt` after its first `from` full blocks
+  // (whose chain is `chain`), with the device's blocks between them; `covered`: how many blocks all
+  // tiers give.
+  std::vector<LowerBlock> lower_prefix(const std::vector<int32_t>& prompt, uint64_t salt, int64_t from, uint64_t chain,
+                                       int64_t* covered = nullptr) const;
+  // Copies lower-tier blocks back into fresh device pages and caches them there; a disk record that
+  // does not check out ends them there.
+  void promote(std::vector<LowerBlock> blocks);
+  void open_disk_tier();
+  int32_t take_disk_slot();  // a free record, or the disk tier's eviction victim's
   // Packed pages between device pages and host pages, one launch (and one copy per run) per call.
   void pages_to_host(const std::vector<int32_t>& pages, const std::vector<int32_t>& host_pages);
   void pages_from_host(const std::vector<int32_t>& host_pages, const std::vector<int32_t>& pages);
@@ -253,6 +273,11 @@ class SequenceManager {
   // Host tier: offloaded sequences' pages, and demoted cached blocks (one reference each).
   BlockAllocator host_;
   PrefixCache host_prefix_;
+  // Disk tier: the store, its index (a record per slot, all evictable) and its free slots.
+  std::unique_ptr<BlockStore> disk_;
+  PrefixCache disk_prefix_;
+  std::vector<int32_t> disk_free_;
+  std::vector<unsigned char> disk_io_;
   Buffer host_pool_;
   Buffer staging_;
   Buffer index_scratch_[2];

@@ -1,0 +1,175 @@
+// SequenceManager's tiers below the device: an evicted cached block moves down (device, host, disk)
+// rather than vanishing, each tier with its own LRU by the same priorities, and a prefix hit on a
+// lower tier comes back into device pages (docs/memory.md, "Tiers").
+#include <algorithm>
+#include <string>
+
+#include "kvforge/errors.hpp"
+#include "kvforge/sequence_manager.hpp"
+
+namespace kvforge {
+
+void SequenceManager::open_disk_tier() {
+  if (options_.disk_blocks <= 0) return;
+  const int32_t P = page_size();
+  disk_ = open_file_store(options_.disk_path, options_.disk_blocks, cache_.packed_page_bytes(), P);
+  // A restart keeps every record that checks out (one per key), in slot order; the rest are free.
+  std::vector<uint8_t> used(size_t(options_.disk_blocks), 0);
+  std::vector<int32_t> found;
+  disk_->scan([&](int64_t slot, const StoredBlock& b) {
+    if (disk_prefix_.has_key(b.key)) return;
+    disk_prefix_.insert(b.key, int32_t(slot), b.tokens.data(), int32_t(b.tokens.size()), b.parent, b.salt);
+    disk_prefix_.retain(int32_t(slot), std::clamp(b.priority, kMinPriority, kMaxPriority), 0.0);
+    disk_prefix_.make_evictable(int32_t(slot));
+    used[size_t(slot)] = 1;
+    found.push_back(int32_t(slot));
+  });
+  for (int64_t slot = options_.disk_blocks - 1; slot >= 0; --slot)
+    if (!used[size_t(slot)]) disk_free_.push_back(int32_t(slot));
+  record_stored(disk_prefix_, found, "DISK");
+}
+
+int32_t SequenceManager::take_disk_slot() {
+  if (disk_free_.empty()) {
+    disk_prefix_.expire(now());
+    const int32_t victim = disk_prefix_.take_victim();
+    record_removed({disk_prefix_.key_of(victim)}, "DISK");
+    disk_prefix_.forget(victim);
+    return victim;
+  }
+  const int32_t slot = disk_free_.back();
+  disk_free_.pop_back();
+  return slot;
+}
+
+int32_t SequenceManager::host_room(int32_t n) {
+  std::vector<uint64_t> dropped;
+  if (host_.free_count() < n) host_prefix_.expire(now());
+  bool synced = false;
+  while (host_.free_count() < n && host_prefix_.evictable_count() > 0) {
+    const int32_t h = host_prefix_.take_victim();
+    if (disk_ && !disk_prefix_.has_key(host_prefix_.key_of(h))) {
+      // Down to the disk tier: the host page's bytes once the stream has put them there.
+      if (!synced && &backend_.host() != &backend_) backend_.synchronize(cache_.config().stream), synced = true;
+      const int32_t slot = take_disk_slot();
+      StoredBlock b{host_prefix_.key_of(h), host_prefix_.parent_of(h), host_prefix_.salt_of(h), host_prefix_.priority(h),
+                    host_prefix_.tokens_of(h)};
+      disk_->write(slot, b, static_cast<const unsigned char*>(host_pool_.data()) + h * cache_.packed_page_bytes());
+      disk_prefix_.adopt(host_prefix_, h, slot);
+      record_stored(disk_prefix_, {slot}, "DISK");  // at once: a later write of this loop may evict it
+      ++stats_.disk_writes;
+    }
+    dropped.push_back(host_prefix_.key_of(h));
+    host_prefix_.forget(h);
+    host_.release({h});
+  }
+  record_removed(std::move(dropped), host_medium());
+  return std::min(n, host_.free_count());
+}
+
+void SequenceManager::evict(int32_t n) {
+  if (device_.free_count() >= n) return;
+  prefix_.expire(now());
+  std::vector<int32_t> victims;
+  while (device_.free_count() + int32_t(victims.size()) < n) {
+    victims.push_back(prefix_.take_victim());
+  }
+  // Demoted to the host tier, as many as it has room for: packed there before the pages are reused.
+  const bool demote = options_.demote_to_host && host_.total() > 0;
+  std::vector<int32_t> moved, host_pages;
+  if (demote) {
+    for (int32_t b : victims)
+      if (!host_prefix_.has_key(prefix_.key_of(b))) moved.push_back(b);
+    moved.resize(size_t(host_room(int32_t(moved.size()))));
+    host_.allocate(int32_t(moved.size()), host_pages);
+    pages_to_host(moved, host_pages);
+    for (size_t i = 0; i < moved.size(); ++i) host_prefix_.adopt(prefix_, moved[i], host_pages[i]);
+    stats_.demoted_blocks += int64_t(moved.size());
+    record_stored(host_prefix_, host_pages, host_medium());
+  }
+  std::vector<uint64_t> removed;
+  for (int32_t b : victims) {
+    removed.push_back(prefix_.key_of(b));
+    prefix_.forget(b);
+    device_.release({b});
+    ++stats_.evictions;
+  }
+  record_removed(std::move(removed), device_medium());
+}
+
+std::vector<SequenceManager::LowerBlock> SequenceManager::lower_prefix(const std::vector<int32_t>& prompt, uint64_t salt,
+                                                                        int64_t from, uint64_t chain,
+                                                                        int64_t* covered) const {
+  std::vector<LowerBlock> out;
+  int64_t blocks = 0;
+  if ((host_prefix_.size() > 0 || disk_prefix_.size() > 0) && !prompt.empty()) {
+    const int32_t P = page_size();
+    const int64_t lookups = int64_t(prompt.size() - 1) / P;  // the prompt's last token is always computed
+    for (int64_t i = from; i < lookups; ++i, ++blocks) {
+      const int32_t* t = prompt.data() + i * P;
+      chain = PrefixCache::key(chain, salt, t, P);
+      if (prefix_.find(chain, t, P) >= 0) continue;  // past a block a lower tier brings back, the device has more
+      const int32_t h = host_prefix_.find(chain, t, P);
+      const int32_t d = h < 0 ? disk_prefix_.find(chain, t, P) : -1;
+      if (h < 0 && d < 0) break;
+      out.push_back(h >= 0 ? LowerBlock{false, h} : LowerBlock{true, d});
+    }
+  }
+  if (covered) *covered = blocks;
+  return out;
+}
+
+void SequenceManager::promote(std::vector<LowerBlock> blocks) {
+  // Disk records are read and checked before anything changes: the prefix ends at the first one that
+  // does not check out, which is forgotten (a miss, never wrong data).
+  const int64_t ppb = cache_.packed_page_bytes();
+  const int64_t on_disk = std::count_if(blocks.begin(), blocks.end(), [](const LowerBlock& b) { return b.on_disk; });
+  disk_io_.resize(size_t(on_disk * ppb));
+  int64_t read = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (!blocks[i].on_disk) continue;
+    const int32_t slot = blocks[i].index;
+    if (!disk_->read(slot, disk_prefix_.key_of(slot), disk_io_.data() + read * ppb)) {
+      record_removed({disk_prefix_.key_of(slot)}, "DISK");
+      disk_prefix_.keep(slot);
+      disk_prefix_.forget(slot);
+      disk_free_.push_back(slot);
+      ++stats_.disk_misses;
+      blocks.resize(i);
+      break;
+    }
+    ++read;
+  }
+  if (blocks.empty()) return;
+  // Demotions while allocating must not drop them.
+  for (const LowerBlock& b : blocks) (b.on_disk ? disk_prefix_ : host_prefix_).keep(b.index);
+  std::vector<int32_t> pages;
+  allocate(int32_t(blocks.size()), pages);
+  std::vector<int32_t> host_blocks, host_pages, disk_pages;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i].on_disk) disk_pages.push_back(pages[i]);
+    else host_blocks.push_back(blocks[i].index), host_pages.push_back(pages[i]);
+  }
+  pages_from_host(host_blocks, host_pages);
+  if (!disk_pages.empty()) {
+    const int64_t bytes = int64_t(disk_pages.size()) * ppb;
+    if (&backend_.host() == &backend_) {
+      cache_.unpack_pages(disk_io_.data(), device_index(disk_pages, 1));
+    } else {
+      if (staging_.bytes() < bytes) staging_ = Buffer(backend_, bytes);
+      backend_.from_host(staging_.data(), disk_io_.data(), bytes, cache_.config().stream);
+      cache_.unpack_pages(staging_.data(), device_index(disk_pages, 1));
+    }
+  }
+  // The allocation's reference becomes the cache's own; the lower copy stays, the newest there.
+  for (size_t i = 0; i < pages.size(); ++i) {
+    PrefixCache& tier = blocks[i].on_disk ? disk_prefix_ : host_prefix_;
+    prefix_.adopt(tier, blocks[i].index, pages[i]);
+    tier.make_evictable(blocks[i].index);
+  }
+  stats_.promoted_blocks += int64_t(pages.size());
+  stats_.disk_reads += int64_t(disk_pages.size());
+  record_stored(prefix_, pages, device_medium());
+}
+
+}  // namespace kvforge

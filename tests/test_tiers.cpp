@@ -1,0 +1,263 @@
+// The prefix cache's tiers below the device: blocks that eviction moves to the host tier and on to the
+// disk tier come back on a prefix hit with the K/V that was written (read back through gather and
+// compared with the values the test wrote); a restart serves the disk tier's records; a record with
+// flipped bytes, a file cut short and a writer killed mid-record all end as misses, never wrong data.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "support.hpp"
+
+namespace kvtest {
+namespace {
+
+constexpr const char* kVariant = "vllm_paged_nhd.tiny.fp32";
+
+// K (kv 0) or V (kv 1) of a token: a function of (token id, position, layer, head, dim) only.
+float value(int32_t token, int64_t pos, int layer, int head, int dim, int kv) {
+  return float((token * 131 + pos * 7 + layer * 3 + head * 5 + dim + kv * 1000) % 4093) * 0.25f;
+}
+
+struct Tiers {
+  std::unique_ptr<Cache> cache;
+  std::unique_ptr<SequenceManager> manager;
+  const VariantDescriptor& d = *registry().at(kVariant).descriptor;
+  Tiers(const std::string& disk, int64_t pages = 6, int32_t host = 4, int64_t disk_blocks = 32) {
+    CacheConfig cfg;
+    cfg.pages = pages;
+    cache = registry().at(kVariant).create(cfg);
+    SequenceManagerOptions o;
+    o.host_blocks = host;
+    o.disk_path = disk;
+    o.disk_blocks = disk_blocks;
+    o.kv_events = true;
+    manager = std::make_unique<SequenceManager>(*cache, o);
+  }
+  // Adds `prompt` as `id`, writes what it did not find cached, and returns the tokens it found.
+  int64_t serve(int64_t id, const std::vector<int32_t>& prompt) {
+    const int64_t cached = manager->add(id, prompt);
+    const BatchMetadata b = manager->step({id});
+    const int64_t T = int64_t(b.slots.size());
+    std::vector<float> k(size_t(T * d.heads * d.head_dim)), v(k.size());
+    for (int layer = 0; layer < d.layers; ++layer) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int h = 0; h < d.heads; ++h)
+          for (int x = 0; x < d.head_dim; ++x) {
+            const int64_t pos = cached + t, at = (t * d.heads + h) * d.head_dim + x;
+            k[size_t(at)] = value(prompt[size_t(pos)], pos, layer, h, x, 0);
+            v[size_t(at)] = value(prompt[size_t(pos)], pos, layer, h, x, 1);
+          }
+      cache->append(layer, TensorView::contiguous(k.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
+                    TensorView::contiguous(v.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
+                    TokenTargets::paged(IndexView::of(b.slots.data(), T)));
+    }
+    return cached;
+  }
+  // Serves every prompt again, each read back against the values written, and frees it.
+  void serve_and_check_all(const std::vector<std::vector<int32_t>>& prompts) {
+    for (const auto& p : prompts) {
+      const int64_t id = int64_t(p[0]);
+      serve(id, p);
+      expect_contents(id, p);
+      manager->free(id);
+    }
+  }
+  // Every layer of sequence `id` read back equals the values written for its tokens.
+  void expect_contents(int64_t id, const std::vector<int32_t>& prompt) {
+    const int64_t n = int64_t(prompt.size());
+    std::vector<float> k(size_t(d.heads * n * d.head_dim)), v(k.size());
+    for (int layer = 0; layer < d.layers; ++layer) {
+      cache->gather(layer, manager->range(id, 0, n), TensorView::contiguous(k.data(), d.input, Device::cpu, d.heads, n, d.head_dim),
+                    TensorView::contiguous(v.data(), d.input, Device::cpu, d.heads, n, d.head_dim));
+      for (int h = 0; h < d.heads; ++h)
+        for (int64_t p = 0; p < n; ++p)
+          for (int x = 0; x < d.head_dim; ++x) {
+            const size_t at = size_t((h * n + p) * d.head_dim + x);
+            ASSERT_EQ(k[at], value(prompt[size_t(p)], p, layer, h, x, 0)) << "layer " << layer << " position " << p;
+            ASSERT_EQ(v[at], value(prompt[size_t(p)], p, layer, h, x, 1)) << "layer " << layer << " position " << p;
+          }
+    }
+  }
+  int P() const { return d.page_size; }
+};
+
+std::vector<int32_t> prompt_of(int seed, int blocks, int P) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < blocks * P + 1; ++i) t.push_back(seed * 1000 + i);
+  return t;
+}
+
+std::string temp_file(const std::string& name) {
+  const std::string path = testing::TempDir() + "/kvforge_" + name + "_" + std::to_string(getpid());
+  std::remove(path.c_str());
+  return path;
+}
+
+// Serves prompts 0..9 (two blocks each) through a 6-page device pool and a 4-page host tier, so that
+// most of their blocks end on disk; returns them.
+std::vector<std::vector<int32_t>> fill(Tiers& t) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 10; ++i) {
+    prompts.push_back(prompt_of(i + 1, 2, t.P()));
+    t.serve(i, prompts.back());
+    t.manager->free(i);
+  }
+  return prompts;
+}
+
+TEST(Tiers, BlocksComeBackFromHostAndDiskWithTheirContents) {
+  const std::string path = temp_file("tiers");
+  Tiers t(path);
+  const auto prompts = fill(t);
+  EXPECT_GT(t.manager->stats().disk_writes, 0);
+  EXPECT_FALSE(t.manager->disk_cached_block_hashes().empty());
+  // The oldest prompt now lives on disk only: it comes back whole, with its values.
+  EXPECT_EQ(t.manager->cached_prefix(prompts[0]), 2 * t.P());
+  EXPECT_EQ(t.serve(100, prompts[0]), 2 * t.P());
+  EXPECT_GT(t.manager->stats().disk_reads, 0);
+  t.expect_contents(100, prompts[0]);
+  t.manager->free(100);
+  // A recent one comes from the host tier (and the device, where a block of it still is).
+  const int64_t reads = t.manager->stats().disk_reads, promoted = t.manager->stats().promoted_blocks;
+  EXPECT_EQ(t.serve(101, prompts[8]), 2 * t.P());
+  t.expect_contents(101, prompts[8]);
+  EXPECT_GT(t.manager->stats().promoted_blocks, promoted);
+  EXPECT_EQ(t.manager->stats().disk_reads, reads) << "a host-tier hit read the disk";
+  t.manager->check_invariants();
+  std::remove(path.c_str());
+}
+
+TEST(Tiers, ARestartServesTheDiskTiersRecords) {
+  const std::string path = temp_file("restart");
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> on_disk;
+  {
+    Tiers t(path);
+    prompts = fill(t);
+    on_disk = t.manager->disk_cached_block_hashes();
+  }
+  Tiers again(path);
+  EXPECT_EQ(again.manager->disk_cached_block_hashes(), on_disk);
+  const std::vector<KvEvent> events = again.manager->take_kv_events();
+  ASSERT_FALSE(events.empty()) << "a restart announces what it reuses";
+  EXPECT_EQ(events[0].medium, "DISK");
+  EXPECT_EQ(again.serve(0, prompts[0]), 2 * again.P());
+  again.expect_contents(0, prompts[0]);
+  std::remove(path.c_str());
+}
+
+// Flips one byte in every record's packed bytes on disk.
+void corrupt_records(const std::string& path, int64_t records, int64_t record_bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  for (int64_t r = 0; r < records; ++r) {
+    f.seekg(r * record_bytes + 200);
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x10);
+    f.seekp(r * record_bytes + 200);
+    f.write(&c, 1);
+  }
+}
+
+TEST(Tiers, FlippedBytesAndACutFileReadAsMissesNeverAsWrongData) {
+  const std::string path = temp_file("faults");
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t record = 0;
+  {
+    Tiers t(path);
+    prompts = fill(t);
+    record = file_store_record_bytes(t.cache->packed_page_bytes(), t.P());
+    // Changed while it runs: the next read of such a record is a miss, and the block is recomputed.
+    corrupt_records(path, 32, record);
+    EXPECT_EQ(t.serve(100, prompts[0]), 0);
+    EXPECT_GT(t.manager->stats().disk_misses, 0);
+    t.expect_contents(100, prompts[0]);
+    t.manager->check_invariants();
+  }
+  // A restart reuses only the records written intact after the damage: every prompt reads back right.
+  Tiers restarted(path);
+  restarted.serve_and_check_all(prompts);
+  // Cut short: the records past the cut are gone, those before it stay.
+  std::remove(path.c_str());
+  {
+    Tiers t(path);
+    fill(t);
+    EXPECT_GE(t.manager->disk_cached_block_hashes().size(), 4u);
+  }
+  ASSERT_EQ(truncate(path.c_str(), record * 2 + record / 2), 0);
+  Tiers cut(path);
+  EXPECT_LE(cut.manager->disk_cached_block_hashes().size(), 2u);
+  cut.serve_and_check_all(prompts);
+  std::remove(path.c_str());
+}
+
+TEST(Tiers, AWriterKilledMidRecordLeavesOnlyIntactRecords) {
+  const std::string path = temp_file("killed");
+  const int64_t packed = 64 * 1024, records = 8;
+  const int32_t tokens = 16;
+  auto payload = [&](uint64_t key, std::vector<unsigned char>& out) {
+    out.resize(size_t(packed));
+    for (int64_t i = 0; i < packed; ++i) out[size_t(i)] = (unsigned char)((key * 2654435761u + uint64_t(i)) >> 3);
+  };
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // writes records over and over until it is killed
+    auto store = open_file_store(path, records, packed, tokens);
+    std::vector<unsigned char> bytes;
+    for (uint64_t key = 1;; ++key) {
+      StoredBlock b{key, 0, 0, 35, std::vector<int32_t>(size_t(tokens), int32_t(key))};
+      payload(key, bytes);
+      store->write(int64_t(key % uint64_t(records)), b, bytes.data());
+    }
+  }
+  usleep(200 * 1000);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  auto store = open_file_store(path, records, packed, tokens);
+  int found = 0;
+  std::vector<unsigned char> want, got(static_cast<size_t>(packed));
+  store->scan([&](int64_t slot, const StoredBlock& b) {
+    ++found;
+    EXPECT_EQ(int64_t(b.key % uint64_t(records)), slot);
+    EXPECT_EQ(b.tokens, std::vector<int32_t>(size_t(tokens), int32_t(b.key)));
+    ASSERT_TRUE(store->read(slot, b.key, got.data()));
+    payload(b.key, want);
+    EXPECT_EQ(got, want) << "record " << slot << " passed its checksum with wrong bytes";
+  });
+  EXPECT_GT(found, 0) << "the writer left no record at all";
+  std::remove(path.c_str());
+}
+
+TEST(Tiers, BadOptionsAreRefusedByName) {
+  CacheConfig cfg;
+  cfg.pages = 4;
+  auto cache = registry().at(kVariant).create(cfg);
+  auto refused = [&](SequenceManagerOptions o, const std::string& argument) {
+    try {
+      SequenceManager m(*cache, o);
+      ADD_FAILURE() << "accepted; wanted a refusal naming " << argument;
+    } catch (const ArgumentError& e) {
+      EXPECT_EQ(e.argument(), argument);
+    }
+  };
+  SequenceManagerOptions o;
+  o.host_blocks = 2;
+  o.disk_blocks = 4;
+  refused(o, "options.disk_path");
+  o.disk_path = "/nonexistent/dir/kv.blocks";
+  EXPECT_THROW(SequenceManager(*cache, o), BackendError);
+  o.host_blocks = 0;
+  o.disk_path = temp_file("nohost");
+  refused(o, "options.disk_blocks");
+  o.host_blocks = 2;
+  o.disk_blocks = -1;
+  refused(o, "options.disk_blocks");
+}
+
+}  // namespace
+}  // namespace kvtest
