@@ -288,8 +288,10 @@ void run_serving_simulation(benchmark::State& state, const VariantEntry* e) {
 // next turn goes to a conversation drawn at random, so a conversation returns after the traffic of
 // others. The device pool holds about a tenth of the working set (the histories); `host_factor`
 // gives the host tier that many times the device pool (0: no tier, evicted blocks are freed, as
-// before tiers), and `disk_factor` a disk tier of that many (a file in /tmp). Counters: prompt tokens, tokens served from the cache (prefill saved), blocks
-// demoted and promoted, and KV events recorded per second of the manager's own time.
+// before tiers), and `disk_factor` a disk tier of that many (a file in /tmp). Counters: the share of
+// prompt blocks looked up that each tier served (hit_device, hit_host, hit_disk), prompt tokens,
+// tokens served from the cache (prefill saved), blocks demoted and promoted, and KV events recorded
+// per second of the manager's own time.
 void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_factor, int disk_factor) {
   const int P = e->descriptor->page_size;
   for (auto _ : state) {
@@ -347,6 +349,11 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_fact
     state.counters["refused"] = double(refused);
     state.counters["disk_writes"] = double(st.disk_writes);
     state.counters["disk_reads"] = double(st.disk_reads);
+    // Where each prefix hit came from: of the full prompt blocks looked up, the share each tier served.
+    const double lookups = double(st.prefix_hits + st.prefix_misses);
+    state.counters["hit_device"] = lookups ? double(st.prefix_hits - st.promoted_blocks) / lookups : 0;
+    state.counters["hit_host"] = lookups ? double(st.promoted_blocks - st.disk_reads) / lookups : 0;
+    state.counters["hit_disk"] = lookups ? double(st.disk_reads) / lookups : 0;
     std::remove(disk.c_str());
   }
 }

@@ -1,7 +1,7 @@
 // The executor contract: what the one source of the operations (ops.hpp and the op files built on it)
 // asks of a backend's executor. make_op_table checks it, so a new backend's executor that lacks a member
-// fails to compile with that member named, not deep inside an operation. CpuExec (exec_cpu.hpp) and
-// CudaExec (exec_cuda.cuh) are the two that exist; design.md says what each member means.
+// fails to compile with that member named, not deep inside an operation. CpuExec (backends/cpu/exec_cpu.hpp)
+// and CudaExec (backends/cuda/exec_cuda.cuh) are the two that exist; design.md says what each member means.
 #pragma once
 
 #include <cstdint>

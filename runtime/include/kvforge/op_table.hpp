@@ -1,7 +1,7 @@
 // The backend seam. Every operation of a variant on one kind of device is an entry of an OpTable, which
 // that backend's generated file fills from the one source in ops.hpp run on the backend's executor:
-//   cpu:  cpu_ops.hpp  (CpuExec),  in the generated <variant>.cpp;
-//   cuda: cuda_ops.cuh (CudaExec), in the generated <variant>.cu.
+//   cpu:  backends/cpu/cpu_ops.hpp   (CpuExec),  in the generated <variant>.cpp;
+//   cuda: backends/cuda/cuda_ops.cuh (CudaExec), in the generated <variant>.cu.
 // TypedCache runs whichever table its device has, so it holds no code of any backend.
 #pragma once
 
