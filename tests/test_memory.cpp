@@ -107,8 +107,14 @@ TEST(SequenceManager, RefusesWhatItCannotDoAndChangesNothing) {
   m.restore(1);
   EXPECT_THROW(m.restore(1), StateError);
   m.check_invariants();
-  for (const auto& [field, options] : {std::pair{"options.host_blocks", SequenceManagerOptions{true, 0, -1, 0}},
-                                       std::pair{"options.window", SequenceManagerOptions{true, 0, 0, -2}}}) {
+  auto with = [](auto set) {
+    SequenceManagerOptions o;
+    set(o);
+    return o;
+  };
+  for (const auto& [field, options] :
+       {std::pair{"options.host_blocks", with([](SequenceManagerOptions& o) { o.host_blocks = -1; })},
+        std::pair{"options.window", with([](SequenceManagerOptions& o) { o.window = -2; })}}) {
     try {
       SequenceManager refused(*cache, options);
       ADD_FAILURE() << field << " < 0 was taken";

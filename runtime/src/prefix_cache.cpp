@@ -72,7 +72,7 @@ void PrefixCache::retain(int32_t b, int priority, double until) {
   const double old_until = until_[size_t(b)];
   // A priority for good outlasts one with an end; of two ends, the later.
   const bool keeps_old = old > priority || (old == priority && (old_until == 0.0 || (until != 0.0 && old_until >= until)));
-  if (keeps_old || priority == default_priority_ && old == default_priority_) return;
+  if (keeps_old || (priority == default_priority_ && old == default_priority_)) return;
   const bool listed = evictable(b);
   if (listed) keep(b);
   priority_[size_t(b)] = uint8_t(priority);
