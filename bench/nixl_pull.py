@@ -3,7 +3,8 @@ a raw NIXL READ of the same bytes, contiguous, between the same two pools, in th
 
     PYTHONPATH=build/python python3 bench/nixl_pull.py [--tokens 4096 32768] [--repeat 3]
 
-Per layout pair and size: how the pull went (direct into the pool, or staged and appended), its NIXL
+Per layout pair and size: how the pull went (direct into the pool; prepared, the sender writing this pool's
+page order a few layers ahead; or staged and appended), its NIXL
 descriptors, the median pull time (planning, READs and any append included) and the median raw READ time.
 A fresh sending process serves each row, so that only one pair's pools are in memory at once.
 """
@@ -41,7 +42,7 @@ def config(name, tokens):
 
 def serve(name, tokens):
     """The sending side: one cache of `name` holding `tokens` positions, registered; waits for `quit`."""
-    with kvforge.nixl.Agent("prefill") as agent:
+    with kvforge.nixl.Agent("prefill", serve=True) as agent:
         cache = kvforge.create(name, **config(name, tokens)[0])
         agent.register("kv", cache)
         print("metadata", agent.metadata().hex(), flush=True)
@@ -50,7 +51,7 @@ def serve(name, tokens):
                 break
 
 
-def row(source, target, tokens, repeat):
+def row(source, target, tokens, repeat, prepared=None):
     server = subprocess.Popen([sys.executable, __file__, "--serve", source, str(tokens)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     metadata = next(bytes.fromhex(line.split()[1]) for line in server.stdout if line.startswith("metadata "))
@@ -63,7 +64,7 @@ def row(source, target, tokens, repeat):
         for _ in range(repeat):
             start = time.perf_counter()
             report = agent.pull([(peer, "kv")], "kv", tokens, config(source, tokens)[1], config(target, tokens)[1],
-                                timeout=600)
+                                timeout=600, prepared=prepared)
             pulls.append(time.perf_counter() - start)
         # The raw READ: the same number of bytes, one descriptor, from the sender's pool to this one's.
         nixl, mine = agent._nixl, agent._caches["kv"][1]
@@ -73,10 +74,13 @@ def row(source, target, tokens, repeat):
         raws = []
         for _ in range(repeat):
             start = time.perf_counter()
-            handle = nixl.initialize_xfer("READ", local, remote, peer)
-            state = nixl.transfer(handle)
+            with agent._lock:  # NIXL is the agent's thread's too: polled as a pull polls it
+                handle = nixl.initialize_xfer("READ", local, remote, peer)
+                state = nixl.transfer(handle)
             while state == "PROC":
-                state = nixl.check_xfer_state(handle)
+                with agent._lock:
+                    state = nixl.check_xfer_state(handle)
+                time.sleep(0)
             assert state == "DONE", state
             raws.append(time.perf_counter() - start)
             handle.release()
@@ -92,18 +96,24 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 32768])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--staged-too", action="store_true",
+                        help="after each prepared pull, the same pull staged (the receiver converting)")
+    parser.add_argument("--pairs", type=int, nargs="+", help="indices into PAIRS (default: all)")
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return serve(args.serve[0], int(args.serve[1]))
     print("| prefill | decode | tokens | bytes | how | descriptors | pull ms | raw READ ms | ÷ raw |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for source, target in PAIRS:
+    for source, target in [PAIRS[i] for i in args.pairs] if args.pairs else PAIRS:
         for tokens in args.tokens:
             if any(tokens > d.max_seq_len for d in map(kvforge.describe, (variant(source), variant(target)))
                    if not d.paged):
                 continue  # a contiguous row holds max_seq_len positions
-            print(row(variant(source), variant(target), tokens, args.repeat), flush=True)
+            line = row(variant(source), variant(target), tokens, args.repeat)
+            print(line, flush=True)
+            if "| prepared |" in line and args.staged_too:  # the same pull with the receiver converting
+                print(row(variant(source), variant(target), tokens, args.repeat, prepared=False), flush=True)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def prefill(variant):
     with torch.no_grad():
         logits = model(ids, cache=cache, use_cache=True).logits
     first = int(logits[0, -1].argmax())
-    with kvforge.nixl.Agent("prefill") as agent:
+    with kvforge.nixl.Agent("prefill", serve=True) as agent:
         agent.register("kv", cache.kv)
         print("ready", json.dumps({"metadata": agent.metadata().hex(), "pages": list(cache.sequence_manager.pages(0)),
                                    "count": ids.shape[1], "first": first}), flush=True)

@@ -1,8 +1,10 @@
-"""The arithmetic of a kvforge.nixl pull: the checks of a cache pair, where a request's positions lie, and
-the byte offsets of its (layer, K or V, position, head) runs in the source, the target and a staging
-area, merged into NIXL descriptors. Pure numpy over the facts each side publishes (nixl._describe)."""
+"""The arithmetic of a kvforge.nixl pull: what each side publishes of a cache (_describe), the checks of a
+cache pair, where a request's positions lie, and the byte offsets of its (layer, K or V, position, head)
+runs in the source, the target and a staging area, merged into NIXL descriptors. Pure numpy over the
+published facts."""
 
 import numpy as np
+import torch
 
 import kvforge
 
@@ -16,6 +18,32 @@ class Placement:
             raise kvforge.ArgumentError("placement: give pages (a paged cache) or row (a contiguous one), not both")
         self.pages = None if pages is None else np.asarray(pages, dtype=np.int64).reshape(-1)
         self.row = row
+
+
+def _describe(cache, rank):
+    """What a peer needs of a registered cache: its variant's facts and each layer's K and V addresses."""
+    d = cache.descriptor
+    if d.hybrid:
+        raise kvforge.UnsupportedError(f"cache: {d.name} is hybrid; register each group's cache (cache.group(g))")
+    if d.addressing == "ring":
+        raise kvforge.UnsupportedError(f"cache: {d.name} is a ring; its positions wrap, so a request has no fixed "
+                                       f"place to pull from or into")
+    if not 0 <= rank < d.tensor_parallel:
+        raise kvforge.OutOfRangeError(f"rank: {rank} is outside [0, {d.tensor_parallel}) ({d.name} is a shard of "
+                                      f"degree {d.tensor_parallel})")
+    layers = []
+    for layer in range(d.layers):
+        view = cache.view(layer)
+        k, v = torch.from_dlpack(view["k"]), torch.from_dlpack(view["v"])
+        layers.append([k.data_ptr(), v.data_ptr()])
+    strides = list(k.stride()[:3])  # [row or page, position or slot, head], in elements; dim is contiguous
+    buffers = [[t.data_ptr(), t.numel()] for t in (torch.from_dlpack(b) for b in cache.buffers())]
+    return {"name": d.name, "model": d.shard_of, "layers": d.layers, "heads": d.heads, "model_heads": d.model_heads,
+            "head_dim": d.head_dim, "storage": d.storage, "input": d.input, "quant": d.quant, "paged": d.paged,
+            "page_size": d.page_size, "extent": [k.shape[0], k.shape[1]], "element_bytes": k.element_size(),
+            "tp": d.tensor_parallel, "rank": rank, "heads_of_rank": list(d.shard_heads(rank)),
+            "device": "VRAM" if k.device.type == "cuda" else "DRAM", "device_id": max(k.get_device(), 0),
+            "strides": strides, "addresses": layers, "buffers": buffers}
 
 
 def _check_pair(mine, theirs):
@@ -38,6 +66,13 @@ def _check_pair(mine, theirs):
             raise kvforge.ArgumentError("sources: every rank's cache must be in one kind of memory")
     if mine["storage"] != theirs[0]["storage"] and mine["input"] not in ("fp32", "fp16", "bf16"):
         raise kvforge.DtypeError(f"input: {mine['name']} appends {mine['input']}")
+
+
+def _same_geometry(mine, theirs):
+    """One sender whose pool places a request's bytes as this one's: the same storage, page size, heads
+    and strides, and V at the same distance from K."""
+    return len(theirs) == 1 and all(mine[f] == theirs[0][f] for f in ("storage", "page_size", "heads", "strides")) \
+        and _axis_strides(mine)["kv"] == _axis_strides(theirs[0])["kv"]
 
 
 def _places(what, d, placement, positions):

@@ -24,16 +24,20 @@ import json
 import logging
 import os
 import struct
+import threading
 import time
+import weakref
 
 import numpy as np
 import torch
 
 import kvforge
 
+from . import _nixl_prepared as prepared
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
-                         _at, _check_pair, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
-                         _source_grid)
+                         _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
+                         _same_geometry, _source_grid)
+from ._nixl_wait import InFlight, PullTimeout  # noqa: F401  (kvforge.nixl.PullTimeout)
 from .torch_dtypes import TORCH_DTYPES
 
 _MAGIC = b"KVFN"
@@ -46,12 +50,6 @@ _VERSION = 1
 # caller's own UCX_MODULES wins.
 if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
     os.environ.setdefault("UCX_MODULES", "^ib")
-
-
-class PullTimeout(kvforge.Error, TimeoutError):
-    """A pull did not complete in time. It was abandoned: its NIXL requests were cancelled and released
-    (or are released by a later call where NIXL could not yet), and the target positions hold undefined
-    bytes, as before any write. Nothing else changed; the same request can be pulled again."""
 
 
 def _import_nixl():
@@ -68,39 +66,38 @@ def _import_nixl():
     return nixl_agent, nixl_agent_config
 
 
-def _describe(cache, rank):
-    """What a peer needs of a registered cache: its variant's facts and each layer's K and V addresses."""
-    d = cache.descriptor
-    if d.hybrid:
-        raise kvforge.UnsupportedError(f"cache: {d.name} is hybrid; register each group's cache (cache.group(g))")
-    if d.addressing == "ring":
-        raise kvforge.UnsupportedError(f"cache: {d.name} is a ring; its positions wrap, so a request has no fixed "
-                                       f"place to pull from or into")
-    if not 0 <= rank < d.tensor_parallel:
-        raise kvforge.OutOfRangeError(f"rank: {rank} is outside [0, {d.tensor_parallel}) ({d.name} is a shard of "
-                                      f"degree {d.tensor_parallel})")
-    layers = []
-    for layer in range(d.layers):
-        view = cache.view(layer)
-        k, v = torch.from_dlpack(view["k"]), torch.from_dlpack(view["v"])
-        layers.append([k.data_ptr(), v.data_ptr()])
-    strides = list(k.stride()[:3])  # [row or page, position or slot, head], in elements; dim is contiguous
-    buffers = [[t.data_ptr(), t.numel()] for t in (torch.from_dlpack(b) for b in cache.buffers())]
-    return {"name": d.name, "model": d.shard_of, "layers": d.layers, "heads": d.heads, "model_heads": d.model_heads,
-            "head_dim": d.head_dim, "storage": d.storage, "input": d.input, "quant": d.quant, "paged": d.paged,
-            "page_size": d.page_size, "extent": [k.shape[0], k.shape[1]], "element_bytes": k.element_size(),
-            "tp": d.tensor_parallel, "rank": rank, "heads_of_rank": list(d.shard_heads(rank)),
-            "device": "VRAM" if k.device.type == "cuda" else "DRAM", "device_id": max(k.get_device(), 0),
-            "strides": strides, "addresses": layers, "buffers": buffers}
-
-
 class Agent:
-    """A NIXL agent over kvforge caches. name: unique among the agents that connect; backends: NIXL's."""
+    """A NIXL agent over kvforge caches. name: unique among the agents that connect; backends: NIXL's.
 
-    def __init__(self, name, backends=("UCX",)):
+    serve: this agent also serves prepared pulls of its caches (a prefill side): a thread of its own writes
+    each asked-for request in the receiver's page order, a few layers ahead of the receiver's READs, so
+    that a pull between layouts whose bytes do not map one to one still reads each byte once
+    (docs/transfer.md, "Over NIXL").
+
+    Every agent has a thread of its own that polls NIXL (which is what lets others read from it) every
+    millisecond while idle, and without pause while it serves a pull. progress_thread: NIXL's own
+    progress thread as well, which polls without pause and so takes a whole core; kvforge's agents need
+    none.
+    """
+
+    def __init__(self, name, backends=("UCX",), serve=False, progress_thread=False):
         nixl_agent, nixl_agent_config = _import_nixl()
         self.name = name
-        self._nixl = nixl_agent(name, nixl_agent_config(backends=list(backends)))
+        self._nixl = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress_thread, backends=list(backends)))
+        self._lock = threading.RLock()  # NIXL calls and the state below, shared with the serving thread
+        self._serves = bool(serve)
+        self._serving = {}  # request id -> prepared.Serving (the sender's side)
+        self._answering = set()  # agents whose metadata came with a request, so that answers can reach them
+        self._prepared_inbox = {}  # request id -> [(kind, head)] (the receiver's side)
+        self._cancelled = set()  # ids of prepared pulls this agent abandoned
+        self._user_notifs = {}  # agent name -> [bytes]: notify= messages, for notifications()
+        self._pulls = 0  # prepared pulls started; with _run, their ids, unique across restarts too
+        self._run = os.urandom(4).hex()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._progress_loop, daemon=True, name=f"kvforge.nixl {name}")
+        self._thread.start()
+        # An agent left open stops polling at exit, before NIXL's objects go (which would abort the process).
+        weakref.finalize(self, _stop_polling, self._stop, self._thread)
         self._caches = {}  # key -> (cache, description)
         self._peers = {}  # agent name -> {key: description}
         self._abandoned = []  # (NIXL requests, staging area, registration) of pulls a timeout abandoned
@@ -112,6 +109,11 @@ class Agent:
         a context manager) before the caches go: NIXL must not outlive memory registered with it."""
         if self._nixl is None:
             return
+        self._stop.set()
+        self._thread.join()
+        for serving in self._serving.values():  # a READ of its ring may still be under way
+            self._parked.append(serving.area)
+        self._serving = {}
         self._release_abandoned()
         if not (self._abandoned or self._parked):  # else a cancelled READ may still use a registration
             for _, _, registered in self._caches.values():
@@ -156,7 +158,7 @@ class Agent:
 
     def metadata(self):
         """Bytes for the other side's connect(): NIXL's agent metadata and every registered cache's facts."""
-        facts = json.dumps({"version": _VERSION, "agent": self.name,
+        facts = json.dumps({"version": _VERSION, "agent": self.name, "serves": self._serves,
                             "caches": {k: c[1] for k, c in self._caches.items()}}).encode()
         return _MAGIC + struct.pack("<II", _VERSION, len(facts)) + facts + self._nixl.get_agent_metadata()
 
@@ -169,11 +171,13 @@ class Agent:
             raise kvforge.ArgumentError(f"metadata: version {version}, this kvforge reads {_VERSION}")
         try:
             facts = json.loads(bytes(metadata[12:12 + size]))
-            agent, caches = facts["agent"], facts["caches"]
+            agent, caches, serves = facts["agent"], facts["caches"], bool(facts.get("serves"))
         except (ValueError, KeyError, TypeError):
             raise kvforge.ArgumentError("metadata: its header is not a kvforge.nixl Agent.metadata()'s") from None
         if agent == self.name:
             raise kvforge.ArgumentError(f"metadata: {agent!r} is this agent's own name")
+        if serves:
+            caches = {key: dict(facts, serves=True) for key, facts in caches.items()}
         try:
             name = self._nixl.add_remote_agent(bytes(metadata[12 + size:]))
         except Exception as e:  # noqa: BLE001  (NIXL's own error, about bytes the caller passed)
@@ -187,25 +191,60 @@ class Agent:
 
     def notifications(self):
         """{agent name: [message bytes]}: the notify= messages of pulls that completed from this agent."""
-        return self._nixl.get_new_notifs()
+        with self._lock:
+            self._drain()
+            received, self._user_notifs = self._user_notifs, {}
+        return received
+
+    # -- the messages of prepared pulls (_nixl_prepared.py) ---------------------------------------
+
+    def _drain(self):
+        """Takes NIXL's new notifications: a prepared pull's messages go to their request, others stay
+        for notifications()."""
+        with self._lock:
+            for peer, messages in self._nixl.get_new_notifs().items():
+                peer = peer.decode() if isinstance(peer, bytes) else peer
+                for message in messages:
+                    parsed = prepared.decode(message)
+                    if parsed is None:
+                        self._user_notifs.setdefault(peer, []).append(message)
+                    else:
+                        prepared.route(self, peer, *parsed)
+
+    def _progress_loop(self):
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                self._drain()
+                busy = any([serving.step() for serving in list(self._serving.values())])
+                now = time.monotonic()
+                for request, serving in list(self._serving.items()):
+                    if now - serving.last > prepared.STALE_SECONDS:  # the receiver went away
+                        self._parked.append(self._serving.pop(request).area)
+            if busy or self._serving:
+                idle_since = now
+            time.sleep(0 if now - idle_since < 0.01 else 0.001)
 
     # -- pulls ---------------------------------------------------------------------------------------
 
-    def pull(self, sources, key, count, source, target, begin=0, timeout=30.0, notify=b""):
+    def pull(self, sources, key, count, source, target, begin=0, timeout=30.0, notify=b"", prepared=None):
         """Pulls positions [begin, begin + count) of one request into the cache registered as `key`.
 
         sources: [(agent name, key)] for each rank of the sending tensor-parallel group, in rank order.
         source, target: Placements of the request in the sending caches (the same on every rank) and here.
         timeout: seconds; then PullTimeout. notify: bytes each sender gets in notifications() when done.
-        Returns a dict: how (direct or staged), descriptors and bytes read.
+        prepared: None lets the pull ask a serving sender (Agent(serve=True)) to write the request in this
+        cache's page order where the bytes do not map one to one; False never asks; True requires it.
+        Returns a dict: how (direct, prepared or staged), descriptors and bytes read.
         """
-        return self.start_pull(sources, key, count, source, target, begin, notify).wait(timeout)
+        return self.start_pull(sources, key, count, source, target, begin, notify, prepared).wait(timeout)
 
-    def start_pull(self, sources, key, count, source, target, begin=0, notify=b""):
+    def start_pull(self, sources, key, count, source, target, begin=0, notify=b"", prepared=None):
         """As pull(), but returns a Pull at once; several may be in flight. Pull.wait(timeout) ends it."""
-        self._release_abandoned()
-        plan = self._plan(sources, key, count, source, target, begin)
-        return Pull(self, plan, notify)
+        with self._lock:
+            self._release_abandoned()
+            plan = self._plan(sources, key, count, source, target, begin, prepared)
+            return prepared_pull(self, plan, notify) if plan.get("placement") else Pull(self, plan, notify)
 
     def abandoned(self):
         """How many abandoned pulls still have READs in flight that NIXL could not cancel. Their target
@@ -230,7 +269,7 @@ class Agent:
                 self._parked.append((staging, registered))
         self._abandoned = kept
 
-    def _plan(self, sources, key, count, source, target, begin):
+    def _plan(self, sources, key, count, source, target, begin, ask=None):
         if key not in self._caches:
             raise kvforge.ArgumentError(f"key: {key!r} is not registered here (registered: {sorted(self._caches)})")
         cache, mine, _ = self._caches[key]
@@ -253,6 +292,12 @@ class Agent:
         positions = np.arange(begin, begin + count, dtype=np.int64)
         src_place = _places("source", theirs[0], source, positions)
         dst_place = _places("target", mine, target, positions)
+        # A sender that serves writes this cache's page order, unless both pools place a request's bytes
+        # alike: then a direct READ takes as few descriptors, with no pass on either side.
+        if ask or (ask is None and not _same_geometry(mine, theirs)):
+            plan, why = self._prepared_plan(cache, mine, theirs, sources, source, target, count, begin)
+            if plan or ask:
+                return plan or _refuse(kvforge.UnsupportedError(f"prepared: no prepared pull: {why}"))
         # Runs are enumerated in the source's own order: its (page, slot, K/V, head) axes from the widest
         # stride in, so that its adjacent runs come one after another and merge without sorting. The
         # staging area is dense over the same axes: a source page lands whole.
@@ -303,7 +348,44 @@ class Agent:
                 "dst_place": dst_place, "first_position": int(positions[0]) - start, "count": count}
 
 
-class Pull:
+    def _prepared_plan(self, cache, mine, theirs, sources, source, target, count, begin):
+        """(the plan of a prepared pull, None) or (None, why one cannot go)."""
+        pieces = [p for p in kvforge.shard_pieces(mine["model_heads"], len(theirs), mine["tp"]) if p[1] == mine["rank"]]
+        d = theirs[pieces[0][0]] if len(pieces) == 1 else None
+        why = ("the request comes from several senders" if d is None else
+               "the sender does not serve (Agent(serve=True))" if not d.get("serves") else
+               "it starts past position 0" if begin else
+               "the sender's storage dtype differs" if d["storage"] != mine["storage"] else
+               "a cache is not in host memory" if "DRAM" != mine["device"] or "DRAM" != d["device"] else None)
+        placement = None
+        if why is None:
+            pages = None if target.pages is None else target.pages[:-(-count // mine["page_size"])].astype(np.int32)
+            placement = cache.physical_placement(count, pages=pages, row=target.row or 0)
+            why = None if placement is not None else f"{mine['name']}'s pages are not dense blocks"
+        if why is not None:
+            return None, why
+        self._pulls += 1
+        sender, _, head_begin, head_end = pieces[0]
+        return {"id": f"{self.name}/{self._run}/{self._pulls}", "peer": sources[sender][0], "their_key": sources[sender][1],
+                "count": count, "source": source, "source_page_size": d["page_size"], "placement": placement,
+                "head_offset": head_begin - d["heads_of_rank"][0], "heads": head_end - head_begin,
+                "layers": mine["layers"], "layer_bases": _layer_bases(mine), "device_id": mine["device_id"]}, None
+
+
+def _refuse(error):
+    raise error
+
+
+def _stop_polling(stop, thread):
+    stop.set()
+    thread.join()
+
+
+def prepared_pull(agent, plan, notify):
+    return prepared.PreparedPull(agent, plan, notify)
+
+
+class Pull(InFlight):
     """A pull in flight (Agent.start_pull). wait(timeout) completes it or abandons it."""
 
     def __init__(self, agent, plan, notify):
@@ -328,23 +410,12 @@ class Pull:
         """True once every READ completed (then wait() returns at once). Raises BackendError on a failed READ."""
         if self._finished:
             return True
-        states = [self._agent._nixl.check_xfer_state(h) for h in self._handles]
+        with self._agent._lock:  # the agent's thread polls NIXL too
+            states = [self._agent._nixl.check_xfer_state(h) for h in self._handles]
         if "ERR" in states:
             self._abandon()
             raise kvforge.BackendError("nixl: a READ of this pull failed; the target positions hold undefined bytes")
         return all(s == "DONE" for s in states)
-
-    def wait(self, timeout=30.0):
-        """Blocks until done; after `timeout` seconds abandons the pull and raises PullTimeout."""
-        deadline = time.monotonic() + timeout
-        while not self.done():
-            if time.monotonic() >= deadline:
-                self._abandon()
-                raise PullTimeout(f"timeout: the pull did not complete in {timeout} s; it was abandoned")
-            time.sleep(0)
-        if not self._finished:
-            self._finish()
-        return self.report
 
     def _finish(self):
         plan = self._plan
@@ -375,6 +446,10 @@ class Pull:
     def _abandon(self):
         """Cancels and releases this pull's READs. One that NIXL cannot cancel yet keeps the staging area
         alive and registered, parked with the agent, until a later call releases it."""
+        with self._agent._lock:
+            self._abandon_locked()
+
+    def _abandon_locked(self):
         area = self._plan["area"] or (None, None)
         self._agent._abandoned.append((self._handles, area[0], area[1]))
         self._handles = []

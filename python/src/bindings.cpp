@@ -6,6 +6,7 @@
 // nanobind's ndarray is the one FFI type here (translate.hpp holds the conversions), so another binding
 // layer would change only these two files.
 #include "events.hpp"
+#include "physical.hpp"
 #include "translate.hpp"
 
 NB_MODULE(_native, m) {
@@ -132,6 +133,18 @@ NB_MODULE(_native, m) {
         raw_buffers(nb::cast<const Cache&>(self), self, out);
         return out;
       })
+      .def("physical_placement", [](const Cache& c, int64_t tokens, nb::handle pages, int64_t row) {
+        const IndexView p = optional_index(pages, "pages");
+        if (tokens < 1) throw OutOfRangeError("tokens", tokens, 1, int64_t(1) << 40);
+        check_physical_range(c, GatherRange{row, p, 0, tokens}, tokens);
+        return placement_dict(physical_placement(c, static_cast<const int32_t*>(p.data), row, tokens));
+      }, "tokens"_a, "pages"_a = nb::none(), "row"_a = 0)
+      .def("write_physical", [](const Cache& c, int64_t layer, int64_t tokens, const nb::dict& placement, nb::handle out,
+                                nb::handle pages, int64_t row, int64_t head_offset, int64_t heads) {
+        write_physical_from(c, layer_arg(c, layer), tokens, placement, out, optional_index(pages, "pages"), row, head_offset,
+                            heads);
+      }, "layer"_a, "tokens"_a, "placement"_a, "out"_a, "pages"_a = nb::none(), "row"_a = 0, "head_offset"_a = 0,
+         "heads"_a = -1)
       .def("packed_page_bytes", &Cache::packed_page_bytes)
       .def("pack_pages", [](Cache& c, nb::handle pages, nb::handle packed) {
         const IndexView p = index_view(pages, "pages");

@@ -1,7 +1,10 @@
 """A sending process for tests/python/test_nixl.py: it creates caches, writes requests into them through
 the caches' own append, registers them with a kvforge.nixl Agent and serves pulls until told to stop.
 
-    python3 nixl_peer.py <agent name> <json: [{key, variant, rank, pages|rows, requests: [[id, placement]]}]>
+    python3 nixl_peer.py <agent name> <json: [{key, variant, rank, pages|rows, requests: [[id, placement]]}]> [how]
+
+how: `serve` (the agent serves prepared pulls) or `progress` (it keeps NIXL's progress thread, which a peer
+that is read over TCP without serving needs); neither by default.
 
 stdout: a line `metadata <hex>`, the agent's metadata. stdin: `notifications` (answers `notifications <json>`, those
 received so far) or `quit`.
@@ -50,8 +53,8 @@ def write_request(cache, rank, request, placement, count):
 
 
 def main():
-    name, plan = sys.argv[1], json.loads(sys.argv[2])
-    agent = kvforge.nixl.Agent(name)
+    name, plan, how = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else ""
+    agent = kvforge.nixl.Agent(name, serve=how == "serve", progress_thread=how == "progress")
     caches = []
     for entry in plan:
         cache = kvforge.create(entry["variant"], **{k: entry[k] for k in ("pages", "rows", "max_staged_tokens")

@@ -62,10 +62,10 @@ def config_of(d):
 class Peer:
     """A sending process: its caches, its agent's metadata, and its notifications."""
 
-    def __init__(self, name, plan):
+    def __init__(self, name, plan, how=""):
         self.name, self.plan = name, plan
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-        self.process = subprocess.Popen([sys.executable, os.path.join(HERE, "nixl_peer.py"), name, json.dumps(plan)],
+        self.process = subprocess.Popen([sys.executable, os.path.join(HERE, "nixl_peer.py"), name, json.dumps(plan), how],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def answer(self, tag):
@@ -127,6 +127,7 @@ def peers():
         peer.bytes = peer.metadata()
     agent = agent_connected_to(started, "decode")
     yield agent, started
+    agent.close()
     for peer in started.values():
         peer.stop()
 
@@ -212,11 +213,11 @@ def test_tensor_parallel_groups(peers):
              ([(f"p{r}", "tp4_fp32") for r in range(4)], TP_FP32[2], TP_PAGES[:1])]
     for case, (sources, variant, source_pages) in enumerate(cases):
         for rank in range(2):
-            receiver = agent_connected_to(started, f"decode_{case}_{rank}")
-            cache = kvforge.create(variant, pages=8)
-            receiver.register("kv", cache, rank=rank)
-            receiver.pull(sources, "kv", COUNT, Placement(pages=source_pages), place)
-            assert_holds(cache, place, 42, rank=rank)
+            with agent_connected_to(started, f"decode_{case}_{rank}") as receiver:
+                cache = kvforge.create(variant, pages=8)
+                receiver.register("kv", cache, rank=rank)
+                receiver.pull(sources, "kv", COUNT, Placement(pages=source_pages), place)
+                assert_holds(cache, place, 42, rank=rank)
 
 
 def test_another_dtype_arrives_through_the_caches_own_append(peers):
@@ -295,12 +296,14 @@ def test_refusals_name_the_field_and_write_nothing(peers):
         agent.connect(agent.metadata())
 
 
-def test_a_stalled_sender_times_out_and_the_same_pull_then_completes(monkeypatch):
-    # Over TCP a READ needs the sender's progress thread, so a stopped sender stalls it (over shared memory
-    # the READ completes without the sender, and no timeout could happen).
+@pytest.mark.parametrize("how", ["progress", "serve"])
+def test_a_stalled_sender_times_out_and_the_same_pull_then_completes(monkeypatch, how):
+    # Over TCP a READ needs the sender's progress (NIXL's thread, or the serving thread, which also writes a
+    # prepared pull's layers), so a stopped sender stalls it (over shared memory the READ completes without
+    # the sender, and no timeout could happen).
     monkeypatch.setenv("UCX_TLS", "tcp,self")
-    peer = Peer("stalling", [{"key": "kv", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 8,
-                              "requests": [[5, {"pages": [3, 2, 1, 0]}, COUNT]]}])
+    peer = Peer(f"stalling_{how}", [{"key": "kv", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 8,
+                                     "requests": [[5, {"pages": [3, 2, 1, 0]}, COUNT]]}], how)
     peer.bytes = peer.metadata()
     with kvforge.nixl.Agent("decode_tcp") as agent:
         agent.connect(peer.bytes)
@@ -310,9 +313,10 @@ def test_a_stalled_sender_times_out_and_the_same_pull_then_completes(monkeypatch
         os.kill(peer.process.pid, signal.SIGSTOP)
         try:
             with pytest.raises(kvforge.nixl.PullTimeout, match="did not complete in 0.5 s; it was abandoned"):
-                agent.pull([("stalling", "kv")], "kv", COUNT, source, target, timeout=0.5)
+                agent.pull([(peer.name, "kv")], "kv", COUNT, source, target, timeout=0.5)
         finally:
             os.kill(peer.process.pid, signal.SIGCONT)
-        agent.pull([("stalling", "kv")], "kv", COUNT, source, target, timeout=30)
+        report = agent.pull([(peer.name, "kv")], "kv", COUNT, source, target, timeout=30)
+        assert report["how"] == ("prepared" if how == "serve" else "staged")
         assert_holds(cache, target, 5)
     peer.stop()

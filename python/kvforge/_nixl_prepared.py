@@ -1,0 +1,243 @@
+"""Prepared pulls (docs/transfer.md, "Over NIXL"): where the bytes of two layouts do not map one to one,
+the receiver asks the sender to write the request in the receiver's own page order, and READs each layer
+straight into its pool.
+
+The receiver describes where the request goes in its pool: the physical wire format of the MPI transfers
+(kvforge/physical_wire.hpp, Cache.physical_placement), which names no layout. The sender writes each layer
+so with one pass over its pool (Cache.write_physical) into a registered ring of a few layers, and says so;
+the receiver READs that layer, one descriptor per run of its adjacent blocks, and the READ's completion
+frees the ring slot. The conversion is the sender's work, on its own core, a layer ahead of the READ, so
+the receiver's core copies each byte once, as a raw READ does.
+
+Messages are NIXL notifications, each `_TAG` + a kind byte + a JSON head + raw int64 arrays:
+  Q  receiver -> sender   a request: the cache key, the source's pages or row, the heads, the placement
+                          (its scalars in the head, its block and runs arrays after it) and the receiver's
+                          agent metadata, so that the sender can answer
+  L  sender -> receiver   layer l is in the ring at address a
+  E  sender -> receiver   the request was refused: a field and a message
+  A  receiver -> sender   layer l was read (the notification of that layer's READ)
+  C  receiver -> sender   the pull was abandoned (a timeout): the sender drops it
+"""
+
+import json
+import struct
+import time
+
+import numpy as np
+import torch
+
+import kvforge
+
+from ._nixl_wait import InFlight
+
+_TAG = b"\x00kvf"
+RING_LAYERS = 4  # layers a request's ring holds: the sender writes this far ahead of the receiver's READs
+STALE_SECONDS = 120.0  # a served request whose receiver read nothing for this long is dropped
+
+
+def encode(kind, head, *arrays):
+    body = json.dumps(head).encode()
+    return _TAG + kind + struct.pack("<I", len(body)) + body + b"".join(np.ascontiguousarray(a).tobytes()
+                                                                       for a in arrays)
+
+
+def decode(message):
+    """(kind, head, the bytes after it), or None for a message that is not one of these."""
+    if not message.startswith(_TAG) or len(message) < 9:
+        return None
+    size = struct.unpack_from("<I", message, 5)[0]
+    try:
+        head = json.loads(bytes(message[9:9 + size]))
+    except ValueError:
+        return None
+    return message[4:5], head, bytes(message[9 + size:])
+
+
+class Serving:
+    """The sender's side of one prepared pull: the ring it writes into and how far it got."""
+
+    def __init__(self, agent, peer, head, rest):
+        self.agent, self.peer, self.id = agent, peer, head["id"]
+        key = head["key"]
+        if key not in agent._caches:
+            raise kvforge.ArgumentError(f"key: {key!r} is not registered at {agent.name!r}")
+        self.cache = agent._caches[key][0]
+        blocks, runs = int(head["blocks"]), int(head["runs"])
+        arrays = np.frombuffer(rest, dtype=np.int64)
+        if blocks < 0 or runs < 0 or len(arrays) != blocks + runs + int(head.get("pages_given", 0)):
+            raise kvforge.ArgumentError("placement: its arrays do not match their counts")
+        self.placement = {name: int(head[name]) for name in
+                          ("page_size", "slot_stride", "head_stride", "pages", "head_blocks", "wire_bytes")}
+        self.placement.update(block=arrays[:blocks].copy(), runs=arrays[blocks:blocks + runs].copy())
+        self.pages = arrays[blocks + runs:].astype(np.int32) if head.get("pages_given") else None
+        self.row, self.tokens = int(head.get("row", 0)), int(head["tokens"])
+        self.head_offset, self.heads = int(head["head_offset"]), int(head["heads"])
+        self.layers = self.cache.descriptor.layers
+        self.wire = self.placement["wire_bytes"]
+        self.area = agent._take_staging(min(RING_LAYERS, self.layers) * self.wire, torch.device("cpu"))
+        try:
+            self.write(0)  # every check of the request and its placement runs first, before a byte is written
+        except Exception:
+            agent._spare.append(self.area)
+            raise
+        self.next, self.read, self.last = 1, set(), time.monotonic()
+
+    def write(self, layer):
+        self.cache.write_physical(layer, self.tokens, self.placement, self.slot(layer), pages=self.pages, row=self.row,
+                                  head_offset=self.head_offset, heads=self.heads)
+        head = {"id": self.id, "layer": layer, "at": self.slot(layer).data_ptr()}
+        if layer == 0:  # the ring's registration, which the receiver's copy of this agent's metadata may lack
+            head["ring"] = self.agent._nixl.get_partial_agent_metadata(self.area[1], False).hex()
+        self.agent._nixl.send_notif(self.peer, encode(b"L", head))
+
+    def slot(self, layer):
+        at = (layer % RING_LAYERS) * self.wire
+        return self.area[0][at:at + self.wire]
+
+    def step(self):
+        """Writes every layer whose ring slot is free; True if it wrote any."""
+        wrote = False
+        while self.next < self.layers and (self.next < RING_LAYERS or self.next - RING_LAYERS in self.read):
+            self.write(self.next)
+            self.next += 1
+            wrote = True
+        return wrote
+
+    def finished(self):
+        return len(self.read) == self.layers
+
+
+def route(agent, peer, kind, head, rest):
+    """A prepared pull's message, to the request it is about (Agent._drain)."""
+    request = head.get("id")
+    if kind == b"Q":
+        accept(agent, peer, head, rest)
+    elif kind == b"A" and request in agent._serving:
+        serving = agent._serving[request]
+        serving.read.add(int(head["layer"]))
+        serving.last = time.monotonic()
+        if serving.finished():
+            agent._spare.append(agent._serving.pop(request).area)
+    elif kind == b"C" and request in agent._serving:
+        agent._parked.append(agent._serving.pop(request).area)  # a READ of the ring may still be under way
+    elif kind in (b"L", b"E") and request in agent._prepared_inbox:
+        agent._prepared_inbox[request].append((kind, head))
+
+
+def accept(agent, peer, head, rest):
+    """A receiver's request: served from now on, or refused naming the field."""
+    if peer not in agent._answering and peer not in agent._peers:
+        try:
+            agent._nixl.add_remote_agent(bytes.fromhex(head.get("metadata", "")))
+        except Exception:  # noqa: BLE001  (nothing reaches a peer that sent no usable metadata)
+            return
+        agent._answering.add(peer)
+    try:
+        if not agent._serves:
+            raise kvforge.UnsupportedError(f"serve: agent {agent.name!r} does not serve prepared pulls")
+        if head["id"] in agent._serving:
+            raise kvforge.StateError(f"id: {head['id']!r} is being served already")
+        agent._serving[head["id"]] = Serving(agent, peer, head, rest)
+    except (kvforge.Error, KeyError, ValueError, TypeError) as e:
+        error = type(e).__name__ if isinstance(e, kvforge.Error) else "ArgumentError"
+        message = str(e) if isinstance(e, kvforge.Error) else f"request: malformed ({e!r})"
+        agent._nixl.send_notif(peer, encode(b"E", {"id": head.get("id"), "error": error, "message": message}))
+
+
+def request_message(agent, plan):
+    """The receiver's request for a prepared pull (kind Q)."""
+    place, source = plan["placement"], plan["source"]
+    head = {"id": plan["id"], "key": plan["their_key"], "tokens": plan["count"], "head_offset": plan["head_offset"],
+            "heads": plan["heads"], "blocks": len(place["block"]), "runs": len(place["runs"]),
+            "metadata": agent._nixl.get_agent_metadata().hex(), **{name: int(place[name]) for name in
+            ("page_size", "slot_stride", "head_stride", "pages", "head_blocks", "wire_bytes")}}
+    arrays = [place["block"], place["runs"]]
+    if source.pages is not None:
+        needed = -(-plan["count"] // plan["source_page_size"])
+        head["pages_given"] = needed
+        arrays.append(source.pages[:needed].astype(np.int64))
+    else:
+        head["row"] = int(source.row)
+    return encode(b"Q", head, *arrays)
+
+
+class PreparedPull(InFlight):
+    """The receiver's side: READs each layer the sender says is ready, straight into the pool."""
+
+    def __init__(self, agent, plan, notify):
+        self._agent, self._plan, self._notify = agent, plan, notify
+        self._handles = {}  # layer -> NIXL READ in flight
+        self._done = 0
+        place = plan["placement"]
+        self._runs = place["runs"]
+        self._wire_at = np.concatenate(([0], np.cumsum(self._runs)[:-1])).astype(np.int64)
+        self.report = {"how": "prepared", "descriptors": len(self._runs) * plan["layers"],
+                       "bytes": int(self._runs.sum()) * plan["layers"]}
+        self._finished = False
+        agent._prepared_inbox[plan["id"]] = []
+        agent._nixl.send_notif(plan["peer"], request_message(agent, plan))
+
+    def _read(self, layer, at):
+        plan, nixl = self._plan, self._agent._nixl
+        local = np.stack([plan["layer_bases"][layer] + plan["placement"]["run_at"], self._runs,
+                          np.full_like(self._runs, plan["device_id"])], axis=1).astype(np.uint64)
+        remote = np.stack([at + self._wire_at, self._runs, np.zeros_like(self._runs)], axis=1).astype(np.uint64)
+        handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local, "DRAM"), nixl.get_xfer_descs(remote, "DRAM"),
+                                      plan["peer"], encode(b"A", {"id": plan["id"], "layer": layer}))
+        self._handles[layer] = handle
+        if nixl.transfer(handle) == "ERR":
+            self._abandon()
+            raise kvforge.BackendError(f"nixl: posting a READ from {plan['peer']} failed")
+
+    def done(self):
+        with self._agent._lock:  # the agent's thread polls NIXL too
+            return self._done_locked()
+
+    def _done_locked(self):
+        if self._finished:
+            return True
+        agent, plan = self._agent, self._plan
+        agent._drain()
+        for kind, head in agent._prepared_inbox.get(plan["id"], []):
+            if kind == b"E":
+                self._abandon()
+                error = getattr(kvforge, head.get("error", ""), None)
+                error = error if isinstance(error, type) and issubclass(error, kvforge.Error) else kvforge.ArgumentError
+                raise error(f"{head['message']} (refused by the sender, {plan['peer']!r}; nothing was read)")
+            if "ring" in head:
+                agent._nixl.add_remote_agent(bytes.fromhex(head["ring"]))
+            self._read(int(head["layer"]), int(head["at"]))
+        agent._prepared_inbox[plan["id"]] = []
+        for layer, handle in list(self._handles.items()):
+            state = agent._nixl.check_xfer_state(handle)
+            if state == "ERR":
+                self._abandon()
+                raise kvforge.BackendError("nixl: a READ of this pull failed; the target positions hold undefined bytes")
+            if state == "DONE":
+                handle.release()
+                del self._handles[layer]
+                self._done += 1
+        return self._done == plan["layers"]
+
+    def _finish(self):
+        self._finished = True
+        self._agent._prepared_inbox.pop(self._plan["id"], None)
+        if self._notify:
+            self._agent._nixl.send_notif(self._plan["peer"], self._notify)
+
+    def _abandon(self):
+        with self._agent._lock:
+            self._abandon_locked()
+
+    def _abandon_locked(self):
+        agent, plan = self._agent, self._plan
+        agent._prepared_inbox.pop(plan["id"], None)
+        agent._cancelled.add(plan["id"])  # ready messages that still come are dropped
+        try:
+            agent._nixl.send_notif(plan["peer"], encode(b"C", {"id": plan["id"]}))
+        except Exception:  # noqa: BLE001  (a vanished sender: it has nothing left to drop)
+            pass
+        agent._abandoned.append((list(self._handles.values()), None, None))
+        self._handles = {}
+        agent._release_abandoned()
+        self._finished = True

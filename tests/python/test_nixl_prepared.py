@@ -1,0 +1,129 @@
+"""Prepared pulls over NIXL (kvforge.nixl, docs/transfer.md "Over NIXL"): a serving sender writes each
+layer in the receiver's page order, and the receiver READs it straight into its pool. Checked bitwise, as
+test_nixl.py checks the other paths, against nixl_peer.value:
+
+  - every ordered pair of the tiny model's float layouts from a serving sender: prepared where the two
+    pools place bytes differently, direct where alike; pages outside the request untouched;
+  - tensor parallelism 1 -> 2 (the sender writes each receiver's heads);
+  - a placement the sender refuses (it checks what crosses processes), a malformed request, and a pull
+    that asks for the prepared path where it cannot go, each naming the field; the sender serves on.
+"""
+
+import pytest
+import torch
+
+import kvforge
+import kvforge.nixl  # before NIXL itself: it sets UCX's modules for this machine
+
+pytest.importorskip("nixl_cu13", reason="NIXL is not installed (tools/setup installs nixl-cu13)")
+
+from kvforge import _nixl_prepared  # noqa: E402
+from kvforge._nixl_plan import _same_geometry  # noqa: E402
+from kvforge.nixl import Placement  # noqa: E402
+from test_nixl import (COUNT, LAYOUTS, TP, TP_PAGES, Peer, assert_holds, config_of, placement_of,  # noqa: E402
+                       pool_bytes, source_of, target_of)
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A serving sender with request i in tiny layout i, and the whole tiny_tp model's request 42."""
+    plan = [{"key": d.name, "variant": d.name, **config_of(d), "requests": [[i, placement_of(d, i), COUNT]]}
+            for i, d in enumerate(LAYOUTS)]
+    plan.append({"key": "tp1", "variant": TP[1], "pages": 8, "requests": [[42, {"pages": TP_PAGES}, COUNT]]})
+    peer = Peer("s0", plan, "serve")
+    peer.bytes = peer.metadata()
+    agent = kvforge.nixl.Agent("decode_prepared")
+    agent.connect(peer.bytes)
+    yield agent, peer
+    agent.close()
+    peer.stop()
+
+
+def unit_views(cache):
+    """Each layer's K and V, [rows or pages, positions or slots, heads, head_dim], copied."""
+    return [[torch.from_dlpack(cache.view(layer)[side]).clone() for side in ("k", "v")]
+            for layer in range(cache.descriptor.layers)]
+
+
+def others_unchanged(cache, before, target):
+    """Every row or page but the request's holds the bytes it held before the pull."""
+    units = target.pages.tolist() if target.pages is not None else [target.row]
+    for was, now in zip(before, unit_views(cache)):
+        for a, b in zip(was, now):
+            keep = sorted(set(range(a.shape[0])) - set(units))
+            if not torch.equal(a[keep], b[keep]):
+                return False
+    return True
+
+
+def test_every_ordered_pair_of_float_layouts_from_a_serving_sender(served):
+    agent, _ = served
+    seen = set()
+    for target in LAYOUTS:
+        cache = kvforge.create(target.name, **config_of(target))
+        agent.register(target.name, cache)
+        mine = agent._caches[target.name][1]
+        for index, source in enumerate(LAYOUTS):
+            cache.reset()
+            for layer in range(target.layers):  # bytes a pull must leave alone, in every page
+                torch.from_dlpack(cache.view(layer)["k"]).fill_(3)
+                torch.from_dlpack(cache.view(layer)["v"]).fill_(-3)
+            before = unit_views(cache)
+            report = agent.pull([("s0", source.name)], target.name, COUNT, source_of(source, index), target_of(target))
+            alike = _same_geometry(mine, [agent._peers["s0"][source.name]])
+            assert report["how"] == ("direct" if alike else "prepared"), (source.name, target.name)
+            assert_holds(cache, target_of(target), index)
+            assert others_unchanged(cache, before, target_of(target)), f"{source.name} -> {target.name}"
+            seen.add(report["how"])
+    assert seen == {"direct", "prepared"}
+    # FlashInfer's HND pages hold a page's K and V of every head as one block: pages in ascending order
+    # make one READ descriptor per layer.
+    cache = kvforge.create("flashinfer_paged_hnd.tiny.bf16", pages=8)
+    agent.register("hnd_ascending", cache)
+    nhd = next(i for i, d in enumerate(LAYOUTS) if d.layout == "vllm_paged_nhd")
+    report = agent.pull([("s0", LAYOUTS[nhd].name)], "hnd_ascending", COUNT, source_of(LAYOUTS[nhd], nhd),
+                        Placement(pages=[4, 5, 6, 7]))
+    assert (report["how"], report["descriptors"]) == ("prepared", cache.descriptor.layers)
+    assert_holds(cache, Placement(pages=[4, 5, 6, 7]), nhd)
+
+
+def test_tensor_parallel_one_to_two(served):
+    agent, peer = served
+    place = Placement(pages=[3, 0, 7, 4])
+    for rank in range(2):
+        with kvforge.nixl.Agent(f"decode_prepared_{rank}") as receiver:
+            receiver.connect(peer.bytes)
+            cache = kvforge.create(TP[2], pages=8)
+            receiver.register("kv", cache, rank=rank)
+            report = receiver.pull([("s0", "tp1")], "kv", COUNT, Placement(pages=TP_PAGES), place)
+            assert report["how"] == "prepared"
+            assert_holds(cache, place, 42, rank=rank)
+
+
+def test_refusals_name_the_field_and_the_sender_serves_on(served):
+    agent, _ = served
+    nhd = next(i for i, d in enumerate(LAYOUTS) if d.layout == "vllm_paged_nhd")
+    source = LAYOUTS[nhd]
+    cache = kvforge.create("flashinfer_paged_hnd.tiny.bf16", pages=8)
+    agent.register("refused", cache)
+    target = Placement(pages=[0, 1, 2, 3])
+    before = pool_bytes(cache)
+    # A placement that does not add up, as a faulty or hostile receiver might send: the sender checks it
+    # before writing, and the pull fails naming it.
+    plan = agent._plan([("s0", source.name)], "refused", COUNT, source_of(source, nhd), target, 0, True)
+    plan["placement"]["wire_bytes"] += 2
+    with pytest.raises(kvforge.ArgumentError, match="placement: has message lengths that do not add up"):
+        kvforge.nixl.prepared_pull(agent, plan, b"").wait(10)
+    # A request that is not one at all gets an answer nobody waits for, and changes nothing.
+    agent._nixl.send_notif("s0", _nixl_prepared.encode(b"Q", {"id": "garbage", "blocks": -1}))
+    agent.register("fp32", kvforge.create("vllm_paged_nhd.tiny.fp32", pages=8))
+    with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: the sender's storage dtype"):
+        agent.pull([("s0", source.name)], "fp32", COUNT, source_of(source, nhd), target, prepared=True)
+    with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: it starts past position 0"):
+        agent.pull([("s0", source.name)], "refused", COUNT - 16, source_of(source, nhd), target, begin=16,
+                   prepared=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, pool_bytes(cache))), "a refused pull wrote to the pool"
+    report = agent.pull([("s0", source.name)], "refused", COUNT, source_of(source, nhd), target)
+    assert report["how"] == "prepared"
+    assert_holds(cache, target, nhd)
+    assert agent.staging_bytes == 0  # a prepared pull stages nothing on the receiving side
