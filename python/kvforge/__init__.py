@@ -11,6 +11,8 @@ Shapes, per operation (H = heads, D = head_dim, L = layers, P = page_size of the
     cache.gather(layer, k_out, v_out, row=0, pages=pages, begin=0, end=n)  # k_out, v_out [H, n, D]
     cache.view(layer)   # {"k", "v"[, "k_scales", "v_scales"]}: the cache's own memory, zero-copy,
                         # [rows or pages, positions or slots, H, D] with the layout's strides
+    pool = kvforge.StatePool([("conv", (C, K), "bf16"), ("ssm", (H, D, N), "fp32")], layers=L, slots=S)
+    pool.view(layer, "ssm")  # [S, H, D, N]: a hybrid model's per-sequence state, updated in place
 
 Every argument is checked before anything is written; a refused call raises one of the classes in
 kvforge.errors with the runtime's message. The GIL is released while an operation runs. On a CUDA
@@ -22,15 +24,15 @@ kvforge.kv_events.
 """
 
 from . import errors
-from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, cpu_level, cpu_threads, cuda_available,
-                      describe, load_variants, nearest, plan_memory, quant_max, set_cpu_threads, shard_pieces,
-                      variant_name)
+from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, StatePool, cpu_level, cpu_threads,
+                      cuda_available, describe, load_variants, nearest, plan_memory, quant_max, set_cpu_threads,
+                      shard_pieces, variant_name)
 from ._native import create as _create
 from ._native import variants as _variants
 from .errors import *  # noqa: F401,F403  (the exception classes, at the top level too)
 from .jit import variant  # noqa: E402  (after the native names it builds on)
 
-__all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "create", "variants", "describe",
+__all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "StatePool", "create", "variants", "describe",
            "nearest", "plan_memory", "quant_max", "variant_name", "cpu_level", "cpu_threads", "set_cpu_threads",
            "cuda_available", "errors", "variant", "load_variants", "shard_pieces"] + \
     [name for name in dir(errors) if name.endswith("Error") or name == "Error"]

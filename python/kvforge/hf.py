@@ -12,13 +12,20 @@ full-attention layer, and the last `sliding_window - 1` cached positions plus th
 sliding layer. The new tokens join the returned keys and values as computed; they are read back from
 the cache from the next step on.
 
+Hybrid models (transformers' `linear_attention` and `conv` layer types: Qwen3-Next's gated delta net,
+Mamba-2 in Bamba, Jamba or Nemotron-H, LFM2's short convolutions) keep each linear layer's conv and
+recurrent states in kvforge.StatePool slots, one per sequence, which the model updates in place; the
+variant then holds the attention layers only (kvforge.jit.model_spec counts them).
+
 The variant must match the model: layers, key/value heads and head_dim of the config. Sequences are
 all in step (HF pads a batch to one length); `KvforgeCache.sequence_manager` exposes the manager for
 prefix sharing and forks outside `generate`.
 """
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer
+
+from kvforge._hf_states import KvforgeStateLayer
 
 import kvforge
 import kvforge.jit
@@ -73,7 +80,8 @@ class KvforgeCache(Cache):
     share the full pages of prompts added with `add` (token ids known). tensor_scales: per_tensor
     quantized variants, {layer: (k_scale, v_scale)}; a layer without one is calibrated on its first
     tokens as vLLM does, to twice their amax over the format's largest code (headroom for later
-    tokens; larger values saturate). device: where the kvforge cache lives.
+    tokens; larger values saturate). device: where the kvforge cache lives. state_slots: a hybrid model's
+    state slots per linear layer, one per sequence id (default: batch_size).
 
     Beyond `generate`, a paged cache serves sequences over one pool at different times (continuous
     batching): `add(seq, prompt)` returns how many prompt tokens the prefix cache already holds,
@@ -83,17 +91,21 @@ class KvforgeCache(Cache):
     """
 
     def __init__(self, variant, config, batch_size=1, pages=None, prefix_caching=False, tensor_scales=None,
-                 device="cpu"):
+                 device="cpu", state_slots=None):
         d = kvforge.describe(variant)
         text = config.get_text_config(decoder=True)
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        model_shape = (text.num_hidden_layers, text.num_key_value_heads, head_dim)
+        types = kvforge.jit.layer_types(text)
+        attention = [i for i, t in enumerate(types) if t in kvforge.jit.ATTENTION_TYPES]
+        model_shape = (len(attention), text.num_key_value_heads, head_dim)
         if model_shape != (d.layers, d.heads, d.head_dim):
             raise kvforge.ArgumentError(f"variant: {variant} stores (layers, kv heads, head_dim) = "
-                                        f"{(d.layers, d.heads, d.head_dim)}, the model has {model_shape}")
+                                        f"{(d.layers, d.heads, d.head_dim)}, the model has {model_shape}"
+                                        f"{' (its attention layers)' if len(attention) < len(types) else ''}")
         self.descriptor, self.rows = d, batch_size  # (Cache.batch_size is a read-only property)
         self.dtype = TORCH_DTYPES[d.input]
-        windows = self._layer_windows(text)
+        windows = [getattr(text, "sliding_window", None) if types[i] == "sliding_attention" else None
+                   for i in attention]
         if d.addressing == "ring" and any(w is None or w > d.window for w in windows):
             raise kvforge.ArgumentError(f"variant: {variant} keeps a window of {d.window} positions; every layer of "
                                         f"the model must attend within it (sliding windows: {windows})")
@@ -126,7 +138,19 @@ class KvforgeCache(Cache):
         self.tensor_scales = dict(tensor_scales or {})
         for layer, (k_scale, v_scale) in self.tensor_scales.items():
             self.kv.set_tensor_scale(layer, k_scale, v_scale)
-        super().__init__(layers=[KvforgeLayer(self, i, w) for i, w in enumerate(windows)])
+        # A hybrid model's linear-attention and state-space layers keep a state per sequence: in slots of
+        # kvforge.StatePool, one slot per sequence id below state_slots.
+        self.state_slots, self.state_device = state_slots or batch_size, device
+        kv_layer = {model_layer: i for i, model_layer in enumerate(attention)}
+        layers = [KvforgeLayer(self, kv_layer[i], windows[kv_layer[i]]) if i in kv_layer else
+                  KvforgeStateLayer(self, **kwargs) if types[i] in kvforge.jit.STATE_TYPES else DummyLayer()
+                  for i, kwargs in enumerate(self._state_kwargs(text, types))]
+        self.state_layers = [layer for layer in layers if isinstance(layer, KvforgeStateLayer)]
+        if self.state_layers and prefix_caching:
+            raise kvforge.UnsupportedError("prefix_caching: a hybrid model's linear layers would need their states at "
+                                           "the cached prefix's end, which kvforge.hf does not checkpoint yet")
+        self.kv_layers = len(attention)
+        super().__init__(layers=layers)
 
     @classmethod
     def from_model(cls, model, layout="vllm_paged_nhd", dtype=None, input=None, max_seq_len=None, **kwargs):
@@ -153,13 +177,9 @@ class KvforgeCache(Cache):
         return cls(d.name, model.config, **kwargs)
 
     @staticmethod
-    def _layer_windows(text):
-        """Each layer's sliding window, or None for global attention (transformers' layer types)."""
-        types = getattr(text, "layer_types", None)
-        window = getattr(text, "sliding_window", None)
-        if types is None:
-            types = ["sliding_attention" if window is not None else "full_attention"] * text.num_hidden_layers
-        return [window if t == "sliding_attention" else None for t in types]
+    def _state_kwargs(text, types):
+        """Each layer's arguments for its state layer: how many conv and recurrent states it keeps."""
+        return [{"number_of_states": getattr(text, "number_of_conv_states", 1)} for _ in types]
 
     # -- sequences ---------------------------------------------------------------------------------
 
@@ -167,10 +187,18 @@ class KvforgeCache(Cache):
         if self.sequence_manager is None:
             raise kvforge.UnsupportedError(f"{what}: {self.descriptor.name} is not paged; its sequences are its rows")
 
+    def _check_state_slot(self, seq):
+        if self.state_layers and not 0 <= seq < self.state_slots:
+            raise kvforge.OutOfRangeError(f"seq = {seq} is outside [0, {self.state_slots}), the state slots of the "
+                                          f"model's linear layers (state_slots=)")
+
     def add(self, seq, prompt):
         """Starts `seq` with prompt token ids; returns how many the prefix cache covers. Feed the rest."""
         self._paged_only("add")
+        self._check_state_slot(seq)
         covered = self.sequence_manager.add(seq, list(prompt))
+        for layer in self.state_layers:
+            layer.zero_slot(seq)
         self.lengths[seq], self.pending[seq] = covered, len(prompt) - covered
         return covered
 
@@ -181,14 +209,20 @@ class KvforgeCache(Cache):
         self.pending[seq] += len(tokens)
 
     def fork(self, parent, child):
+        """`child` continues from `parent`'s tokens: it shares every page, and gets a copy of each state."""
         self._paged_only("fork")
+        self._check_state_slot(child)
         self.sequence_manager.fork(parent, child)
+        for layer in self.state_layers:
+            layer.copy_slot(parent, child)
         self.lengths[child], self.pending[child] = self.lengths[parent], 0
 
     def free(self, seq):
         self._paged_only("free")
         self.sequence_manager.free(seq)
         del self.lengths[seq], self.pending[seq]
+        for layer in self.state_layers:
+            layer.zero_slot(seq)
 
     def serve(self, seqs):
         """The sequences the next forward's batch rows are, in order; all must hold the same length."""
@@ -198,7 +232,15 @@ class KvforgeCache(Cache):
             raise kvforge.ArgumentError(f"seqs: a forward serves sequences of one length; these hold {sorted(held)}")
         if self.sequence_manager is None and any(not 0 <= s < self.rows for s in seqs):
             raise kvforge.OutOfRangeError(f"seqs: a row of this cache lies in [0, {self.rows})")
+        if self.state_layers:
+            for s in seqs:
+                self._check_state_slot(s)
+            if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+                raise kvforge.UnsupportedError(f"seqs: a hybrid model's forward serves consecutive sequence ids, whose "
+                                               f"state slots form one view; got {seqs}")
         self.active = seqs
+        for layer in self.state_layers:
+            layer.bind()
 
     def past_length(self):
         return self.lengths.get(self.active[0], 0) if self.active else 0
@@ -259,7 +301,7 @@ class KvforgeCache(Cache):
                 positions = torch.arange(end, end + new, dtype=torch.int32)
                 self.kv.append(index, k_new, v_new, rows=torch.full((new,), seq, dtype=torch.int32),
                                positions=positions)
-        if index == len(self.layers) - 1:  # the forward's last layer: its tokens are now held
+        if index == self.kv_layers - 1:  # the forward's last attention layer: its tokens are now held
             if d.lazy:
                 self.kv.commit()
             for seq in self.active:
@@ -287,3 +329,6 @@ class KvforgeCache(Cache):
                 self.sequence_manager.free(seq)
         self.lengths, self.pending = {}, {}
         self.active = list(range(self.rows))
+        for layer in self.state_layers:
+            layer.reset()
+            layer.bind()

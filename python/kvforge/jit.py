@@ -28,22 +28,46 @@ from kvforge_codegen import on_demand  # noqa: E402  (the build machinery that C
 cache_dir = on_demand.cache_dir
 
 
-def model_spec(config, name=None, max_seq_len=None):
-    """A model spec (dict) from an HF PretrainedConfig: layers, KV heads, head_dim, windows.
+# transformers' layer types (DynamicCache's): those that keep K and V per token, those that keep a state
+# per sequence (kvforge.StatePool), and those that keep nothing.
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+STATE_TYPES = ("linear_attention", "conv")
+CACHELESS_TYPES = ("dummy", "moe", "mlp")
 
-    Mixed sliding and global layers (transformers' layer_types) become layer_groups `local` and `global`.
+
+def layer_types(text):
+    """Each layer's transformers layer type, as DynamicCache(config) reads it: `layer_types`, or sliding and
+    full attention from the config's window. A type kvforge does not serve raises UnsupportedError."""
+    types = getattr(text, "layer_types", None)
+    if types is None:
+        window = getattr(text, "sliding_window", None)
+        types = ["sliding_attention" if window is not None else "full_attention"] * int(text.num_hidden_layers)
+    types = list(types)
+    for layer, kind in enumerate(types):
+        if kind not in ATTENTION_TYPES + STATE_TYPES + CACHELESS_TYPES:
+            raise UnsupportedError(f"config.layer_types[{layer}]: '{kind}' is no layer type kvforge serves (allowed: "
+                                   f"{', '.join(ATTENTION_TYPES + STATE_TYPES + CACHELESS_TYPES)})")
+    return types
+
+
+def model_spec(config, name=None, max_seq_len=None):
+    """A model spec (dict) from an HF PretrainedConfig: its attention layers, KV heads, head_dim, windows.
+
+    Mixed sliding and global layers (transformers' layer_types) become layer_groups `local` and `global`. A
+    hybrid model's linear-attention and state-space layers keep no K/V: the spec counts the attention
+    layers only, in order (their states live in kvforge.StatePool slots).
     """
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    spec = {"layers": int(text.num_hidden_layers), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
+    types = [t for t in layer_types(text) if t in ATTENTION_TYPES]
+    if not types:
+        raise UnsupportedError("config: the model has no attention layer, so no K/V to cache")
+    spec = {"layers": len(types), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
             "max_seq_len": int(max_seq_len or getattr(text, "max_position_embeddings", 0) or 4096)}
     window = getattr(text, "sliding_window", None)
-    types = getattr(text, "layer_types", None)
-    if types is None and window is not None:
-        types = ["sliding_attention"] * spec["layers"]
-    if types is not None and window is not None:
+    if window is not None:
         local = [i for i, t in enumerate(types) if t == "sliding_attention"]
         window = min(int(window), spec["max_seq_len"])
         if len(local) == spec["layers"]:

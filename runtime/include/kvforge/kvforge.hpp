@@ -13,5 +13,6 @@
 #include "kvforge/memory.hpp"
 #include "kvforge/on_demand.hpp"
 #include "kvforge/registry.hpp"
+#include "kvforge/state_pool.hpp"
 #include "kvforge/tensor.hpp"
 #include "kvforge/variant_library.hpp"

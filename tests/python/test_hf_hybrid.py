@@ -1,0 +1,140 @@
+"""Hybrid models of transformers through kvforge.hf: attention layers in a kvforge variant, linear-attention
+and state-space layers' states in kvforge.StatePool slots. The reference is transformers' own
+DynamicCache on the same model, random weights from a tiny config made here (nothing downloaded):
+
+  - Qwen3-Next (gated delta net), Bamba (Mamba-2) and LFM2 (short convolutions) generate the same
+    tokens for a batch of two prompts of different lengths, and every state ends bitwise equal to
+    DynamicCache's;
+  - a fork: a prompt's sequence forked, each branch fed its own token, gives the logits of
+    DynamicCache continuing each branch from a copy of the prompt's cache;
+  - refusals, each naming its argument: prefix caching, non-consecutive sequences, a sequence past
+    the state slots, a layer type kvforge does not serve, and StatePool's own arguments.
+"""
+
+import copy
+
+import pytest
+import torch
+import transformers
+from transformers import DynamicCache
+
+import kvforge
+import kvforge.hf
+
+SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=128)
+
+
+def qwen3_next():
+    return transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+        **SMALL, num_hidden_layers=4, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32))
+
+
+def bamba():
+    return transformers.BambaForCausalLM(transformers.BambaConfig(
+        **SMALL, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=16))
+
+
+def lfm2():
+    return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+        **SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"]))
+
+
+def model(make):
+    torch.manual_seed(0)
+    return make().eval()
+
+
+@pytest.mark.parametrize("make", [qwen3_next, bamba, lfm2])
+def test_generates_the_same_tokens_and_states_as_dynamic_cache(make):
+    m = model(make)
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :4], ids[1, :4] = 0, 0  # the second prompt is 7 tokens, left-padded
+    theirs = DynamicCache(config=m.config)
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout="flashinfer_paged_hnd", batch_size=2)
+    with torch.no_grad():
+        want = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                          cache=theirs)
+        got = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache=ours)
+    assert torch.equal(got, want)
+    assert ours.state_layers, "the model's linear layers are served from state slots"
+    for index, layer in enumerate(ours.layers):
+        if isinstance(layer, kvforge.hf.KvforgeStateLayer):
+            for (kind, state), pool in layer.pools.items():
+                held = torch.from_dlpack(pool.view(0, kind))[:2]
+                assert torch.equal(held, getattr(theirs.layers[index], f"{kind}_states")[state]), (index, kind)
+
+
+def forward(m, cache, seq, tokens):
+    cache.serve([seq])
+    with torch.no_grad():
+        return m(torch.tensor([tokens]), cache=cache, use_cache=True).logits[0, -1]
+
+
+def test_a_fork_continues_each_branch():
+    m = model(qwen3_next)
+    prompt, a, b = [5, 17, 99, 3, 42, 8, 61], 23, 77
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_paged_nhd", batch_size=2)
+    ours.add(0, prompt)
+    forward(m, ours, 0, prompt)
+    ours.fork(0, 1)
+    ours.extend(0, [a])
+    got_a = forward(m, ours, 0, [a])
+    ours.extend(1, [b])
+    got_b = forward(m, ours, 1, [b])
+    theirs = DynamicCache(config=m.config)
+    with torch.no_grad():
+        m(torch.tensor([prompt]), cache=theirs, use_cache=True)
+        branch = copy.deepcopy(theirs)
+        want_a = m(torch.tensor([[a]]), cache=theirs, use_cache=True).logits[0, -1]
+        want_b = m(torch.tensor([[b]]), cache=branch, use_cache=True).logits[0, -1]
+    assert torch.equal(got_a, want_a)
+    assert torch.equal(got_b, want_b)
+    ours.free(1)
+    for layer in ours.state_layers:  # a freed sequence's slot is zeros for the next one
+        for kind, _ in layer.pools:
+            assert not torch.from_dlpack(layer.pools[(kind, 0)].view(0, kind))[1].any()
+
+
+def test_refusals_name_the_argument():
+    m = model(qwen3_next)
+    with pytest.raises(kvforge.UnsupportedError, match="prefix_caching: a hybrid model's linear layers"):
+        kvforge.hf.KvforgeCache.from_model(m, prefix_caching=True)
+    cache = kvforge.hf.KvforgeCache.from_model(m, batch_size=2, state_slots=3)
+    with pytest.raises(kvforge.UnsupportedError, match=r"seqs: .* consecutive sequence ids.*\[0, 2\]"):
+        cache.serve([0, 2])
+    with pytest.raises(kvforge.OutOfRangeError, match=r"seq = 5 is outside \[0, 3\)"):
+        cache.add(5, [1, 2, 3])
+    config = transformers.Qwen3NextConfig(**SMALL, num_hidden_layers=2, head_dim=16,
+                                          layer_types=["linear_attention", "hybrid"])
+    with pytest.raises(kvforge.UnsupportedError, match=r"config.layer_types\[1\]: 'hybrid' is no layer type"):
+        kvforge.jit.model_spec(config)
+
+
+def test_state_pool_from_python():
+    pool = kvforge.StatePool([("conv", (6, 3), "bf16"), ("ssm", (2, 4, 4), "fp32")], layers=3, slots=4, checkpoints=1)
+    assert (pool.slot_bytes, pool.padding_bytes) == (768, 5 * 276)  # 5 records: 4 slots and a checkpoint
+    x = torch.arange(32, dtype=torch.float32).view(2, 4, 4)
+    pool.write(2, 1, "ssm", x)
+    assert torch.equal(torch.from_dlpack(pool.view(1, "ssm"))[2], x)
+    pool.checkpoint(2, 0)
+    pool.restore(0, 3)
+    out = torch.zeros_like(x)
+    pool.read(3, 1, "ssm", out)
+    assert torch.equal(out, x)
+    with pytest.raises(kvforge.ShapeError, match=r"src: must be a contiguous array of part 'ssm''s shape \[2, 4, 4\]"):
+        pool.write(0, 0, "ssm", torch.zeros(4, 4, 2))
+    with pytest.raises(kvforge.DtypeError, match="src: must be fp32"):
+        pool.write(0, 0, "ssm", torch.zeros(2, 4, 4, dtype=torch.float16))
+    with pytest.raises(kvforge.ArgumentError, match=r"part: 'state' is not a part of this record \(allowed: conv, ssm\)"):
+        pool.view(0, "state")
+    with pytest.raises(kvforge.OutOfRangeError, match=r"slot = 4 is outside \[0, 4\)"):
+        pool.zero_slot(4)
+    with pytest.raises(kvforge.DtypeError, match=r"parts\[0\].dtype: int8 is not a state dtype"):
+        kvforge.StatePool([("conv", (2,), "int8")], layers=1, slots=1)
+    with pytest.raises(kvforge.ShapeError, match=r"parts\[0\].shape: has 0 extents"):
+        kvforge.StatePool([("conv", (), "fp32")], layers=1, slots=1)
