@@ -292,7 +292,13 @@ void run_serving_simulation(benchmark::State& state, const VariantEntry* e) {
 // prompt blocks looked up that each tier served (hit_device, hit_host, hit_disk), prompt tokens,
 // tokens served from the cache (prefill saved), blocks demoted and promoted, and KV events recorded
 // per second of the manager's own time.
-void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_factor, int disk_factor) {
+// every > 0: a hybrid model, whose linear layers' states are checkpointed at every every-th block
+// boundary (StateSlots; as many checkpoints as the device pool has boundaries): a prompt shares its
+// cached prefix only up to its longest checkpointed boundary. Prefill runs in chunks that end on
+// boundaries and the answer one token a step, each followed by a checkpoint, as an engine in vLLM's
+// "align" mode schedules them. Counters add the checkpoints taken and held, and the cached tokens
+// that went unshared for want of one.
+void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_factor, int disk_factor, int every) {
   const int P = e->descriptor->page_size;
   for (auto _ : state) {
     std::mt19937 rng(3);
@@ -312,6 +318,14 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_fact
     std::remove(disk.c_str());
     if (disk_factor > 0) o.disk_path = disk, o.disk_blocks = cfg.pages * disk_factor;
     SequenceManager m(*cache, o);
+    std::unique_ptr<StatePool> states;
+    std::unique_ptr<StateSlots> slots;
+    const int64_t boundary = int64_t(every) * P;
+    if (every > 0) {
+      states = std::make_unique<StatePool>(std::vector<StatePart>{{"h", {4}, DType::f32}}, 1,
+                                           StatePoolConfig{Device::cpu, 1, cfg.pages / every});
+      slots = std::make_unique<StateSlots>(m, *states, every);
+    }
     int64_t prompt_tokens = 0, saved = 0, events = 0, refused = 0;
     double seconds = 0;
     for (int t = 0; t < turns; ++t) {
@@ -320,20 +334,43 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_fact
       for (int i = int(user_len(rng)); i > 0; --i) h.push_back(int32_t(rng() % 30000));
       if (int64_t(h.size()) + 600 > cfg.pages * P) h.erase(h.begin() + 200, h.begin() + 200 + int64_t(h.size()) / 2);
       const auto t0 = std::chrono::steady_clock::now();
+      std::vector<int32_t> answer;
+      for (int i = int(answer_len(rng)); i > 0; --i) answer.push_back(int32_t(rng() % 30000));
       try {
-        saved += m.add(t, h);
+        if (slots) {
+          const int64_t first = std::min<int64_t>(int64_t(h.size()), (slots->reusable_prefix(h) / boundary + 1) * boundary);
+          saved += slots->add(t, std::vector<int32_t>(h.begin(), h.begin() + first));
+        } else {
+          saved += m.add(t, h);
+        }
       } catch (const CapacityError&) {
         ++refused;
         continue;
       }
       prompt_tokens += int64_t(h.size());
-      std::vector<int32_t> answer;
-      for (int i = int(answer_len(rng)); i > 0; --i) answer.push_back(int32_t(rng() % 30000));
-      m.step({t});
-      m.append(t, answer);
-      m.step({t});
+      if (slots) {
+        // The forward of each chunk, then its checkpoint: the prompt to each boundary, the answer a token at a time.
+        const auto forward = [&] {
+          m.step({t});
+          slots->checkpoint(t);
+        };
+        forward();
+        for (int64_t at = m.length(t); at < int64_t(h.size()); at = m.length(t)) {
+          m.append(t, std::vector<int32_t>(h.begin() + at, h.begin() + std::min<int64_t>(int64_t(h.size()), slots->next_boundary(t))));
+          forward();
+        }
+        for (int32_t token : answer) {
+          m.append(t, {token});
+          forward();
+        }
+        slots->free(t);
+      } else {
+        m.step({t});
+        m.append(t, answer);
+        m.step({t});
+        m.free(t);
+      }
       h.insert(h.end(), answer.begin(), answer.end());
-      m.free(t);
       events += int64_t(m.take_kv_events().size());
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
@@ -354,6 +391,12 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, int host_fact
     state.counters["hit_device"] = lookups ? double(st.prefix_hits - st.promoted_blocks) / lookups : 0;
     state.counters["hit_host"] = lookups ? double(st.promoted_blocks - st.disk_reads) / lookups : 0;
     state.counters["hit_disk"] = lookups ? double(st.disk_reads) / lookups : 0;
+    if (slots) {
+      state.counters["checkpoints"] = double(slots->stats().checkpoints);
+      state.counters["checkpoints_held"] = double(slots->checkpoints_held());
+      state.counters["checkpoint_capacity"] = double(states->config().checkpoints);
+      state.counters["capped_tokens"] = double(slots->stats().capped_tokens);
+    }
     std::remove(disk.c_str());
   }
 }
@@ -374,7 +417,12 @@ void register_memory_benchmarks() {
   for (const auto& [host_factor, disk_factor] : {std::pair{0, 0}, {1, 0}, {4, 0}, {1, 10}})
     benchmark::RegisterBenchmark(("memory/multiturn/host:" + std::to_string(host_factor) + "x/disk:" +
                                   std::to_string(disk_factor) + "x").c_str(),
-                                 run_multiturn, chat, host_factor, disk_factor)
+                                 run_multiturn, chat, host_factor, disk_factor, 0)
+        ->Iterations(1)
+        ->UseRealTime();
+  for (int every : {1, 4, 16, 64})
+    benchmark::RegisterBenchmark(("memory/multiturn_hybrid/every:" + std::to_string(every)).c_str(), run_multiturn, chat, 0,
+                                 0, every)
         ->Iterations(1)
         ->UseRealTime();
 }

@@ -3,7 +3,11 @@
 #pragma once
 
 #include "kvforge/state_pool.hpp"
+#include "kvforge/state_slots.hpp"
 #include "translate.hpp"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 namespace kvforge {
 namespace {
@@ -67,6 +71,72 @@ void* state_array(const StatePool& pool, int part, nb::handle obj, const char* a
     throw DtypeError(argument, "must be " + std::string(dtype_name(p.dtype)) + ", part '" + p.name + "''s dtype");
   device = device_of_array(a, argument);
   return a.data();
+}
+
+// StatePool, and StateSlots over a SequenceManager (kvforge.StatePool, kvforge.StateSlots).
+void bind_states(nb::module_& m) {
+  using namespace nb::literals;
+  nb::class_<StatePool>(m, "StatePool")
+      .def("__init__", [](StatePool* self, nb::handle parts, int layers, int64_t slots, const std::string& device,
+                          int64_t checkpoints, uintptr_t stream) {
+        new (self) StatePool(state_parts(parts), layers,
+                             StatePoolConfig{device_named(device), slots, checkpoints, reinterpret_cast<void*>(stream)});
+      }, "parts"_a, "layers"_a, "slots"_a, "device"_a = "cpu", "checkpoints"_a = 0, "stream"_a = 0)
+      .def_prop_ro("parts", [](const StatePool& s) {
+        nb::list out;
+        for (const StatePart& p : s.parts()) out.append(nb::make_tuple(p.name, nb::tuple(nb::cast(p.shape)), name(p.dtype)));
+        return out;
+      })
+      .def_prop_ro("layers", &StatePool::layers)
+      .def_prop_ro("slots", [](const StatePool& s) { return s.config().slots; })
+      .def_prop_ro("checkpoints", [](const StatePool& s) { return s.config().checkpoints; })
+      .def_prop_ro("device", [](const StatePool& s) { return name_of(s.config().device); })
+      .def_prop_ro("slot_bytes", &StatePool::slot_bytes)
+      .def_prop_ro("record_bytes", &StatePool::record_bytes)
+      .def_prop_ro("bytes", &StatePool::bytes)
+      .def_prop_ro("padding_bytes", &StatePool::padding_bytes)
+      .def("part_bytes", [](const StatePool& s, nb::handle part) { return s.part_bytes(state_part(s, part)); }, "part"_a)
+      .def("view", [](nb::handle self, int layer, nb::handle part) {
+        const StatePool& s = nb::cast<const StatePool&>(self);
+        return state_view(s, layer, state_part(s, part), self);
+      }, "layer"_a, "part"_a)
+      .def("write", [](StatePool& s, int64_t slot, int layer, nb::handle part, nb::handle src) {
+        const int p = state_part(s, part);
+        Device device;
+        const void* data = state_array(s, p, src, "src", Access::read, device);
+        nb::gil_scoped_release unlocked;
+        s.write(slot, layer, p, data, device);
+      }, "slot"_a, "layer"_a, "part"_a, "src"_a)
+      .def("read", [](const StatePool& s, int64_t slot, int layer, nb::handle part, nb::handle dst) {
+        const int p = state_part(s, part);
+        Device device;
+        void* data = state_array(s, p, dst, "dst", Access::written, device);
+        nb::gil_scoped_release unlocked;
+        s.read(slot, layer, p, data, device);
+      }, "slot"_a, "layer"_a, "part"_a, "dst"_a)
+      .def("copy_slot", &StatePool::copy_slot, "src"_a, "dst"_a, Release())
+      .def("zero_slot", &StatePool::zero_slot, "slot"_a, Release())
+      .def("checkpoint", &StatePool::checkpoint, "slot"_a, "index"_a, Release())
+      .def("restore", &StatePool::restore, "index"_a, "slot"_a, Release())
+      .def("synchronize", &StatePool::synchronize, Release());
+  nb::class_<StateSlots>(m, "StateSlots")
+      .def(nb::init<SequenceManager&, StatePool&, int32_t>(), "manager"_a, "pool"_a, "every"_a, nb::keep_alive<1, 2>(),
+           nb::keep_alive<1, 3>())
+      .def("reusable_prefix", &StateSlots::reusable_prefix, "prompt"_a, "salt"_a = nb::none())
+      .def("add", &StateSlots::add, "seq"_a, "prompt"_a, "salt"_a = nb::none(), Release())
+      .def("fork", &StateSlots::fork, "parent"_a, "child"_a, Release())
+      .def("free", &StateSlots::free, "seq"_a)
+      .def("checkpoint", &StateSlots::checkpoint, "seq"_a, Release())
+      .def("next_boundary", &StateSlots::next_boundary, "seq"_a)
+      .def("slot", &StateSlots::slot, "seq"_a)
+      .def_prop_ro("every", &StateSlots::every)
+      .def_prop_ro("checkpoints_held", &StateSlots::checkpoints_held)
+      .def_prop_ro("stats", [](const StateSlots& s) {
+        nb::dict f;
+        f["checkpoints"] = s.stats().checkpoints, f["restores"] = s.stats().restores, f["replaced"] = s.stats().replaced;
+        f["capped_tokens"] = s.stats().capped_tokens;
+        return f;
+      });
 }
 
 }  // namespace

@@ -14,5 +14,6 @@
 #include "kvforge/on_demand.hpp"
 #include "kvforge/registry.hpp"
 #include "kvforge/state_pool.hpp"
+#include "kvforge/state_slots.hpp"
 #include "kvforge/tensor.hpp"
 #include "kvforge/variant_library.hpp"

@@ -154,6 +154,8 @@ class SequenceManager {
   const std::vector<int32_t>& pages(int64_t seq) const;
   const std::vector<int32_t>& tokens(int64_t seq) const;
   const SequenceStats& stats() const { return stats_; }
+  uint64_t default_salt() const { return options_.salt; }
+  int32_t block_size() const { return cache_.descriptor().page_size; }  // tokens a page holds
   const BlockAllocator& allocator() const { return device_; }
   const PrefixCache& prefix_cache() const { return prefix_; }
   int32_t cached_blocks() const { return prefix_.size(); }
