@@ -25,7 +25,7 @@ prefix sharing and forks outside `generate`.
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer
 
-from kvforge._hf_states import KvforgeStateLayer
+from kvforge._hf_states import KvforgeStateLayer, States, probe_record
 
 import kvforge
 import kvforge.jit
@@ -80,8 +80,13 @@ class KvforgeCache(Cache):
     share the full pages of prompts added with `add` (token ids known). tensor_scales: per_tensor
     quantized variants, {layer: (k_scale, v_scale)}; a layer without one is calibrated on its first
     tokens as vLLM does, to twice their amax over the format's largest code (headroom for later
-    tokens; larger values saturate). device: where the kvforge cache lives. state_slots: a hybrid model's
-    state slots per linear layer, one per sequence id (default: batch_size).
+    tokens; larger values saturate). device: where the kvforge cache lives.
+
+    A hybrid model's linear layers (_hf_states.py): state_slots, the sequences that hold states at once
+    (default: batch_size; without prefix caching, sequence s holds slot s). state_record: the states of
+    one linear layer, [(name, shape, dtype)], as from_model probes it; with it, and prefix_caching, a
+    prompt's cached prefix is shared up to its longest boundary of checkpoint_every blocks whose state
+    was checkpointed (state_checkpoints records, default one per such boundary of the pool).
 
     Beyond `generate`, a paged cache serves sequences over one pool at different times (continuous
     batching): `add(seq, prompt)` returns how many prompt tokens the prefix cache already holds,
@@ -91,7 +96,7 @@ class KvforgeCache(Cache):
     """
 
     def __init__(self, variant, config, batch_size=1, pages=None, prefix_caching=False, tensor_scales=None,
-                 device="cpu", state_slots=None):
+                 device="cpu", state_slots=None, state_record=None, checkpoint_every=4, state_checkpoints=None):
         d = kvforge.describe(variant)
         text = config.get_text_config(decoder=True)
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -138,17 +143,22 @@ class KvforgeCache(Cache):
         self.tensor_scales = dict(tensor_scales or {})
         for layer, (k_scale, v_scale) in self.tensor_scales.items():
             self.kv.set_tensor_scale(layer, k_scale, v_scale)
-        # A hybrid model's linear-attention and state-space layers keep a state per sequence: in slots of
-        # kvforge.StatePool, one slot per sequence id below state_slots.
-        self.state_slots, self.state_device = state_slots or batch_size, device
+        # A hybrid model's linear-attention and state-space layers keep a state per sequence, in
+        # kvforge.StatePool slots (_hf_states.py).
+        self.state_device = device
         kv_layer = {model_layer: i for i, model_layer in enumerate(attention)}
         layers = [KvforgeLayer(self, kv_layer[i], windows[kv_layer[i]]) if i in kv_layer else
                   KvforgeStateLayer(self, **kwargs) if types[i] in kvforge.jit.STATE_TYPES else DummyLayer()
                   for i, kwargs in enumerate(self._state_kwargs(text, types))]
         self.state_layers = [layer for layer in layers if isinstance(layer, KvforgeStateLayer)]
-        if self.state_layers and prefix_caching:
-            raise kvforge.UnsupportedError("prefix_caching: a hybrid model's linear layers would need their states at "
-                                           "the cached prefix's end, which kvforge.hf does not checkpoint yet")
+        self.states = None
+        if self.state_layers:
+            if prefix_caching and not d.paged:
+                raise kvforge.UnsupportedError(f"prefix_caching: {variant} is not paged")
+            checkpoints = state_checkpoints if state_checkpoints is not None else \
+                max(pages // max(checkpoint_every, 1), 1) if prefix_caching else 0
+            self.states = States(self, self.state_layers, state_slots or batch_size, state_record, prefix_caching,
+                                 checkpoint_every, checkpoints)
         self.kv_layers = len(attention)
         super().__init__(layers=layers)
 
@@ -174,6 +184,9 @@ class KvforgeCache(Cache):
                                      f"give input={own!r} (or none) and choose the storage with dtype=")
         spec = kvforge.jit.model_spec(model.config, max_seq_len=max_seq_len)
         d = kvforge.variant(layout, spec, dtype or own, own if (dtype or own) != own else None)
+        text = model.config.get_text_config(decoder=True)
+        if any(t in kvforge.jit.STATE_TYPES for t in kvforge.jit.layer_types(text)) and "state_record" not in kwargs:
+            kwargs["state_record"] = probe_record(model)  # one token through DynamicCache
         return cls(d.name, model.config, **kwargs)
 
     @staticmethod
@@ -187,42 +200,37 @@ class KvforgeCache(Cache):
         if self.sequence_manager is None:
             raise kvforge.UnsupportedError(f"{what}: {self.descriptor.name} is not paged; its sequences are its rows")
 
-    def _check_state_slot(self, seq):
-        if self.state_layers and not 0 <= seq < self.state_slots:
-            raise kvforge.OutOfRangeError(f"seq = {seq} is outside [0, {self.state_slots}), the state slots of the "
-                                          f"model's linear layers (state_slots=)")
-
     def add(self, seq, prompt):
         """Starts `seq` with prompt token ids; returns how many the prefix cache covers. Feed the rest."""
         self._paged_only("add")
-        self._check_state_slot(seq)
-        covered = self.sequence_manager.add(seq, list(prompt))
-        for layer in self.state_layers:
-            layer.zero_slot(seq)
+        covered = self.states.add(seq, prompt) if self.states else self.sequence_manager.add(seq, list(prompt))
         self.lengths[seq], self.pending[seq] = covered, len(prompt) - covered
         return covered
 
     def extend(self, seq, tokens):
         """Registers the token ids the next forward feeds for `seq` (else placeholders are registered)."""
         self._paged_only("extend")
+        if self.states:
+            self.states.before_extend(seq)  # the state stands at the sequence's length: a boundary is kept
         self.sequence_manager.append(seq, list(tokens))
         self.pending[seq] += len(tokens)
 
     def fork(self, parent, child):
         """`child` continues from `parent`'s tokens: it shares every page, and gets a copy of each state."""
         self._paged_only("fork")
-        self._check_state_slot(child)
-        self.sequence_manager.fork(parent, child)
-        for layer in self.state_layers:
-            layer.copy_slot(parent, child)
+        if self.states:
+            self.states.fork(parent, child)
+        else:
+            self.sequence_manager.fork(parent, child)
         self.lengths[child], self.pending[child] = self.lengths[parent], 0
 
     def free(self, seq):
         self._paged_only("free")
-        self.sequence_manager.free(seq)
+        if self.states:
+            self.states.free(seq)
+        else:
+            self.sequence_manager.free(seq)
         del self.lengths[seq], self.pending[seq]
-        for layer in self.state_layers:
-            layer.zero_slot(seq)
 
     def serve(self, seqs):
         """The sequences the next forward's batch rows are, in order; all must hold the same length."""
@@ -232,15 +240,14 @@ class KvforgeCache(Cache):
             raise kvforge.ArgumentError(f"seqs: a forward serves sequences of one length; these hold {sorted(held)}")
         if self.sequence_manager is None and any(not 0 <= s < self.rows for s in seqs):
             raise kvforge.OutOfRangeError(f"seqs: a row of this cache lies in [0, {self.rows})")
-        if self.state_layers:
-            for s in seqs:
-                self._check_state_slot(s)
-            if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
-                raise kvforge.UnsupportedError(f"seqs: a hybrid model's forward serves consecutive sequence ids, whose "
-                                               f"state slots form one view; got {seqs}")
-        self.active = seqs
-        for layer in self.state_layers:
-            layer.bind()
+        previous, self.active = self.active, seqs
+        if self.states:
+            try:
+                self.states.served()
+            except kvforge.Error:
+                self.active = previous
+                raise
+            self.states.bind()
 
     def past_length(self):
         return self.lengths.get(self.active[0], 0) if self.active else 0
@@ -326,9 +333,8 @@ class KvforgeCache(Cache):
         self.kv.reset()
         if self.sequence_manager is not None:
             for seq in list(self.lengths):
-                self.sequence_manager.free(seq)
+                (self.states.release if self.states else self.sequence_manager.free)(seq)
         self.lengths, self.pending = {}, {}
         self.active = list(range(self.rows))
-        for layer in self.state_layers:
-            layer.reset()
-            layer.bind()
+        if self.states:
+            self.states.reset()

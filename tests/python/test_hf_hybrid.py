@@ -7,6 +7,9 @@ DynamicCache on the same model, random weights from a tiny config made here (not
     DynamicCache's;
   - a fork: a prompt's sequence forked, each branch fed its own token, gives the logits of
     DynamicCache continuing each branch from a copy of the prompt's cache;
+  - a prefix hit: a second prompt that shares the first's starts from the state checkpointed at its
+    longest boundary, and its logits equal DynamicCache's computed from that boundary (bitwise) and
+    the whole prompt's recomputation (within 1e-4);
   - refusals, each naming its argument: prefix caching, non-consecutive sequences, a sequence past
     the state slots, a layer type kvforge does not serve, and StatePool's own arguments.
 """
@@ -64,8 +67,8 @@ def test_generates_the_same_tokens_and_states_as_dynamic_cache(make):
     assert ours.state_layers, "the model's linear layers are served from state slots"
     for index, layer in enumerate(ours.layers):
         if isinstance(layer, kvforge.hf.KvforgeStateLayer):
-            for (kind, state), pool in layer.pools.items():
-                held = torch.from_dlpack(pool.view(0, kind))[:2]
+            for (kind, state), (pool, at, part) in layer.pools.items():
+                held = torch.from_dlpack(pool.view(at, part))[:2]
                 assert torch.equal(held, getattr(theirs.layers[index], f"{kind}_states")[state]), (index, kind)
 
 
@@ -96,16 +99,45 @@ def test_a_fork_continues_each_branch():
     assert torch.equal(got_b, want_b)
     ours.free(1)
     for layer in ours.state_layers:  # a freed sequence's slot is zeros for the next one
-        for kind, _ in layer.pools:
-            assert not torch.from_dlpack(layer.pools[(kind, 0)].view(0, kind))[1].any()
+        for pool, at, part in layer.pools.values():
+            assert not torch.from_dlpack(pool.view(at, part))[1].any()
+
+
+def test_a_prefix_hit_starts_from_the_checkpoint_of_its_longest_boundary():
+    m = model(qwen3_next)
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_paged_nhd", batch_size=2, prefix_caching=True,
+                                              checkpoint_every=2)
+    boundary = 2 * ours.descriptor.page_size
+    prompt = [(7 * i + 3) % 120 + 1 for i in range(2 * boundary + 6)]
+    # The first request prefills in chunks that end on boundaries, as an engine aligns them.
+    ours.add(0, prompt[:boundary])
+    forward(m, ours, 0, prompt[:boundary])
+    for begin, end in ((boundary, 2 * boundary), (2 * boundary, len(prompt))):
+        ours.extend(0, prompt[begin:end])
+        forward(m, ours, 0, prompt[begin:end])
+    ours.free(0)
+    assert ours.states.slots.stats["checkpoints"] == 2
+    # The second shares the first 2 * boundary + 6 tokens: its K/V are cached up to the last full page, and
+    # its state was kept at 2 * boundary.
+    second = prompt + [11, 12, 13]
+    assert ours.add(1, second) == 2 * boundary
+    got = forward(m, ours, 1, second[2 * boundary:])
+    theirs = DynamicCache(config=m.config)
+    with torch.no_grad():
+        for begin, end in ((0, boundary), (boundary, 2 * boundary), (2 * boundary, len(second))):
+            want = m(torch.tensor([second[begin:end]]), cache=theirs, use_cache=True).logits[0, -1]
+        whole = m(torch.tensor([second])).logits[0, -1]
+    assert torch.equal(got, want), "the same computation as DynamicCache's from the same boundary"
+    assert torch.allclose(got, whole, atol=1e-4, rtol=1e-4), (got - whole).abs().max()
 
 
 def test_refusals_name_the_argument():
     m = model(qwen3_next)
-    with pytest.raises(kvforge.UnsupportedError, match="prefix_caching: a hybrid model's linear layers"):
-        kvforge.hf.KvforgeCache.from_model(m, prefix_caching=True)
+    name = kvforge.hf.KvforgeCache.from_model(m).descriptor.name
+    with pytest.raises(kvforge.UnsupportedError, match="prefix_caching: a hybrid model's linear layers need one state"):
+        kvforge.hf.KvforgeCache(name, m.config, prefix_caching=True)  # no probed record
     cache = kvforge.hf.KvforgeCache.from_model(m, batch_size=2, state_slots=3)
-    with pytest.raises(kvforge.UnsupportedError, match=r"seqs: .* consecutive sequence ids.*\[0, 2\]"):
+    with pytest.raises(kvforge.UnsupportedError, match=r"seqs: .* state slots are consecutive.*\[0, 2\] hold slots \[0, 2\]"):
         cache.serve([0, 2])
     with pytest.raises(kvforge.OutOfRangeError, match=r"seq = 5 is outside \[0, 3\)"):
         cache.add(5, [1, 2, 3])
