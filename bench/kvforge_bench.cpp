@@ -446,6 +446,7 @@ int main(int argc, char** argv) {
   if (preset_name == "memory" || preset_name == "full" || preset_name == "short") {
     register_memory_benchmarks();
     register_simulations();
+    register_state_benchmarks();
     const VariantEntry& e = registry().at(kMemoryVariant);
     copies.insert({2 * 64 * e.descriptor->bytes_per_token * e.descriptor->page_size, Mode::hot});
   }

@@ -1,5 +1,5 @@
-// Benchmarks of the memory manager and the serving simulator (memory_bench.cpp), registered beside
-// the operation matrix by kvforge_bench's main.
+// Benchmarks of the memory manager, the serving simulator (memory_bench.cpp) and state slots
+// (state_bench.cpp), registered beside the operation matrix by kvforge_bench's main.
 #pragma once
 
 namespace kvforge_bench {
@@ -9,5 +9,6 @@ inline constexpr const char* kMemoryVariant = "vllm_paged_nhd.llama3_8b.bf16";
 
 void register_memory_benchmarks();  // memory/...: allocator, step metadata, offload and restore
 void register_simulations();        // simulate/<variant>: one per paged bf16 layout of the tiny model
+void register_state_benchmarks();   // memory/state/<record>/<op>: StatePool against a copy (state_bench.cpp)
 
 }  // namespace kvforge_bench
