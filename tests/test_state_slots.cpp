@@ -158,5 +158,30 @@ TEST(StateSlots, RefusalsNameTheArgumentAndChangeNothing) {
   e.manager->check_invariants();
 }
 
+TEST(StateSlots, PlanMemoryTakesTheStatesBeforeThePages) {
+  const VariantDescriptor& d = *registry().at("vllm_paged_nhd.tiny.fp32").descriptor;
+  const StatePool pool({{"conv", {64, 4}, DType::bf16}, {"ssm", {4, 16, 16}, DType::f32}}, 3,
+                       StatePoolConfig{Device::cpu, 4, 6});
+  MemoryRequest r;
+  r.mode = PlanMode::reserve;
+  r.budget_bytes = int64_t(1) << 20;
+  r.state_slot_bytes = pool.slot_bytes(), r.state_slots = 4, r.state_checkpoints = 6;
+  const MemoryPlan p = plan_memory(d, r);
+  EXPECT_EQ(p.state_bytes, pool.bytes());
+  // One page: K and V of every layer for page_size tokens, fp32 (the tiny model: 2 layers, 2 heads of 16).
+  const int64_t page = 2 * 2 * 2 * 16 * 4 * int64_t(d.page_size);
+  EXPECT_EQ(p.page_bytes, page);
+  EXPECT_EQ(p.pages, ((int64_t(1) << 20) - pool.bytes()) / page);
+  r.budget_bytes = pool.bytes();  // the states alone fill it
+  EXPECT_THROW(plan_memory(d, r), CapacityError);
+  r.state_checkpoints = -1;
+  try {
+    plan_memory(d, r);
+    ADD_FAILURE() << "a negative checkpoint count was planned";
+  } catch (const OutOfRangeError& e) {
+    EXPECT_EQ(e.argument(), "state_checkpoints");
+  }
+}
+
 }  // namespace
 }  // namespace kvtest

@@ -206,18 +206,21 @@ NB_MODULE(_native, m) {
   bind_states(m);
 
   m.def("plan_memory", [](const std::string& name, const std::string& mode, const std::string& device, int64_t pages,
-                          int64_t reserve_bytes, int64_t budget_bytes) {
+                          int64_t reserve_bytes, int64_t budget_bytes, int64_t state_slot_bytes, int64_t state_slots,
+                          int64_t state_checkpoints) {
     static const char* const kModes[] = {"allocate", "reserve"};
     MemoryRequest r;
     r.mode = enum_from<PlanMode>(mode, kModes, "mode");
     r.device = device_named(device);
     r.pages = pages, r.reserve_bytes = reserve_bytes, r.budget_bytes = budget_bytes;
+    r.state_slot_bytes = state_slot_bytes, r.state_slots = state_slots, r.state_checkpoints = state_checkpoints;
     const MemoryPlan p = plan_memory(*known().at(name).descriptor, r);
     nb::dict f;
     f["pages"] = p.pages, f["page_bytes"] = p.page_bytes, f["pool_bytes"] = p.pool_bytes, f["tokens"] = p.tokens,
-    f["page_size"] = p.page_size;
+    f["page_size"] = p.page_size, f["state_bytes"] = p.state_bytes;
     return f;
-  }, "name"_a, "mode"_a = "allocate", "device"_a = "cpu", "pages"_a = 0, "reserve_bytes"_a = 0, "budget_bytes"_a = 0);
+  }, "name"_a, "mode"_a = "allocate", "device"_a = "cpu", "pages"_a = 0, "reserve_bytes"_a = 0, "budget_bytes"_a = 0,
+     "state_slot_bytes"_a = 0, "state_slots"_a = 0, "state_checkpoints"_a = 0);
 
   nb::class_<SequenceManager>(m, "SequenceManager")
       .def("__init__", [](SequenceManager* self, Cache& cache, bool prefix_caching, uint64_t salt, int32_t host_blocks,

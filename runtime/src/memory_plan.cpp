@@ -25,7 +25,17 @@ MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
   MemoryPlan p;
   p.page_size = d.page_size;
   p.page_bytes = d.bytes_per_token * d.page_size;
-  const int64_t fixed = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
+  const int64_t scales = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
+  const std::pair<const char*, int64_t> state_fields[] = {
+      {"state_slot_bytes", r.state_slot_bytes}, {"state_slots", r.state_slots}, {"state_checkpoints", r.state_checkpoints}};
+  for (const auto& [name, value] : state_fields)
+    if (value < 0 || value > (int64_t(1) << 40)) throw OutOfRangeError(name, value, 0, (int64_t(1) << 40) + 1);
+  const int64_t records = r.state_slots + r.state_checkpoints;
+  if (r.state_slot_bytes > 0 && records > (int64_t(1) << 60) / r.state_slot_bytes)
+    throw OutOfRangeError("state_slot_bytes", r.state_slot_bytes, 0, (int64_t(1) << 60) / records + 1, -1,
+                          "bytes of a slot, times the slots and checkpoints, beyond 2^60");
+  p.state_bytes = r.state_slot_bytes * records;
+  const int64_t fixed = scales + p.state_bytes;  // what the memory holds besides the pages
   if (r.mode == PlanMode::allocate) {
     if (r.pages <= 0) throw OutOfRangeError("pages", r.pages, 1, INT32_MAX);
     p.pages = r.pages;
@@ -48,7 +58,7 @@ MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
       throw CapacityError(short_of, p.page_bytes + r.reserve_bytes + fixed, available);
     }
   }
-  p.pool_bytes = p.pages * p.page_bytes + fixed;
+  p.pool_bytes = p.pages * p.page_bytes + scales;
   p.tokens = p.pages * d.page_size;
   return p;
 }

@@ -21,12 +21,19 @@ struct MemoryRequest {
   int64_t pages = 0;          // allocate
   int64_t reserve_bytes = 0;  // reserve: memory to leave free
   int64_t budget_bytes = 0;   // reserve on the CPU: the memory kvforge may use (the CPU has no "free")
+  // A hybrid model's linear layers: a StatePool of `state_slots` slots and `state_checkpoints`
+  // checkpoints of `state_slot_bytes` each (StatePool::slot_bytes()), on the same device. Reserve
+  // takes them from the memory before the pages; all three >= 0.
+  int64_t state_slot_bytes = 0;
+  int64_t state_slots = 0;
+  int64_t state_checkpoints = 0;
 };
 
 struct MemoryPlan {
   int64_t pages = 0;
   int64_t page_bytes = 0;   // one page of every layer, codes and scales
   int64_t pool_bytes = 0;   // pages * page_bytes, plus fixed per-tensor scales
+  int64_t state_bytes = 0;  // the StatePool the request named: (slots + checkpoints) * slot bytes
   int64_t tokens = 0;       // how many tokens fit
   int32_t page_size = 0;
   // The longest sequence each of `batch` sequences can reach at once (whole pages each).
