@@ -145,6 +145,8 @@ TEST(StatePool, RefusesBadArgumentsNamingThem) {
   refused([&] { StatePool({{"a", {3, 0}, DType::f32}}, 1, two); }, "parts[0].shape");
   refused([&] { StatePool({{"a", {1 << 20, 1 << 20}, DType::f32}}, 1, two); }, "parts[0].shape");
   refused([&] { StatePool({{"a", {2}, DType::i8}}, 1, two); }, "parts[0].dtype");
+  refused([&] { StatePool(std::vector<StatePart>(65, StatePart{"a", {1}, DType::f32}), 1, two); }, "parts");
+  refused([&] { StatePool({{"a", {1 << 20}, DType::f32}}, 1024, StatePoolConfig{Device::cpu, 1 << 20, 0}); }, "slots");
   refused([&] { StatePool(record(), 0, two); }, "layers");
   refused([&] { StatePool(record(), 1, StatePoolConfig{Device::cpu, 0, 0}); }, "slots");
   refused([&] { StatePool(record(), 1, StatePoolConfig{Device::cpu, 1, -1}); }, "checkpoints");

@@ -72,8 +72,16 @@ class Serving:
         self.pages = arrays[blocks + runs:].astype(np.int32) if head.get("pages_given") else None
         self.row, self.tokens = int(head.get("row", 0)), int(head["tokens"])
         self.head_offset, self.heads = int(head["head_offset"]), int(head["heads"])
-        self.layers = self.cache.descriptor.layers
+        d = self.cache.descriptor
+        self.layers = d.layers
         self.wire = self.placement["wire_bytes"]
+        # A valid placement's wire is exactly the request's values: check before a ring that size is taken.
+        place = self.placement
+        element = torch.from_dlpack(self.cache.view(0)["k"]).element_size()
+        if not (1 <= self.heads <= d.heads and 1 <= self.tokens and place["page_size"] >= 1 and
+                self.wire == 2 * place["pages"] * place["page_size"] * self.heads * d.head_dim * element):
+            raise kvforge.ArgumentError("placement: its wire is not the request's values (wire_bytes, pages, "
+                                        "page_size and heads disagree)")
         self.area = agent._take_staging(min(RING_LAYERS, self.layers) * self.wire, torch.device("cpu"))
         try:
             self.write(0)  # every check of the request and its placement runs first, before a byte is written
@@ -138,7 +146,7 @@ def accept(agent, peer, head, rest):
         if head["id"] in agent._serving:
             raise kvforge.StateError(f"id: {head['id']!r} is being served already")
         agent._serving[head["id"]] = Serving(agent, peer, head, rest)
-    except (kvforge.Error, KeyError, ValueError, TypeError) as e:
+    except (kvforge.Error, KeyError, ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as e:
         error = type(e).__name__ if isinstance(e, kvforge.Error) else "ArgumentError"
         message = str(e) if isinstance(e, kvforge.Error) else f"request: malformed ({e!r})"
         agent._nixl.send_notif(peer, encode(b"E", {"id": head.get("id"), "error": error, "message": message}))

@@ -91,6 +91,7 @@ class Agent:
         self._prepared_inbox = {}  # request id -> [(kind, head)] (the receiver's side)
         self._cancelled = set()  # ids of prepared pulls this agent abandoned
         self._user_notifs = {}  # agent name -> [bytes]: notify= messages, for notifications()
+        self.thread_error = None  # the last failure the polling thread survived, for diagnosis
         self._pulls = 0  # prepared pulls started; with _run, their ids, unique across restarts too
         self._run = os.urandom(4).hex()
         self._stop = threading.Event()
@@ -214,12 +215,20 @@ class Agent:
     def _progress_loop(self):
         idle_since = time.monotonic()
         while not self._stop.is_set():
+            busy = False
             with self._lock:
-                self._drain()
-                busy = any([serving.step() for serving in list(self._serving.values())])
+                try:
+                    self._drain()
+                except Exception as e:  # noqa: BLE001  (NIXL's own failure: kept for close(), polling goes on)
+                    self.thread_error = e
                 now = time.monotonic()
                 for request, serving in list(self._serving.items()):
-                    if now - serving.last > prepared.STALE_SECONDS:  # the receiver went away
+                    try:
+                        busy = serving.step() or busy
+                    except Exception as e:  # noqa: BLE001  (this request ends; the others go on)
+                        serving.last = -prepared.STALE_SECONDS
+                        self.thread_error = e
+                    if now - serving.last > prepared.STALE_SECONDS:  # the receiver went away, or it failed
                         self._parked.append(self._serving.pop(request).area)
             if busy or self._serving:
                 idle_since = now

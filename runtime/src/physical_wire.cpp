@@ -23,21 +23,28 @@ void copy_row(char* to, const char* from, int64_t bytes) {
 
 }  // namespace
 
+bool pages_cover(const PhysicalPlacement& p, int64_t tokens) {
+  return p.page_size >= 1 && __int128(p.pages) == (__int128(tokens) + p.page_size - 1) / p.page_size;
+}
+
 std::string placement_problem(const PhysicalPlacement& p, int64_t tokens, int heads, int64_t D, int64_t es) {
   if (p.page_size < 1 || p.slot_stride < 0 || p.head_stride < 0 || p.wire_bytes < 0 || p.pages < 0)
     return "a negative size or stride";
   if (p.head_blocks != 1 && (p.head_blocks != heads || p.head_stride != 0)) return "blocks that are not per page or per head";
-  if (p.pages != (tokens + p.page_size - 1) / p.page_size) return "a page count that does not cover the tokens";
+  if (!pages_cover(p, tokens)) return "a page count that does not cover the tokens";
   if (p.block.size() != 2 * size_t(p.pages) * size_t(p.head_blocks)) return "a block count that is not 2 x pages x head_blocks";
   int64_t total = 0;
   for (int64_t r : p.runs) {
     if (r <= 0) return "an empty message";
+    if (r > p.wire_bytes - total) return "message lengths that do not add up to the wire";
     total += r;
   }
   if (total != p.wire_bytes || p.wire_bytes % es) return "message lengths that do not add up to the wire";
-  const int64_t extent = (p.page_size - 1) * p.slot_stride + (heads - 1) * p.head_stride + D;
+  // Wide arithmetic: a placement from another process may hold any numbers, and none may wrap.
+  using Wide = __int128;
+  const Wide extent = Wide(p.page_size - 1) * p.slot_stride + Wide(heads - 1) * p.head_stride + D;
   for (int64_t base : p.block)
-    if (base < 0 || base + extent > p.wire_bytes / es) return "a block outside the wire";
+    if (base < 0 || Wide(base) + extent > p.wire_bytes / es) return "a block outside the wire";
   return {};
 }
 

@@ -1,5 +1,6 @@
 #include "kvforge/state_pool.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <set>
 
@@ -8,8 +9,8 @@
 namespace kvforge {
 namespace {
 
-constexpr int64_t kPartAlign = 64, kSlotAlign = 256, kMaxRank = 4, kMaxLayers = 1024;
-constexpr int64_t kMaxPartBytes = int64_t(1) << 40;
+constexpr int64_t kPartAlign = 64, kSlotAlign = 256, kMaxRank = 4, kMaxLayers = 1024, kMaxParts = 64;
+constexpr int64_t kMaxPartBytes = int64_t(1) << 40, kMaxPoolBytes = int64_t(1) << 50;
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
@@ -30,7 +31,8 @@ int64_t elements(const StatePart& p) {
 
 StatePool::StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config)
     : parts_(std::move(parts)), layers_(layers), config_(config) {
-  if (parts_.empty()) throw ArgumentError("parts", "a state record needs at least one part");
+  if (parts_.empty() || int64_t(parts_.size()) > kMaxParts)
+    throw ArgumentError("parts", "a state record has 1 to 64 parts, not " + std::to_string(parts_.size()));
   std::set<std::string> names;
   for (size_t i = 0; i < parts_.size(); ++i) {
     const StatePart& p = parts_[i];
@@ -56,7 +58,10 @@ StatePool::StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig c
     part_offset_.push_back(record_bytes_);
     record_bytes_ += round_up(elements(p) * dtype_size(p.dtype), kPartAlign);
   }
-  slot_bytes_ = round_up(record_bytes_ * layers_, kSlotAlign);
+  slot_bytes_ = round_up(record_bytes_ * layers_, kSlotAlign);  // at most 64 x 2^40 x 1024 bytes: no wrap
+  if (__int128(slot_bytes_) * (config_.slots + config_.checkpoints) > kMaxPoolBytes)
+    throw CapacityError("slots", int64_t(std::min<__int128>(__int128(slot_bytes_) * (config_.slots + config_.checkpoints),
+                                                            INT64_MAX)), kMaxPoolBytes);
   pool_ = Buffer(backend(config_.device), bytes());
 }
 

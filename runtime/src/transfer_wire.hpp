@@ -126,7 +126,8 @@ inline std::string read_placement(const Answer& a, const int64_t* words, size_t 
   p.page_size = a.page_size, p.slot_stride = a.slot_stride, p.head_stride = a.head_stride;
   p.pages = a.pages, p.head_blocks = a.head_blocks, p.wire_bytes = a.wire_bytes;
   if (p.page_size < 1 || p.pages < 0 || p.head_blocks < 1 || a.runs < 0) return "a negative size or stride";
-  if (p.pages != (tokens + p.page_size - 1) / p.page_size) return "a page count that does not cover the tokens";
+  if (!pages_cover(p, tokens)) return "a page count that does not cover the tokens";
+  if (p.head_blocks != 1 && p.head_blocks != heads) return "blocks that are not per page or per head";
   const size_t blocks = 2 * size_t(p.pages) * size_t(p.head_blocks);
   if (kAnswerWords + blocks + size_t(a.runs) > count) return "a placement longer than its message";
   p.block.assign(words + kAnswerWords, words + kAnswerWords + blocks);

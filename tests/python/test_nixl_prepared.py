@@ -5,7 +5,8 @@ test_nixl.py checks the other paths, against nixl_peer.value:
   - every ordered pair of the tiny model's float layouts from a serving sender: prepared where the two
     pools place bytes differently, direct where alike; pages outside the request untouched;
   - tensor parallelism 1 -> 2 (the sender writes each receiver's heads);
-  - a placement the sender refuses (it checks what crosses processes), a malformed request, and a pull
+  - placements the sender refuses (it checks what crosses processes, before taking memory for them), a
+    malformed request, and a pull
     that asks for the prepared path where it cannot go, each naming the field; the sender serves on.
 """
 
@@ -110,10 +111,16 @@ def test_refusals_name_the_field_and_the_sender_serves_on(served):
     before = pool_bytes(cache)
     # A placement that does not add up, as a faulty or hostile receiver might send: the sender checks it
     # before writing, and the pull fails naming it.
-    plan = agent._plan([("s0", source.name)], "refused", COUNT, source_of(source, nhd), target, 0, True)
-    plan["placement"]["wire_bytes"] += 2
-    with pytest.raises(kvforge.ArgumentError, match="placement: has message lengths that do not add up"):
-        kvforge.nixl.prepared_pull(agent, plan, b"").wait(10)
+    for field, value, message in (("block", 2**62, "placement: has a block outside the wire"),
+                                  ("wire_bytes", 2**50, "placement: its wire is not the request's values")):
+        plan = agent._plan([("s0", source.name)], "refused", COUNT, source_of(source, nhd), target, 0, True)
+        if field == "block":
+            plan["placement"]["block"] = plan["placement"]["block"].copy()
+            plan["placement"]["block"][0] = value  # an offset whose end would wrap past 2^63
+        else:
+            plan["placement"][field] = value  # a ring of 2^52 bytes, were it taken
+        with pytest.raises(kvforge.ArgumentError, match=message):
+            kvforge.nixl.prepared_pull(agent, plan, b"").wait(10)
     # A request that is not one at all gets an answer nobody waits for, and changes nothing.
     agent._nixl.send_notif("s0", _nixl_prepared.encode(b"Q", {"id": "garbage", "blocks": -1}))
     agent.register("fp32", kvforge.create("vllm_paged_nhd.tiny.fp32", pages=8))

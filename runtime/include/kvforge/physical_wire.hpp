@@ -37,6 +37,9 @@ struct PhysicalPlacement {
 // own K element 0.
 std::optional<PhysicalPlacement> physical_placement(const Cache& receiver, const int32_t* pages, int64_t row, int64_t tokens);
 
+// Whether the placement's page count covers `tokens` positions (no arithmetic of it wraps).
+bool pages_cover(const PhysicalPlacement& p, int64_t tokens);
+
 // A placement that came from elsewhere, checked before anything is written by it: every value of
 // `heads` heads of head_dim D and `tokens` positions, elements of `element_bytes`, falls inside the
 // wire, and the runs add up to it. Empty when it holds, else what is wrong.
