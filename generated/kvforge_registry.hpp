@@ -8,7 +8,7 @@
 
 namespace kvforge {
 
-// The 88 variants of this expansion.
+// The 90 variants of this expansion.
 const kvforge::Registry& registry();
 
 }  // namespace kvforge

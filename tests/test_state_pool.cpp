@@ -166,6 +166,43 @@ TEST(StatePool, RefusesBadArgumentsNamingThem) {
       for (int part = 0; part < 2; ++part) EXPECT_EQ(read(pool, s, layer, part), bytes_of(pool, s, layer, part));
 }
 
+// Every registered variant whose model spec names linear layers: its attention layers are the model's
+// other layers, and its pool holds its record over the linear ones. Another variant keeps no state.
+TEST(StatePool, AVariantsModelSpecNamesItsLinearLayersAndTheirRecord) {
+  int seen = 0;
+  for (const VariantEntry& e : registry().variants()) {
+    const VariantDescriptor& d = *e.descriptor;
+    if (!d.states) {
+      if (!d.is_hybrid()) {
+        EXPECT_THROW(StatePool(d, StatePoolConfig{Device::cpu, 1, 0}), UnsupportedError) << d.name;
+      }
+      continue;
+    }
+    ++seen;
+    const StateRecord& r = *d.states;
+    EXPECT_EQ(d.layers + r.num_linear, r.model_layers) << d.name;
+    for (int i = 0; i < r.num_linear; ++i) {
+      EXPECT_TRUE(r.linear_layers[i] >= 0 && r.linear_layers[i] < r.model_layers) << d.name;
+      if (i) {
+        EXPECT_LT(r.linear_layers[i - 1], r.linear_layers[i]) << d.name;
+      }
+    }
+    const StatePool pool(d, StatePoolConfig{Device::cpu, 1, 0});
+    EXPECT_EQ(pool.layers(), r.num_linear);
+    ASSERT_EQ(int(pool.parts().size()), r.num_parts);
+    int64_t bytes = 0;
+    for (int p = 0; p < r.num_parts; ++p) {
+      EXPECT_EQ(pool.parts()[size_t(p)].name, r.parts[p].name);
+      int64_t n = dtype_size(r.parts[p].dtype);
+      for (int k = 0; k < r.parts[p].rank; ++k) n *= r.parts[p].shape[k];
+      EXPECT_EQ(pool.part_bytes(p), n);
+      bytes += n;
+    }
+    EXPECT_GE(pool.slot_bytes(), bytes * r.num_linear);
+  }
+  EXPECT_GT(seen, 0) << "no registered variant's model names linear_layers";
+}
+
 TEST(StatePool, OnCudaTheSameCopies) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA here: " << why;

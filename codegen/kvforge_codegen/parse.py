@@ -11,6 +11,7 @@ from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 from . import vocab
 from .diagnostics import Diagnostics, Loc
 from .spec import (LayerGroup, Tuning, tp_divides, ModelSpec, Expansion, Quantization, LayoutSpec, SpecSet, MODEL_FIELDS, LAYER_GROUP_FIELDS, LAYOUT_FIELDS, STORAGE_FIELDS, QUANTIZATION_FIELDS, EXPANSION_FIELDS)
+from .parse_states import parse_linear_layers
 from .yamlnodes import Entry, Value, load
 
 
@@ -151,10 +152,21 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     if r.has("layer_groups") and layers is not None and max_seq_len is not None:
         groups = _parse_layer_groups(r.fields["layer_groups"].value, layers, max_seq_len, diags)
     tensor_parallel = _parse_tensor_parallel(r, kv_heads, bool(groups), diags)
+    linear: Tuple[Tuple[int, ...], tuple] = ((), ())
+    if r.has("linear_layers") and layers is not None:
+        if groups:
+            diags.error(r.loc_of("linear_layers"), "linear_layers", "cannot be combined with layer_groups yet",
+                        "one of linear_layers and layer_groups")
+        elif tensor_parallel:
+            diags.error(r.loc_of("tensor_parallel"), "tensor_parallel", "a model with linear_layers cannot be sharded yet",
+                        "no tensor_parallel")
+        else:
+            linear = parse_linear_layers(r.fields["linear_layers"].value, layers, diags, _Reader, _shown) or linear
     if len(diags.errors) != before:
         return None
-    return ModelSpec(name, layers, kv_heads, head_dim, max_seq_len, window, doc.loc, groups,
-                     tensor_parallel=tensor_parallel)
+    # The K/V variants hold the attention layers: all of them but the linear ones.
+    return ModelSpec(name, layers - len(linear[0]), kv_heads, head_dim, max_seq_len, window, doc.loc, groups,
+                     tensor_parallel=tensor_parallel, linear_layers=linear[0], states=linear[1], model_layers=layers)
 
 
 def _parse_tensor_parallel(r: "_Reader", kv_heads: Optional[int], hybrid: bool, diags: Diagnostics) -> Tuple[int, ...]:

@@ -38,6 +38,17 @@ def tp_divides(kv_heads: int, tp: int) -> bool:
 
 
 @dataclass(frozen=True)
+class StatePartSpec:
+    """One part of the per-sequence state a hybrid model's linear layers keep (a conv window, a
+    recurrent state): kvforge::StatePart."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    loc: Loc
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     layers: int
@@ -54,6 +65,23 @@ class ModelSpec:
     shard_of: Optional[str] = None
     model_kv_heads: int = 0
     tp: int = 1
+    # A hybrid model's linear-attention or state-space layers (`linear_layers`): their indices among the
+    # model's `model_layers` layers, and the state record each keeps per sequence. `layers` then counts
+    # the attention layers only, which are all the K/V variants hold.
+    linear_layers: Tuple[int, ...] = ()
+    states: Tuple[StatePartSpec, ...] = ()
+    model_layers: int = 0
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """Bytes of every linear layer's state record, unpadded."""
+        total = 0
+        for part in self.states:
+            n = vocab.DTYPES[part.dtype]["bytes"]
+            for extent in part.shape:
+                n *= extent
+            total += n
+        return total * len(self.linear_layers)
 
     def shard(self, tp: int) -> "ModelSpec":
         """One rank's model at degree tp: its slice of the KV heads, or one head where there are
@@ -119,7 +147,9 @@ class SpecSet:
 
 
 MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window", "layer_groups",
-                "tensor_parallel")
+                "tensor_parallel", "linear_layers")
+LINEAR_FIELDS = ("layers", "states")
+STATE_PART_FIELDS = ("name", "shape", "dtype")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")

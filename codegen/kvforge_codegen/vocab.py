@@ -63,6 +63,11 @@ MAX_KV_HEADS = 1024
 MAX_HEAD_DIM = 4096
 MAX_SEQ_LEN = 1 << 24
 MAX_TENSOR_PARALLEL = 64  # ranks one model's KV heads may be sharded over
+# A hybrid model's per-sequence state record (kvforge::StatePool, state_pool.hpp checks the same).
+STATE_DTYPES = ("fp32", "fp16", "bf16")
+MAX_STATE_PARTS = 64
+MAX_STATE_RANK = 4
+MAX_STATE_PART_BYTES = 1 << 40
 
 WARP = 32  # cuda.block_threads is a whole number of warps
 # Launch parameters a model's specs/tuning/<model>.yaml may set (written by kvforge_bench --kvf_tune),

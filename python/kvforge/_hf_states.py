@@ -57,8 +57,11 @@ class KvforgeStateLayer(LinearAttentionLayer):
     def share(self, pool, layer):
         """Holds this layer's states in `layer` of the cache's one pool."""
         for name, _, _ in pool.parts:
-            kind, index = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")):])
-            self.pools[(kind, index)] = (pool, layer, name)
+            kind = name.rstrip("0123456789")  # conv, conv0, conv1...: kind and state index (0 unnumbered)
+            if kind not in KINDS:
+                raise kvforge.ArgumentError(f"state_record: part {name!r} is no transformers state (allowed: conv<i>, "
+                                            f"recurrent<i>)")
+            self.pools[(kind, int(name[len(kind):] or 0))] = (pool, layer, name)
 
     def _served(self, kind, index):
         pool, layer, name = self.pools[(kind, index)]

@@ -25,7 +25,7 @@ prefix sharing and forks outside `generate`.
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer
 
-from kvforge._hf_states import KvforgeStateLayer, States, probe_record
+from kvforge._hf_states import KvforgeStateLayer, States, probe_record  # noqa: F401  (kvforge.hf.probe_record)
 
 import kvforge
 import kvforge.jit
@@ -152,6 +152,11 @@ class KvforgeCache(Cache):
                   for i, kwargs in enumerate(self._state_kwargs(text, types))]
         self.state_layers = [layer for layer in layers if isinstance(layer, KvforgeStateLayer)]
         self.states = None
+        linear = [i for i, t in enumerate(types) if t in kvforge.jit.STATE_TYPES]
+        if d.linear_layers and d.linear_layers != linear:
+            raise kvforge.ArgumentError(f"variant: {variant}'s model keeps states in layers {d.linear_layers}, the "
+                                        f"model's linear layers are {linear}")
+        state_record = state_record or d.state_parts or None  # the spec's record, where its model names one
         if self.state_layers:
             if prefix_caching and not d.paged:
                 raise kvforge.UnsupportedError(f"prefix_caching: {variant} is not paged")

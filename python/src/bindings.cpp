@@ -84,6 +84,18 @@ NB_MODULE(_native, m) {
       .def_prop_ro("lazy", &VariantDescriptor::lazy)
       .def_prop_ro("hybrid", &VariantDescriptor::is_hybrid)
       .def_prop_ro("tuning", [](const VariantDescriptor& d) { return tuning_fields(d.tuning); })
+      // A hybrid model's linear layers (its spec's linear_layers): `layers` counts the attention ones.
+      .def_prop_ro("model_layers", [](const VariantDescriptor& d) { return d.states ? d.states->model_layers : d.layers; })
+      .def_prop_ro("linear_layers", [](const VariantDescriptor& d) {
+        return d.states ? std::vector<int>(d.states->linear_layers, d.states->linear_layers + d.states->num_linear)
+                        : std::vector<int>{};
+      })
+      .def_prop_ro("state_parts", [](const VariantDescriptor& d) {
+        nb::list out;
+        if (d.states)
+          for (const StatePart& p : state_parts(d)) out.append(nb::make_tuple(p.name, nb::tuple(nb::cast(p.shape)), name(p.dtype)));
+        return out;
+      })
       .def("__repr__", [](const VariantDescriptor& d) { return std::string("<kvforge.Descriptor ") + d.name + ">"; });
 
   nb::class_<Cache>(m, "Cache")

@@ -82,6 +82,10 @@ void bind_states(nb::module_& m) {
         new (self) StatePool(state_parts(parts), layers,
                              StatePoolConfig{device_named(device), slots, checkpoints, reinterpret_cast<void*>(stream)});
       }, "parts"_a, "layers"_a, "slots"_a, "device"_a = "cpu", "checkpoints"_a = 0, "stream"_a = 0)
+      .def_static("for_variant", [](const VariantDescriptor& d, int64_t slots, const std::string& device, int64_t checkpoints) {
+        return new StatePool(d, StatePoolConfig{device_named(device), slots, checkpoints, nullptr});
+      }, "descriptor"_a, "slots"_a, "device"_a = "cpu", "checkpoints"_a = 0,
+         "The pool of a variant whose model spec names linear_layers: its state record over those layers.")
       .def_prop_ro("parts", [](const StatePool& s) {
         nb::list out;
         for (const StatePart& p : s.parts()) out.append(nb::make_tuple(p.name, nb::tuple(nb::cast(p.shape)), name(p.dtype)));

@@ -29,6 +29,20 @@ int64_t elements(const StatePart& p) {
 
 }  // namespace
 
+std::vector<StatePart> state_parts(const VariantDescriptor& d) {
+  if (!d.states)
+    throw UnsupportedError(std::string("variant: ") + d.name + "'s model names no linear_layers, so it keeps no state");
+  std::vector<StatePart> out;
+  for (int i = 0; i < d.states->num_parts; ++i) {
+    const StatePartSpec& p = d.states->parts[i];
+    out.push_back({p.name, std::vector<int64_t>(p.shape, p.shape + p.rank), p.dtype});
+  }
+  return out;
+}
+
+StatePool::StatePool(const VariantDescriptor& d, StatePoolConfig config)
+    : StatePool(state_parts(d), d.states ? d.states->num_linear : 0, config) {}
+
 StatePool::StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config)
     : parts_(std::move(parts)), layers_(layers), config_(config) {
   if (parts_.empty() || int64_t(parts_.size()) > kMaxParts)

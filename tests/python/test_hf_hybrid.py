@@ -10,6 +10,8 @@ DynamicCache on the same model, random weights from a tiny config made here (not
   - a prefix hit: a second prompt that shares the first's starts from the state checkpointed at its
     longest boundary, and its logits equal DynamicCache's computed from that boundary (bitwise) and
     the whole prompt's recomputation (within 1e-4);
+  - a variant whose model spec names the linear layers and their state record: the record is what
+    transformers' cache keeps for the model, and the model generates DynamicCache's tokens through it;
   - refusals, each naming its argument: prefix caching, non-consecutive sequences, a sequence past
     the state slots, a layer type kvforge does not serve, and StatePool's own arguments.
 """
@@ -129,6 +131,25 @@ def test_a_prefix_hit_starts_from_the_checkpoint_of_its_longest_boundary():
         whole = m(torch.tensor([second])).logits[0, -1]
     assert torch.equal(got, want), "the same computation as DynamicCache's from the same boundary"
     assert torch.allclose(got, whole, atol=1e-4, rtol=1e-4), (got - whole).abs().max()
+
+
+def test_a_variant_whose_spec_names_the_linear_layers_serves_the_model():
+    m = model(qwen3_next)
+    linear = [i for i, t in enumerate(m.config.layer_types) if t == "linear_attention"]
+    [d] = [d for d in kvforge.variants(storage="fp32") if d.linear_layers == linear and d.layers == 1 and d.paged
+           and d.heads == 2 and d.head_dim == 16 and d.layout == "vllm_paged_nhd"]
+    # The spec's record is what transformers' own cache keeps for this model (from its DynamicCache).
+    probed = kvforge.hf.probe_record(m)
+    assert [(shape, dtype) for _, shape, dtype in d.state_parts] == [(shape, dtype) for _, shape, dtype in probed]
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(2))
+    ours = kvforge.hf.KvforgeCache(d.name, m.config, batch_size=2, prefix_caching=True)
+    with torch.no_grad():
+        want = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, cache=DynamicCache(config=m.config))
+        for seq in range(2):
+            ours.add(seq, ids[seq].tolist())
+        got = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, cache=ours)
+    assert torch.equal(got, want)
+    assert len(ours.states.pools) == 1 and ours.states.pools[0].layers == len(linear)
 
 
 def test_refusals_name_the_argument():

@@ -15,6 +15,24 @@ namespace kvforge {
 
 struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
 
+// One part of a hybrid model's per-sequence state as its spec states it (StatePart at run time).
+struct StatePartSpec {
+  const char* name;
+  int rank;
+  int64_t shape[4];  // the first `rank` extents
+  DType dtype;
+};
+
+// A model spec's `linear_layers`: which of its layers keep a state per sequence instead of K/V, and that
+// state's record. Its variants hold the other, attention, layers.
+struct StateRecord {
+  int model_layers;
+  int num_linear;
+  const int* linear_layers;  // [num_linear], ascending
+  int num_parts;
+  const StatePartSpec* parts;  // [num_parts]
+};
+
 // Everything the spec fixed about a variant. Generated as a constexpr per variant.
 struct VariantDescriptor {
   const char* name;
@@ -45,6 +63,7 @@ struct VariantDescriptor {
   int tensor_parallel = 1;
   int model_heads = 0;
   const char* shard_of = nullptr;
+  const StateRecord* states = nullptr;  // a hybrid model with linear layers; `layers` counts its attention layers
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
@@ -79,6 +98,16 @@ template <class T> struct shard_traits<T, std::void_t<decltype(T::tensor_paralle
   static constexpr const char* shard_of = T::shard_of;
 };
 
+// A model with linear layers states them (variant.hpp.j2); another says nothing.
+template <class T, class = void> struct state_traits {
+  static constexpr const StateRecord* record = nullptr;
+};
+template <class T> struct state_traits<T, std::void_t<decltype(T::state_parts)>> {
+  static constexpr StateRecord value{T::model_layers, int(std::size(T::linear_layers)), T::linear_layers,
+                                     int(std::size(T::state_parts)), T::state_parts};
+  static constexpr const StateRecord* record = &value;
+};
+
 // What every generated traits struct states, hybrid or not: names, dtypes, the model's shape and the
 // launch parameters (variant.hpp.j2's `common`).
 template <class T> constexpr VariantDescriptor describe_common() {
@@ -96,6 +125,7 @@ template <class T> constexpr VariantDescriptor describe_common() {
   d.tensor_parallel = shard_traits<T>::tensor_parallel;
   d.model_heads = shard_traits<T>::model_heads;
   d.shard_of = shard_traits<T>::shard_of;
+  d.states = state_traits<T>::record;
   return d;
 }
 

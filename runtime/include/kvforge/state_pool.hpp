@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvforge/backend.hpp"
+#include "kvforge/descriptor.hpp"
 #include "kvforge/dtype.hpp"
 
 namespace kvforge {
@@ -45,11 +46,17 @@ struct StateView {
   std::vector<int64_t> strides;  // slot_bytes() / element size, then row-major over the part's shape
 };
 
+// The state record a variant's model spec states (linear_layers), as StatePool takes it.
+std::vector<StatePart> state_parts(const VariantDescriptor& d);
+
 class StatePool {
  public:
   // Checks every argument before allocating: a bad part, a layer count outside [1, 1024] or a slot
   // count below 1 raises ArgumentError or OutOfRangeError naming it. The pool starts zeroed.
   StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config);
+  // The pool of a variant whose model spec names linear_layers: its record, over those layers.
+  // UnsupportedError for another variant.
+  StatePool(const VariantDescriptor& d, StatePoolConfig config);
 
   const std::vector<StatePart>& parts() const { return parts_; }
   int layers() const { return layers_; }

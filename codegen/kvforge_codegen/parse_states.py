@@ -1,0 +1,91 @@
+"""Reading a model spec's `linear_layers`: which layers of a hybrid model keep a per-sequence state
+instead of K/V, and that state's record (docs/specs.md, "Hybrid models with linear layers")."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from . import vocab
+from .diagnostics import Diagnostics
+from .spec import LINEAR_FIELDS, STATE_PART_FIELDS, StatePartSpec
+from .yamlnodes import Value
+
+
+def parse_linear_layers(value: Value, layers: int, diags: Diagnostics, reader, shown
+                        ) -> Optional[Tuple[Tuple[int, ...], Tuple[StatePartSpec, ...]]]:
+    """(linear layer indices, state parts), or None after recording every problem. `reader` and `shown`
+    are parse.py's _Reader and _shown, so that every field reads and reports the same way."""
+    before = len(diags.errors)
+    r = reader(diags, value, "linear_layers", LINEAR_FIELDS)
+    if not r.fields:
+        return None
+    indices: List[int] = []
+    lv = r.fields.get("layers")
+    allowed = f"layer indices 0..{layers - 1}, leaving at least one attention layer"
+    if lv is None:
+        r._missing("layers", allowed)
+    elif not isinstance(lv.value.data, list) or not lv.value.data:
+        diags.error(lv.value.loc, "linear_layers.layers", "expected a non-empty list of layer indices", allowed)
+    else:
+        for entry in lv.value.data:
+            if isinstance(entry.data, bool) or not isinstance(entry.data, int) or not 0 <= entry.data < layers:
+                diags.error(entry.loc, "linear_layers.layers", f"{shown(entry.data)} is not a layer of this model",
+                            f"0..{layers - 1}")
+            elif entry.data in indices:
+                diags.error(entry.loc, "linear_layers.layers", f"layer {entry.data} is listed twice")
+            else:
+                indices.append(entry.data)
+        if len(indices) == layers:
+            diags.error(lv.value.loc, "linear_layers.layers", "every layer is linear: there is no K/V to cache",
+                        allowed)
+    parts: List[StatePartSpec] = []
+    sv = r.fields.get("states")
+    if sv is None:
+        r._missing("states", "a list of {name, shape, dtype}")
+    elif not isinstance(sv.value.data, list) or not sv.value.data or len(sv.value.data) > vocab.MAX_STATE_PARTS:
+        diags.error(sv.value.loc, "linear_layers.states", "expected a list of 1 to 64 {name, shape, dtype}")
+    else:
+        for i, item in enumerate(sv.value.data):
+            part = _parse_part(item, i, diags, reader, shown)
+            if part is not None and any(p.name == part.name for p in parts):
+                diags.error(item.loc, f"linear_layers.states[{i}].name", f"{part.name!r} names two parts")
+            elif part is not None:
+                parts.append(part)
+    if len(diags.errors) != before:
+        return None
+    return tuple(sorted(indices)), tuple(parts)
+
+
+def _parse_part(item: Value, i: int, diags: Diagnostics, reader, shown) -> Optional[StatePartSpec]:
+    at = f"linear_layers.states[{i}]"
+    r = reader(diags, item, at, STATE_PART_FIELDS)
+    if not r.fields:
+        return None
+    name = r.name("name")
+    dtype = r.choice("dtype", vocab.STATE_DTYPES)
+    shape: List[int] = []
+    allowed = f"1 to {vocab.MAX_STATE_RANK} extents >= 1, at most {vocab.MAX_STATE_PART_BYTES} bytes in all"
+    sv = r.fields.get("shape")
+    ok = True
+    if sv is None:
+        r._missing("shape", allowed)
+        ok = False
+    elif not isinstance(sv.value.data, list) or not 1 <= len(sv.value.data) <= vocab.MAX_STATE_RANK:
+        diags.error(sv.value.loc, f"{at}.shape", "expected a list of 1 to 4 extents", allowed)
+        ok = False
+    else:
+        for entry in sv.value.data:
+            if isinstance(entry.data, bool) or not isinstance(entry.data, int) or entry.data < 1:
+                diags.error(entry.loc, f"{at}.shape", f"expected an extent >= 1, got {shown(entry.data)}", allowed)
+                ok = False
+            else:
+                shape.append(entry.data)
+        elements = 1
+        for extent in shape:
+            elements *= extent
+        if ok and dtype is not None and elements * vocab.DTYPES[dtype]["bytes"] > vocab.MAX_STATE_PART_BYTES:
+            diags.error(sv.value.loc, f"{at}.shape", "is too large", allowed)
+            ok = False
+    if name is None or dtype is None or not ok:
+        return None
+    return StatePartSpec(name, tuple(shape), dtype, item.loc)

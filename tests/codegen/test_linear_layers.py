@@ -1,0 +1,70 @@
+"""A model spec's linear_layers (docs/specs.md, "Hybrid models with linear layers"): every problem at
+once as file:line, and the variants' attention layers and state record."""
+
+import os
+import unittest
+
+from kvforge_codegen.validate import load_specs
+from test_codegen import MODELS, REPO, model_errors, plan_variants, render  # tests/codegen is on the path
+
+
+class LinearLayers(unittest.TestCase):
+    """A hybrid model's linear layers: every problem at once, file:line, and the attention layers the
+    variants hold."""
+
+    def test_every_problem_of_linear_layers_at_once(self):
+        text = """\
+        name: m
+        layers: 4
+        kv_heads: 2
+        head_dim: 16
+        max_seq_len: 64
+        linear_layers:
+          layers: [0, 1, 9, 1]
+          states:
+            - name: conv
+              shape: [64, 0]
+              dtype: int8
+            - name: ssm
+              shape: [2, 2, 2, 2, 2]
+              dtype: fp32
+            - name: conv
+              shape: [3]
+              dtype: bf16
+            - name: big
+              shape: [1048576, 1048576]
+              dtype: fp32
+        """
+        self.assertEqual(model_errors(text), [
+            "models/m.yaml:7: linear_layers.layers: 9 is not a layer of this model (allowed: 0..3)",
+            "models/m.yaml:7: linear_layers.layers: layer 1 is listed twice",
+            "models/m.yaml:10: linear_layers.states[0].shape: expected an extent >= 1, got 0 (allowed: 1 to 4 "
+            "extents >= 1, at most 1099511627776 bytes in all)",
+            "models/m.yaml:11: linear_layers.states[0].dtype: unknown value 'int8' (allowed: fp32, fp16, bf16)",
+            "models/m.yaml:13: linear_layers.states[1].shape: expected a list of 1 to 4 extents (allowed: 1 to 4 "
+            "extents >= 1, at most 1099511627776 bytes in all)",
+            "models/m.yaml:19: linear_layers.states[3].shape: is too large (allowed: 1 to 4 extents >= 1, at most "
+            "1099511627776 bytes in all)"])
+
+    def test_every_layer_linear_or_with_layer_groups_is_refused(self):
+        head = "name: m\nlayers: 2\nkv_heads: 2\nhead_dim: 16\nmax_seq_len: 64\n"
+        states = "  states:\n    - name: conv\n      shape: [4]\n      dtype: fp32\n"
+        self.assertEqual(model_errors(head + "linear_layers:\n  layers: [0, 1]\n" + states), [
+            "models/m.yaml:7: linear_layers.layers: every layer is linear: there is no K/V to cache (allowed: layer "
+            "indices 0..1, leaving at least one attention layer)"])
+        groups = "layer_groups:\n  - name: a\n    layers: [0, 1]\n"
+        self.assertEqual(model_errors(head + groups + "linear_layers:\n  layers: [0]\n" + states), [
+            "models/m.yaml:10: linear_layers: cannot be combined with layer_groups yet (allowed: one of "
+            "linear_layers and layer_groups)"])
+
+    def test_the_variants_hold_the_attention_layers_and_state_the_record(self):
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        model = specs.model("tiny_gdn")
+        self.assertEqual((model.layers, model.model_layers, model.linear_layers), (1, 4, (0, 1, 2)))
+        [v] = [v for v in plan_variants(specs) if v.name == "vllm_paged_nhd.tiny_gdn.fp32"]
+        self.assertEqual(v.bytes_per_token, 2 * 1 * 2 * 16 * 4)  # K and V of the one attention layer
+        header = render([v])["vllm_paged_nhd.tiny_gdn.fp32.hpp"]
+        self.assertIn("static constexpr int layers = 1;", header)
+        self.assertIn("static constexpr int linear_layers[] = {0, 1, 2};", header)
+        self.assertIn('{"recurrent", 3, {4, 8, 8, 0}, kvforge::DType::f32}', header)
+        self.assertEqual(model.state_bytes_per_sequence, 3 * (64 * 4 * 4 + 4 * 8 * 8 * 4))
