@@ -30,7 +30,7 @@ struct Engine {
   std::unique_ptr<StatePool> pool;
   std::unique_ptr<StateSlots> slots;
   int P = 0;
-  Engine(int64_t state_slots, int64_t checkpoints, int32_t every = 2, int64_t pages = 64) {
+  Engine(int64_t state_slots, int64_t checkpoints, int32_t every = 2, int64_t pages = 64, int32_t host_blocks = 0) {
     // A paged float variant of the tiny model, chosen by property.
     const VariantEntry* entry = nullptr;
     for (const VariantEntry& e : registry().variants())
@@ -41,7 +41,9 @@ struct Engine {
     cfg.pages = pages;
     cache = entry->create(cfg);
     P = entry->descriptor->page_size;
-    manager = std::make_unique<SequenceManager>(*cache);
+    SequenceManagerOptions o;
+    o.host_blocks = host_blocks;
+    manager = std::make_unique<SequenceManager>(*cache, o);
     pool = std::make_unique<StatePool>(std::vector<StatePart>{{"h", {4}, DType::f32}}, 1,
                                        StatePoolConfig{Device::cpu, state_slots, checkpoints});
     slots = std::make_unique<StateSlots>(*manager, *pool, every);
@@ -136,6 +138,29 @@ TEST(StateSlots, TheLeastRecentlyUsedCheckpointMakesRoom) {
   e.slots->free(0);
   EXPECT_EQ(e.slots->add(1, std::vector<int32_t>(first.begin(), first.begin() + 50)), 0);
   EXPECT_EQ(e.slots->add(2, std::vector<int32_t>(first.begin(), first.begin() + 70)), 64);
+}
+
+TEST(StateSlots, OffloadFreesTheSlotAndRestoreBringsTheStateBackIntoAnother) {
+  Engine e(1, 2, 2, 64, 16);  // one state slot, a host tier of 16 pages
+  const std::vector<int32_t> a = tokens(40, 7), b = tokens(20, 8);
+  e.slots->add(0, a);
+  e.forward(0);
+  e.slots->offload(0);
+  EXPECT_TRUE(e.manager->offloaded(0));
+  EXPECT_THROW(e.slots->slot(0), StateError);
+  e.slots->add(1, b);  // the only slot, now another sequence's
+  e.forward(1);
+  EXPECT_THROW(e.slots->restore(0), CapacityError);
+  EXPECT_TRUE(e.manager->offloaded(0)) << "a refused restore changed the sequence";
+  e.slots->free(1);
+  e.slots->restore(0);
+  EXPECT_EQ(held(*e.pool, *e.slots, 0), state_of(a, a.size()));
+  e.manager->append(0, {9});
+  e.forward(0);
+  std::vector<int32_t> more = a;
+  more.push_back(9);
+  EXPECT_EQ(held(*e.pool, *e.slots, 0), state_of(more, more.size()));
+  e.manager->check_invariants();
 }
 
 TEST(StateSlots, RefusalsNameTheArgumentAndChangeNothing) {

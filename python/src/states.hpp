@@ -130,6 +130,8 @@ void bind_states(nb::module_& m) {
       .def("add", &StateSlots::add, "seq"_a, "prompt"_a, "salt"_a = nb::none(), Release())
       .def("fork", &StateSlots::fork, "parent"_a, "child"_a, Release())
       .def("free", &StateSlots::free, "seq"_a)
+      .def("offload", &StateSlots::offload, "seq"_a, Release())
+      .def("restore", &StateSlots::restore, "seq"_a, Release())
       .def("checkpoint", &StateSlots::checkpoint, "seq"_a, Release())
       .def("next_boundary", &StateSlots::next_boundary, "seq"_a)
       .def("slot", &StateSlots::slot, "seq"_a)

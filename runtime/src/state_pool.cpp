@@ -157,6 +157,16 @@ void StatePool::copy_slot(int64_t src, int64_t dst) {
   if (src != dst) backend(config_.device).copy(slot_at(dst), slot_at(src), slot_bytes_, config_.stream);
 }
 
+void StatePool::read_slot(int64_t slot, void* host) const {
+  check_slot("slot", slot);
+  backend(config_.device).to_host(host, slot_at(slot), slot_bytes_, config_.stream);
+}
+
+void StatePool::write_slot(int64_t slot, const void* host) {
+  check_slot("slot", slot);
+  backend(config_.device).from_host(slot_at(slot), host, slot_bytes_, config_.stream);
+}
+
 void StatePool::zero_slot(int64_t slot) {
   check_slot("slot", slot);
   backend(config_.device).fill(slot_at(slot), 0, slot_bytes_, config_.stream);

@@ -72,7 +72,7 @@ int64_t StateSlots::add(int64_t seq, const std::vector<int32_t>& prompt, std::op
     free_slots_.push_back(slot);
     throw;
   }
-  held_[seq] = Held{slot, s};
+  held_[seq] = Held{slot, s, {}};
   // What the prefix cache alone would have shared (SequenceManager::add leaves the last token).
   stats_.capped_tokens += std::max<int64_t>(std::min(cached, (int64_t(prompt.size()) - 1) / page_size_ * page_size_), 0) - covered;
   if (covered > 0) {
@@ -88,6 +88,7 @@ int64_t StateSlots::add(int64_t seq, const std::vector<int32_t>& prompt, std::op
 
 void StateSlots::fork(int64_t parent, int64_t child) {
   const int64_t from = held(parent, "parent").slot;
+  if (from < 0) throw StateError("parent", "sequence " + std::to_string(parent) + " is offloaded; restore() it first");
   if (held_.count(child)) throw StateError("child", "sequence " + std::to_string(child) + " already exists");
   const int64_t slot = take_slot("states");
   try {
@@ -96,7 +97,7 @@ void StateSlots::fork(int64_t parent, int64_t child) {
     free_slots_.push_back(slot);
     throw;
   }
-  held_[child] = Held{slot, held_.at(parent).salt};
+  held_[child] = Held{slot, held_.at(parent).salt, {}};
   pool_.copy_slot(from, slot);
 }
 
@@ -104,7 +105,36 @@ void StateSlots::free(int64_t seq) {
   const int64_t slot = held(seq, "seq").slot;
   manager_.free(seq);
   held_.erase(seq);
-  free_slots_.push_back(slot);
+  if (slot >= 0) free_slots_.push_back(slot);  // an offloaded sequence holds none
+}
+
+void StateSlots::offload(int64_t seq) {
+  held(seq, "seq");
+  Held& h = held_.at(seq);
+  if (h.slot < 0) throw StateError("seq", "sequence " + std::to_string(seq) + " is offloaded already");
+  manager_.offload(seq);
+  h.offloaded.resize(size_t(pool_.slot_bytes()));
+  pool_.read_slot(h.slot, h.offloaded.data());
+  pool_.synchronize();
+  free_slots_.push_back(h.slot);
+  h.slot = -1;
+}
+
+void StateSlots::restore(int64_t seq) {
+  held(seq, "seq");
+  Held& h = held_.at(seq);
+  if (h.slot >= 0) throw StateError("seq", "sequence " + std::to_string(seq) + " is not offloaded");
+  const int64_t slot = take_slot("states");
+  try {
+    manager_.restore(seq);
+  } catch (...) {
+    free_slots_.push_back(slot);
+    throw;
+  }
+  pool_.write_slot(slot, h.offloaded.data());
+  pool_.synchronize();  // the host copy goes now
+  h.slot = slot;
+  h.offloaded = {};
 }
 
 int64_t StateSlots::next_boundary(int64_t seq) const {
@@ -113,12 +143,16 @@ int64_t StateSlots::next_boundary(int64_t seq) const {
   return (manager_.length(seq) / boundary + 1) * boundary;
 }
 
-int64_t StateSlots::slot(int64_t seq) const { return held(seq, "seq").slot; }
+int64_t StateSlots::slot(int64_t seq) const {
+  const int64_t slot = held(seq, "seq").slot;
+  if (slot < 0) throw StateError("seq", "sequence " + std::to_string(seq) + " is offloaded; restore() it first");
+  return slot;
+}
 
 bool StateSlots::checkpoint(int64_t seq) {
   const Held& h = held(seq, "seq");
   const int64_t length = manager_.length(seq), boundary = int64_t(every_) * page_size_;
-  if (length == 0 || length % boundary != 0 || pool_.config().checkpoints == 0) return false;
+  if (h.slot < 0 || length == 0 || length % boundary != 0 || pool_.config().checkpoints == 0) return false;
   const uint64_t hash = block_hashes(manager_.tokens(seq), length / page_size_, h.salt).back();
   if (const auto it = by_hash_.find(hash); it != by_hash_.end()) {  // kept already: a shared prefix
     lru_.splice(lru_.end(), lru_, it->second.lru);

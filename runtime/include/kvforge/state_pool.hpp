@@ -75,6 +75,9 @@ class StatePool {
   void write(int64_t slot, int layer, int part, const void* src, Device device);
   void read(int64_t slot, int layer, int part, void* dst, Device device) const;
   void copy_slot(int64_t src, int64_t dst);  // a fork or a beam: the whole state of every layer
+  // A whole slot to or from host memory of slot_bytes() (offload); queued on the pool's stream.
+  void read_slot(int64_t slot, void* host) const;
+  void write_slot(int64_t slot, const void* host);
   void zero_slot(int64_t slot);              // a new sequence's state
   void checkpoint(int64_t slot, int64_t index);  // slot's state into checkpoint record `index`
   void restore(int64_t index, int64_t slot);     // and back, into any slot

@@ -41,6 +41,11 @@ class StateSlots {
   int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {});
   void fork(int64_t parent, int64_t child);  // the child's slot gets a copy of the parent's state
   void free(int64_t seq);
+  // Preemption: the sequence's pages go to the host tier (SequenceManager::offload) and its state to
+  // host memory, and its slot is free for another sequence; restore() brings both back, into any free
+  // slot. A slot short raises CapacityError("states") before anything changes.
+  void offload(int64_t seq);
+  void restore(int64_t seq);
   // Call after the forward that brought `seq` to its current length (before appending more): at a
   // checkpoint boundary, its state is kept. True when a checkpoint was taken.
   bool checkpoint(int64_t seq);
@@ -53,8 +58,9 @@ class StateSlots {
 
  private:
   struct Held {
-    int64_t slot;
+    int64_t slot;  // -1 while offloaded
     uint64_t salt;
+    std::vector<unsigned char> offloaded;  // the state while offloaded
   };
   struct Checkpoint {
     int64_t index;
