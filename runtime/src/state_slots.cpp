@@ -25,7 +25,7 @@ std::vector<uint64_t> StateSlots::block_hashes(const std::vector<int32_t>& token
 }
 
 int64_t StateSlots::take_slot(const char* argument) {
-  if (free_slots_.empty()) throw CapacityError(argument, 1, 0, "every state slot is held (StatePool slots)");
+  if (free_slots_.empty()) throw CapacityError(argument, 1, 0);  // every slot of the StatePool is held
   const int64_t s = free_slots_.back();
   free_slots_.pop_back();
   return s;
