@@ -133,11 +133,12 @@ def test_a_prefix_hit_starts_from_the_checkpoint_of_its_longest_boundary():
     assert torch.allclose(got, whole, atol=1e-4, rtol=1e-4), (got - whole).abs().max()
 
 
-def test_a_variant_whose_spec_names_the_linear_layers_serves_the_model():
-    m = model(qwen3_next)
+@pytest.mark.parametrize("make", [qwen3_next, bamba])
+def test_a_variant_whose_spec_names_the_linear_layers_serves_the_model(make):
+    m = model(make)
     linear = [i for i, t in enumerate(m.config.layer_types) if t == "linear_attention"]
-    [d] = [d for d in kvforge.variants(storage="fp32") if d.linear_layers == linear and d.layers == 1 and d.paged
-           and d.heads == 2 and d.head_dim == 16 and d.layout == "vllm_paged_nhd"]
+    [d] = [d for d in kvforge.variants(storage="fp32") if d.linear_layers == linear and d.paged and d.heads == 2
+           and d.model_layers == m.config.num_hidden_layers and d.head_dim == 16 and d.layout == "vllm_paged_nhd"]
     # The spec's record is what transformers' own cache keeps for this model (from its DynamicCache).
     probed = kvforge.hf.probe_record(m)
     assert [(shape, dtype) for _, shape, dtype in d.state_parts] == [(shape, dtype) for _, shape, dtype in probed]
