@@ -32,10 +32,17 @@ def model_yaml(rng: random.Random, name: str) -> str:
     max_seq_len = rng.choice(SEQ_LENS)
     heads = rng.choice(KV_HEADS)
     head_dim = rng.choice(NARROW_HEAD_DIMS if heads >= 16 else HEAD_DIMS)
-    lines = [f"name: {name}", f"layers: {rng.randint(1, 3)}", f"kv_heads: {heads}", f"head_dim: {head_dim}",
+    layers = rng.randint(1, 3)
+    lines = [f"name: {name}", f"layers: {layers}", f"kv_heads: {heads}", f"head_dim: {head_dim}",
              f"max_seq_len: {max_seq_len}"]
     if rng.random() < 0.5:
         lines.append(f"sliding_window: {rng.randint(1, max_seq_len)}")
+    if layers > 1 and rng.random() < 0.3:  # a hybrid model: some layers keep a state, the variants the rest
+        linear = sorted(rng.sample(range(layers), rng.randint(1, layers - 1)))
+        lines += ["linear_layers:", f"  layers: {linear}", "  states:"]
+        for part in range(rng.randint(1, 3)):
+            shape = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+            lines += [f"    - name: s{part}", f"      shape: {shape}", f"      dtype: {rng.choice(('fp32', 'fp16', 'bf16'))}"]
     return "\n".join(lines) + "\n"
 
 
