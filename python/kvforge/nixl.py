@@ -34,6 +34,7 @@ import torch
 import kvforge
 
 from . import _nixl_prepared as prepared
+from . import _nixl_states as states
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
                          _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
                          _same_geometry, _source_grid)
@@ -100,6 +101,8 @@ class Agent:
         # An agent left open stops polling at exit, before NIXL's objects go (which would abort the process).
         weakref.finalize(self, _stop_polling, self._stop, self._thread)
         self._caches = {}  # key -> (cache, description)
+        self._states = {}  # key -> (StatePool, description, registration): hybrid models' states
+        self._peer_states = {}  # agent name -> {key: description}
         self._peers = {}  # agent name -> {key: description}
         self._abandoned = []  # (NIXL requests, staging area, registration) of pulls a timeout abandoned
         self._parked = []  # abandoned pulls' staging areas (and registrations), kept until close()
@@ -117,14 +120,14 @@ class Agent:
         self._serving = {}
         self._release_abandoned()
         if not (self._abandoned or self._parked):  # else a cancelled READ may still use a registration
-            for _, _, registered in self._caches.values():
+            for _, _, registered in list(self._caches.values()) + list(self._states.values()):
                 self._nixl.deregister_memory(registered)
             for _, registered in self._spare:
                 self._nixl.deregister_memory(registered)
         for peer in self._peers:
             self._nixl.remove_remote_agent(peer)
         # Ending the agent ends UCX's work on the parked staging areas; only then may their memory go.
-        self._caches, self._peers, self._nixl = {}, {}, None
+        self._caches, self._states, self._peers, self._nixl = {}, {}, {}, None
         self._abandoned, self._parked, self._spare = [], [], []
 
     @property
@@ -157,10 +160,22 @@ class Agent:
         registered = self._nixl.register_memory(buffers)
         self._caches[key] = (cache, description, registered)
 
+    def register_states(self, key, pool):
+        """Registers a kvforge.StatePool's memory under `key` (a hybrid model's per-sequence states), as it is."""
+        with self._lock:
+            states.register(self, key, pool)
+
+    def pull_state(self, source, key, src_slot, dst_slot, timeout=30.0):
+        """Pulls slot src_slot of the state pool source = (agent name, key) into slot dst_slot of this
+        agent's pool `key`: one READ of the slot's bytes, after the two records are checked equal (a
+        mismatch raises ArgumentError naming the field). Returns {bytes, descriptors}."""
+        return states.pull(self, source, key, src_slot, dst_slot, timeout)
+
     def metadata(self):
         """Bytes for the other side's connect(): NIXL's agent metadata and every registered cache's facts."""
         facts = json.dumps({"version": _VERSION, "agent": self.name, "serves": self._serves,
-                            "caches": {k: c[1] for k, c in self._caches.items()}}).encode()
+                            "caches": {k: c[1] for k, c in self._caches.items()},
+                            "states": {k: s[1] for k, s in self._states.items()}}).encode()
         return _MAGIC + struct.pack("<II", _VERSION, len(facts)) + facts + self._nixl.get_agent_metadata()
 
     def connect(self, metadata):
@@ -188,6 +203,7 @@ class Agent:
             self._nixl.remove_remote_agent(name)
             raise kvforge.ArgumentError(f"metadata: the header names {agent!r}, NIXL's part {name!r}")
         self._peers[name] = caches
+        self._peer_states[name] = facts.get("states", {}) if isinstance(facts.get("states"), dict) else {}
         return name
 
     def notifications(self):

@@ -99,6 +99,10 @@ void bind_states(nb::module_& m) {
       .def_prop_ro("record_bytes", &StatePool::record_bytes)
       .def_prop_ro("bytes", &StatePool::bytes)
       .def_prop_ro("padding_bytes", &StatePool::padding_bytes)
+      .def("buffer", [](nb::handle self) {
+        const StatePool& s = nb::cast<const StatePool&>(self);
+        return export_array(s.data(), DType::i8, s.config().device, {size_t(s.bytes())}, {1}, self);
+      }, "The pool's memory as flat bytes (slots, then checkpoints), for registering with a transport.")
       .def("part_bytes", [](const StatePool& s, nb::handle part) { return s.part_bytes(state_part(s, part)); }, "part"_a)
       .def("view", [](nb::handle self, int layer, nb::handle part) {
         const StatePool& s = nb::cast<const StatePool&>(self);

@@ -1,7 +1,8 @@
 """A sending process for tests/python/test_nixl.py: it creates caches, writes requests into them through
 the caches' own append, registers them with a kvforge.nixl Agent and serves pulls until told to stop.
 
-    python3 nixl_peer.py <agent name> <json: [{key, variant, rank, pages|rows, requests: [[id, placement]]}]> [how]
+    python3 nixl_peer.py <agent name> <json: [{key, variant, rank, pages|rows, requests: [[id, placement]]}
+                                                | {key, states: {record, layers, slots}}]> [how]
 
 how: `serve` (the agent serves prepared pulls) or `progress` (it keeps NIXL's progress thread, which a peer
 that is read over TCP without serving needs); neither by default.
@@ -52,11 +53,32 @@ def write_request(cache, rank, request, placement, count):
         cache.commit()
 
 
+def state_value(slot, layer, part, shape):
+    """A state part's values in slot `slot` of layer `layer`: exact in every float dtype (integers below 256)."""
+    n = int(np.prod(shape))
+    return (((torch.arange(n) + slot * 37 + layer * 11 + part * 5) % 251).float()).view(*shape)
+
+
+def fill_states(pool):
+    for layer in range(pool.layers):
+        for part, (name, shape, dtype) in enumerate(pool.parts):
+            view = torch.from_dlpack(pool.view(layer, name))
+            for slot in range(pool.slots):
+                view[slot].copy_(state_value(slot, layer, part, shape))
+
+
 def main():
     name, plan, how = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else ""
     agent = kvforge.nixl.Agent(name, serve=how == "serve", progress_thread=how == "progress")
     caches = []
     for entry in plan:
+        if "states" in entry:  # a hybrid model's state pool, every slot filled by state_value
+            st = entry["states"]
+            pool = kvforge.StatePool([tuple(p) for p in st["record"]], layers=st["layers"], slots=st["slots"])
+            fill_states(pool)
+            agent.register_states(entry["key"], pool)
+            caches.append(pool)
+            continue
         cache = kvforge.create(entry["variant"], **{k: entry[k] for k in ("pages", "rows", "max_staged_tokens")
                                                     if k in entry})
         for request, placement, count in entry["requests"]:

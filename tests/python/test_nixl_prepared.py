@@ -5,6 +5,8 @@ test_nixl.py checks the other paths, against nixl_peer.value:
   - every ordered pair of the tiny model's float layouts from a serving sender: prepared where the two
     pools place bytes differently, direct where alike; pages outside the request untouched;
   - tensor parallelism 1 -> 2 (the sender writes each receiver's heads);
+  - a hybrid model's state slot, pulled whole in one READ, against the sender's value function, and
+    refused where the two records differ;
   - placements the sender refuses (it checks what crosses processes, before taking memory for them), a
     malformed request, and a pull
     that asks for the prepared path where it cannot go, each naming the field; the sender serves on.
@@ -21,8 +23,12 @@ pytest.importorskip("nixl_cu13", reason="NIXL is not installed (tools/setup inst
 from kvforge import _nixl_prepared  # noqa: E402
 from kvforge._nixl_plan import _same_geometry  # noqa: E402
 from kvforge.nixl import Placement  # noqa: E402
+from nixl_peer import state_value  # noqa: E402
 from test_nixl import (COUNT, LAYOUTS, TP, TP_PAGES, Peer, assert_holds, config_of, placement_of,  # noqa: E402
                        pool_bytes, source_of, target_of)
+
+
+STATE_RECORD = [["conv", [64, 4], "bf16"], ["recurrent", [4, 8, 8], "fp32"]]
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +37,7 @@ def served():
     plan = [{"key": d.name, "variant": d.name, **config_of(d), "requests": [[i, placement_of(d, i), COUNT]]}
             for i, d in enumerate(LAYOUTS)]
     plan.append({"key": "tp1", "variant": TP[1], "pages": 8, "requests": [[42, {"pages": TP_PAGES}, COUNT]]})
+    plan.append({"key": "states", "states": {"record": STATE_RECORD, "layers": 3, "slots": 4}})
     peer = Peer("s0", plan, "serve")
     peer.bytes = peer.metadata()
     agent = kvforge.nixl.Agent("decode_prepared")
@@ -134,3 +141,24 @@ def test_refusals_name_the_field_and_the_sender_serves_on(served):
     assert report["how"] == "prepared"
     assert_holds(cache, target, nhd)
     assert agent.staging_bytes == 0  # a prepared pull stages nothing on the receiving side
+
+
+def test_a_state_slot_arrives_whole_in_one_read(served):
+    agent, _ = served
+    pool = kvforge.StatePool([tuple(p) for p in STATE_RECORD], layers=3, slots=2)
+    agent.register_states("states_here", pool)
+    report = agent.pull_state(("s0", "states"), "states_here", src_slot=3, dst_slot=1)
+    assert report == {"bytes": pool.slot_bytes, "descriptors": 1}
+    for layer in range(3):
+        for part, (name, shape, _) in enumerate(STATE_RECORD):
+            view = torch.from_dlpack(pool.view(layer, name))
+            assert torch.equal(view[1].float(), state_value(3, layer, part, shape)), (layer, name)
+            assert not view[0].any(), "the other slot was written"
+    other = kvforge.StatePool([("conv", (64, 4), "bf16")], layers=3, slots=2)
+    agent.register_states("other_record", other)
+    with pytest.raises(kvforge.ArgumentError, match="record: the source pool has"):
+        agent.pull_state(("s0", "states"), "other_record", 0, 0)
+    with pytest.raises(kvforge.OutOfRangeError, match=r"src_slot = 4 is outside \[0, 4\)"):
+        agent.pull_state(("s0", "states"), "states_here", 4, 0)
+    with pytest.raises(kvforge.ArgumentError, match="source: agent 's0' is not connected or registered no state pool"):
+        agent.pull_state(("s0", "nothing"), "states_here", 0, 0)

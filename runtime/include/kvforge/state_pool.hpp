@@ -70,6 +70,8 @@ class StatePool {
   int64_t padding_bytes() const;
 
   StateView view(int layer, int part) const;
+  // The pool's memory, bytes() of it: the slots, then the checkpoints (for registering with a transport).
+  void* data() const { return pool_.data(); }
   // One part of one slot: `bytes` must be part_bytes(part); src and dst are contiguous, on `device`
   // (the pool's own, or the host).
   void write(int64_t slot, int layer, int part, const void* src, Device device);
