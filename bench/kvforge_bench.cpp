@@ -10,9 +10,6 @@
 // same process, and the report divides by it: absolute times on a shared machine drift.
 #include <benchmark/benchmark.h>
 #include <omp.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>

@@ -89,7 +89,7 @@ void SequenceManager::evict(int32_t n) {
   }
   std::vector<uint64_t> removed;
   for (int32_t b : victims) {
-    removed.push_back(prefix_.key_of(b));
+    if (options_.kv_events) removed.push_back(prefix_.key_of(b));  // an event only where events are kept
     prefix_.forget(b);
     device_.release({b});
     ++stats_.evictions;
