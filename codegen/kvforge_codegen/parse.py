@@ -11,6 +11,7 @@ from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 from . import vocab
 from .diagnostics import Diagnostics, Loc
 from .spec import (LayerGroup, Tuning, tp_divides, ModelSpec, Expansion, Quantization, LayoutSpec, SpecSet, MODEL_FIELDS, LAYER_GROUP_FIELDS, LAYOUT_FIELDS, STORAGE_FIELDS, QUANTIZATION_FIELDS, EXPANSION_FIELDS)
+from .parse_mla import parse_mla, refuse_heads_beside_mla
 from .parse_states import parse_linear_layers
 from .yamlnodes import Entry, Value, load
 
@@ -140,8 +141,14 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     before = len(diags.errors)
     name = r.name("name")
     layers = r.positive_int("layers", maximum=vocab.MAX_LAYERS)
-    kv_heads = r.positive_int("kv_heads", maximum=vocab.MAX_KV_HEADS)
-    head_dim = r.positive_int("head_dim", maximum=vocab.MAX_HEAD_DIM)
+    mla = None
+    if r.has("mla"):
+        refuse_heads_beside_mla(r, diags)
+        mla = parse_mla(r.fields["mla"].value, diags, _Reader)
+        kv_heads, head_dim = 1, sum(mla) // 2 if mla else None
+    else:
+        kv_heads = r.positive_int("kv_heads", maximum=vocab.MAX_KV_HEADS)
+        head_dim = r.positive_int("head_dim", maximum=vocab.MAX_HEAD_DIM)
     max_seq_len = r.positive_int("max_seq_len", maximum=vocab.MAX_SEQ_LEN)
     window = r.positive_int("sliding_window", required=False, maximum=vocab.MAX_SEQ_LEN)
     _check_file_name(name, path, r, diags)
@@ -166,7 +173,8 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
         return None
     # The K/V variants hold the attention layers: all of them but the linear ones.
     return ModelSpec(name, layers - len(linear[0]), kv_heads, head_dim, max_seq_len, window, doc.loc, groups,
-                     tensor_parallel=tensor_parallel, linear_layers=linear[0], states=linear[1], model_layers=layers)
+                     tensor_parallel=tensor_parallel, linear_layers=linear[0], states=linear[1], model_layers=layers,
+                     mla=mla)
 
 
 def _parse_tensor_parallel(r: "_Reader", kv_heads: Optional[int], hybrid: bool, diags: Diagnostics) -> Tuple[int, ...]:

@@ -71,6 +71,11 @@ class ModelSpec:
     linear_layers: Tuple[int, ...] = ()
     states: Tuple[StatePartSpec, ...] = ()
     model_layers: int = 0
+    # An MLA model (`mla`): each token caches one latent record, kv_lora_rank values then the
+    # qk_rope_head_dim RoPE part, with no heads. Its variants store the record as one KV head whose K is
+    # the record's first half and V its second (head_dim = half the record), so a layout whose axes end
+    # [.., slot, kv, head, dim] keeps each token's record whole, as vLLM's MLA cache does.
+    mla: Optional[Tuple[int, int]] = None
 
     @property
     def state_bytes_per_sequence(self) -> int:
@@ -146,8 +151,9 @@ class SpecSet:
         return next(m for m in self.models if m.name == name)
 
 
-MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "max_seq_len", "sliding_window", "layer_groups",
+MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "mla", "max_seq_len", "sliding_window", "layer_groups",
                 "tensor_parallel", "linear_layers")
+MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 LINEAR_FIELDS = ("layers", "states")
 STATE_PART_FIELDS = ("name", "shape", "dtype")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window")

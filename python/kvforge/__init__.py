@@ -9,6 +9,8 @@ Shapes, per operation (H = heads, D = head_dim, L = layers, P = page_size of the
     cache.append(layer, k, v, rows=r, positions=p)  # r, p int32 [T] (contiguous, ring)
     cache.commit()                                   # lazy variants write what append staged
     cache.gather(layer, k_out, v_out, row=0, pages=pages, begin=0, end=n)  # k_out, v_out [H, n, D]
+    cache.append_latent(layer, latent, slots=slots)  # MLA variants: latent [T, 1, R + P], one record a token
+    cache.gather_latent(layer, out, pages=pages, end=n)  # out [1, n, R + P]  (R, P = descriptor.mla)
     cache.view(layer)   # {"k", "v"[, "k_scales", "v_scales"]}: the cache's own memory, zero-copy,
                         # [rows or pages, positions or slots, H, D] with the layout's strides
     pool = kvforge.StatePool([("conv", (C, K), "bf16"), ("ssm", (H, D, N), "fp32")], layers=L, slots=S)

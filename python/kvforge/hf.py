@@ -102,10 +102,14 @@ class KvforgeCache(Cache):
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         types = kvforge.jit.layer_types(text)
         attention = [i for i, t in enumerate(types) if t in kvforge.jit.ATTENTION_TYPES]
-        model_shape = (len(attention), text.num_key_value_heads, head_dim)
-        if model_shape != (d.layers, d.heads, d.head_dim):
-            raise kvforge.ArgumentError(f"variant: {variant} stores (layers, kv heads, head_dim) = "
-                                        f"{(d.layers, d.heads, d.head_dim)}, the model has {model_shape}"
+        mla = kvforge.jit.mla_record(text)
+        if mla or d.mla:  # an MLA model caches its latent record (kv_lora_rank, qk_rope_head_dim) a token
+            what, model_shape, stored = "(layers, MLA record)", (len(attention), mla), (d.layers, d.mla)
+        else:
+            what, model_shape = "(layers, kv heads, head_dim)", (len(attention), text.num_key_value_heads, head_dim)
+            stored = (d.layers, d.heads, d.head_dim)
+        if model_shape != stored:
+            raise kvforge.ArgumentError(f"variant: {variant} stores {what} = {stored}, the model has {model_shape}"
                                         f"{' (its attention layers)' if len(attention) < len(types) else ''}")
         self.descriptor, self.rows = d, batch_size  # (Cache.batch_size is a read-only property)
         self.dtype = TORCH_DTYPES[d.input]
@@ -276,7 +280,26 @@ class KvforgeCache(Cache):
         self._slots = [torch.from_numpy(s["slots"]) for s in (steps if isinstance(steps, list) else [steps])]
 
     def _update(self, layer, key_states, value_states):
-        """key_states, value_states: [batch, heads, new, head_dim] -> the same over visible + new positions."""
+        """key_states, value_states: [batch, heads, new, head_dim] -> the same over visible + new positions.
+        An MLA model's: its latent kv_nope [batch, 1, new, kv_lora_rank] and k_rot [batch, 1, new,
+        qk_rope_head_dim], one record a token, which the cache holds as K then V of its one head."""
+        if not self.descriptor.mla:
+            return self._update_kv(layer, key_states, value_states,
+                                   lambda shape, like: (like.new_empty(shape), like.new_empty(shape)))
+        width = key_states.shape[-1]
+        record = []
+
+        def halves(shape, like):  # both halves of one [batch, 1, positions, record] tensor, to return whole
+            record.append(like.new_empty(*shape[:-1], 2 * shape[-1]))
+            return record[0].chunk(2, dim=-1)
+
+        self._update_kv(layer, *torch.cat([key_states, value_states], dim=-1).chunk(2, dim=-1), halves)
+        whole = record[0].to(key_states.dtype)
+        return whole[..., :width], whole[..., width:]
+
+    def _update_kv(self, layer, key_states, value_states, outputs):
+        """The update of K and V [batch, heads, new, head_dim] into `outputs(shape, like)`'s two tensors,
+        which it returns in the model's dtype."""
         d, index = self.descriptor, layer.layer_idx
         batch, heads, new, head_dim = key_states.shape
         if batch != len(self.active):
@@ -292,8 +315,7 @@ class KvforgeCache(Cache):
             self._calibrate(index, key_states, value_states)
         end = self.past_length()
         begin = layer.visible_from(end)
-        keys = key_states.new_empty(batch, heads, end - begin + new, head_dim)
-        values = torch.empty_like(keys)
+        keys, values = outputs((batch, heads, end - begin + new, head_dim), key_states)
         for row, seq in enumerate(self.active):
             # Read the cached positions straight into this row's part of the result (strided output).
             if end > begin:

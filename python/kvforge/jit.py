@@ -51,7 +51,8 @@ def layer_types(text):
 
 
 def model_spec(config, name=None, max_seq_len=None):
-    """A model spec (dict) from an HF PretrainedConfig: its attention layers, KV heads, head_dim, windows.
+    """A model spec (dict) from an HF PretrainedConfig: its attention layers, KV heads, head_dim, windows;
+    an MLA model's latent record (`mla`) instead of heads.
 
     Mixed sliding and global layers (transformers' layer_types) become layer_groups `local` and `global`. A
     hybrid model's linear-attention and state-space layers keep no K/V: the spec counts the attention
@@ -64,8 +65,12 @@ def model_spec(config, name=None, max_seq_len=None):
     types = [t for t in layer_types(text) if t in ATTENTION_TYPES]
     if not types:
         raise UnsupportedError("config: the model has no attention layer, so no K/V to cache")
-    spec = {"layers": len(types), "kv_heads": int(kv_heads), "head_dim": int(head_dim),
-            "max_seq_len": int(max_seq_len or getattr(text, "max_position_embeddings", 0) or 4096)}
+    spec = {"layers": len(types), "max_seq_len": int(max_seq_len or getattr(text, "max_position_embeddings", 0) or 4096)}
+    mla = mla_record(text)
+    if mla:  # transformers caches an MLA model's latent (kv_nope, then k_rot), one record a token
+        spec["mla"] = {"kv_lora_rank": mla[0], "qk_rope_head_dim": mla[1]}
+    else:
+        spec.update(kv_heads=int(kv_heads), head_dim=int(head_dim))
     window = getattr(text, "sliding_window", None)
     if window is not None:
         local = [i for i, t in enumerate(types) if t == "sliding_attention"]
@@ -77,6 +82,13 @@ def model_spec(config, name=None, max_seq_len=None):
                                     {"name": "global", "layers": [i for i in range(spec["layers"]) if i not in local]}]
     spec["name"] = name or on_demand.named_by_content(spec, "hf_")
     return spec
+
+
+def mla_record(text):
+    """(kv_lora_rank, qk_rope_head_dim) of a multi-head latent attention model's text config (DeepSeek-V2/V3,
+    Kimi, GLM-4-MoE-Lite, ...), whose layers cache that latent record; None for a K/V model."""
+    rank, rope = getattr(text, "kv_lora_rank", None), getattr(text, "qk_rope_head_dim", None)
+    return (int(rank), int(rope)) if rank and rope else None
 
 
 _ERRORS = {"argument": ArgumentError, "unsupported": UnsupportedError, "backend": BackendError}

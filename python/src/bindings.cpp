@@ -96,6 +96,10 @@ NB_MODULE(_native, m) {
           for (const StatePart& p : state_parts(d)) out.append(nb::make_tuple(p.name, nb::tuple(nb::cast(p.shape)), name(p.dtype)));
         return out;
       })
+      // An MLA model's latent record (its spec's mla): (kv_lora_rank, qk_rope_head_dim), else None.
+      .def_prop_ro("mla", [](const VariantDescriptor& d) {
+        return d.mla() ? std::optional<std::pair<int, int>>({d.mla_kv_lora_rank, d.mla_rope_dim}) : std::nullopt;
+      })
       .def("__repr__", [](const VariantDescriptor& d) { return std::string("<kvforge.Descriptor ") + d.name + ">"; });
 
   nb::class_<Cache>(m, "Cache")
@@ -124,6 +128,21 @@ NB_MODULE(_native, m) {
         nb::gil_scoped_release unlocked;
         c.gather(layer_arg(c, layer), r, ko, vo);
       }, "layer"_a, "k_out"_a.none(), "v_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
+      .def("append_latent", [](Cache& c, int64_t layer, nb::handle latent, nb::handle rows, nb::handle positions,
+                               nb::handle slots) {
+        TokenTargets t{optional_index(rows, "targets.rows"), optional_index(positions, "targets.positions"),
+                       optional_index(slots, "targets.slots")};
+        const TensorView lv = tensor_view(latent, "latent", Access::read);
+        nb::gil_scoped_release unlocked;
+        c.append_latent(layer_arg(c, layer), lv, t);
+      }, "layer"_a, "latent"_a.none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
+      .def("gather_latent", [](Cache& c, int64_t layer, nb::handle latent_out, int64_t row, nb::handle pages,
+                               int64_t begin, int64_t end) {
+        GatherRange r{row, optional_index(pages, "range.pages"), begin, end};
+        const TensorView lo = tensor_view(latent_out, "latent_out", Access::written);
+        nb::gil_scoped_release unlocked;
+        c.gather_latent(layer_arg(c, layer), r, lo);
+      }, "layer"_a, "latent_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
       .def("reset", &Cache::reset, Release())
       .def("reset_row", &Cache::reset_row, "row"_a, Release())
       .def("reorder", [](Cache& c, nb::handle beam) {

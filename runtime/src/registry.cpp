@@ -99,6 +99,13 @@ std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q, std
   d.heads = by_model->heads;
   d.head_dim = by_model->head_dim;
   d.max_seq_len = by_model->max_seq_len;
+  // Every other fact of the model too: the layout's variant may be of a shard, a hybrid or an MLA model.
+  d.tensor_parallel = by_model->tensor_parallel;
+  d.model_heads = by_model->model_heads;
+  d.shard_of = by_model->shard_of;
+  d.states = by_model->states;
+  d.mla_kv_lora_rank = by_model->mla_kv_lora_rank;
+  d.mla_rope_dim = by_model->mla_rope_dim;
   d.quant = Quant::none;  // the layout's other variants may be quantized; this one stores floats
   d.scale = DType::f32;
   d.scale_placement = ScalePlacement::separate;

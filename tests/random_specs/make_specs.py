@@ -33,8 +33,11 @@ def model_yaml(rng: random.Random, name: str) -> str:
     heads = rng.choice(KV_HEADS)
     head_dim = rng.choice(NARROW_HEAD_DIMS if heads >= 16 else HEAD_DIMS)
     layers = rng.randint(1, 3)
-    lines = [f"name: {name}", f"layers: {layers}", f"kv_heads: {heads}", f"head_dim: {head_dim}",
-             f"max_seq_len: {max_seq_len}"]
+    shape = [f"kv_heads: {heads}", f"head_dim: {head_dim}"]
+    if rng.random() < 0.2:  # an MLA model: a latent record of any even width, held as one head's K and V
+        rope = rng.choice((2, 4, 8, 64))
+        shape = ["mla:", f"  kv_lora_rank: {rng.choice((2, 6, 16, 62, 512))}", f"  qk_rope_head_dim: {rope}"]
+    lines = [f"name: {name}", f"layers: {layers}", *shape, f"max_seq_len: {max_seq_len}"]
     if rng.random() < 0.5:
         lines.append(f"sliding_window: {rng.randint(1, max_seq_len)}")
     if layers > 1 and rng.random() < 0.3:  # a hybrid model: some layers keep a state, the variants the rest

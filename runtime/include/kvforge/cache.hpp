@@ -79,6 +79,14 @@ struct MemoryReport {
 // (stride 1). Every argument is checked before anything is written, and a refused call raises a typed
 // error (errors.hpp) naming the argument: the cache is then unchanged. On CUDA, index arrays are
 // checked on the device and a failure raises at synchronize() (docs/contract.md).
+// An MLA record's two halves as the K and V views a cache takes: the last axis of `latent` (R + P
+// wide, contiguous) split in two, the other axes as they are. ShapeError naming `arg` where the record
+// is not the variant's; UnsupportedError where the variant is not an MLA one.
+struct LatentHalves {
+  TensorView k, v;
+};
+LatentHalves latent_halves(const VariantDescriptor& d, const TensorView& latent, const char* arg);
+
 class Cache {
  public:
   virtual ~Cache() = default;
@@ -107,6 +115,14 @@ class Cache {
   //                 (only the entries the range touches must be valid pages)
   //   k_out, v_out: [H, end - begin, D], the input dtype, on the cache's device
   virtual void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) = 0;
+  // MLA variants (descriptor().mla()): a token's latent record, R = mla_kv_lora_rank values then
+  // P = mla_rope_dim, is K then V of the variant's one head (head_dim = (R + P) / 2), so these are
+  // append and gather of the record's two halves; every check and error is theirs. Other variants:
+  // UnsupportedError.
+  //   latent:     [T, 1, R + P], as append's k
+  //   latent_out: [1, end - begin, R + P], as gather's k_out
+  void append_latent(int layer, const TensorView& latent, const TokenTargets& targets);
+  void gather_latent(int layer, const GatherRange& range, const TensorView& latent_out);
   // Zeros every layer, scales and row lengths (per-tensor scales are kept).
   virtual void reset() = 0;
   // Zeros one row of every layer; row in [0, rows). Contiguous and ring only (else UnsupportedError).

@@ -64,6 +64,11 @@ struct VariantDescriptor {
   int model_heads = 0;
   const char* shard_of = nullptr;
   const StateRecord* states = nullptr;  // a hybrid model with linear layers; `layers` counts its attention layers
+  // An MLA model (a model spec's `mla`): each token caches a latent record of mla_kv_lora_rank values
+  // then mla_rope_dim RoPE values, stored as one head whose K is the record's first half and V its
+  // second (head_dim = half the record; latent.hpp splits a record). 0 for a K/V model.
+  int mla_kv_lora_rank = 0;
+  int mla_rope_dim = 0;
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
@@ -76,6 +81,7 @@ struct VariantDescriptor {
   constexpr bool quantized() const { return quant != Quant::none; }
   constexpr bool lazy() const { return update == UpdateMode::lazy; }
   constexpr bool is_hybrid() const { return hybrid != nullptr; }
+  constexpr bool mla() const { return mla_kv_lora_rank > 0; }
   constexpr bool scales_in_page() const { return quantized() && scale_placement == ScalePlacement::in_page; }
 };
 
@@ -108,6 +114,17 @@ template <class T> struct state_traits<T, std::void_t<decltype(T::state_parts)>>
   static constexpr const StateRecord* record = &value;
 };
 
+// An MLA model states its latent record (variant.hpp.j2); a K/V model says nothing.
+template <class T, class = void> struct mla_traits {
+  static constexpr int kv_lora_rank = 0;
+  static constexpr int rope_dim = 0;
+};
+template <class T> struct mla_traits<T, std::void_t<decltype(T::mla_kv_lora_rank)>> {
+  static constexpr int kv_lora_rank = T::mla_kv_lora_rank;
+  static constexpr int rope_dim = T::mla_rope_dim;
+  static_assert(kv_lora_rank + rope_dim == 2 * T::head_dim, "an MLA record is the K and V of one head");
+};
+
 // What every generated traits struct states, hybrid or not: names, dtypes, the model's shape and the
 // launch parameters (variant.hpp.j2's `common`).
 template <class T> constexpr VariantDescriptor describe_common() {
@@ -126,6 +143,8 @@ template <class T> constexpr VariantDescriptor describe_common() {
   d.model_heads = shard_traits<T>::model_heads;
   d.shard_of = shard_traits<T>::shard_of;
   d.states = state_traits<T>::record;
+  d.mla_kv_lora_rank = mla_traits<T>::kv_lora_rank;
+  d.mla_rope_dim = mla_traits<T>::rope_dim;
   return d;
 }
 

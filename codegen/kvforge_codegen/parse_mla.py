@@ -1,0 +1,41 @@
+"""Reading a model spec's `mla`: an MLA model's latent record (docs/specs.md, "MLA models")."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from . import vocab
+from .diagnostics import Diagnostics
+from .spec import MLA_FIELDS
+from .yamlnodes import Value
+
+
+def parse_mla(value: Value, diags: Diagnostics, reader) -> Optional[Tuple[int, int]]:
+    """(kv_lora_rank, qk_rope_head_dim), or None after recording every problem. `reader` is parse.py's
+    _Reader, so that every field reads and reports the same way."""
+    before = len(diags.errors)
+    r = reader(diags, value, "mla", MLA_FIELDS)
+    if not r.fields and not isinstance(value.data, dict):
+        return None
+    # Each half of the record is one head_dim of the K/V kernels.
+    limit = 2 * vocab.MAX_HEAD_DIM
+    rank = r.positive_int("kv_lora_rank", maximum=limit)
+    rope = r.positive_int("qk_rope_head_dim", maximum=limit)
+    if rank is not None and rope is not None:
+        width = rank + rope
+        if width % 2:
+            diags.error(value.loc, "mla", f"the record of {rank} + {rope} = {width} values is odd; kvforge stores it "
+                        "as two equal halves", "kv_lora_rank + qk_rope_head_dim even")
+        elif width > limit:
+            diags.error(value.loc, "mla", f"the record of {width} values is too wide", f"a record of at most {limit}")
+    if len(diags.errors) != before:
+        return None
+    return rank, rope
+
+
+def refuse_heads_beside_mla(r, diags: Diagnostics) -> None:
+    """kv_heads and head_dim describe a K/V model; an MLA model's record has no heads."""
+    for key in ("kv_heads", "head_dim"):
+        if r.has(key):
+            diags.error(r.loc_of(key), key, "an MLA model caches one latent record a token, with no heads; "
+                        "its shape is mla's", "one of mla and kv_heads + head_dim")

@@ -1,0 +1,171 @@
+"""MLA models of transformers through kvforge: each token caches one latent record (kv_lora_rank values
+after kv_a_layernorm, then the RoPE'd qk_rope_head_dim part), which transformers' DeepseekV3 and V2
+pass their cache as (kv_nope, k_rot). Random weights from tiny configs made here (nothing downloaded):
+
+  - DeepseekV3 and DeepseekV2 generate DynamicCache's tokens through kvforge.hf, for a batch of two
+    prompts of different lengths, over the default MLA specs (vLLM's record tensor, FlashMLA's pages
+    of 64) and over a layout of split K/V tensors built on demand for dimensions no spec has;
+  - an absorbed-MLA step written here the way vLLM computes it (queries absorbed through kv_b_proj,
+    attention over the latent records kvforge gathers, values expanded after) reproduces HF's own
+    logits, the prompt's and the next token's (at most 0.47 here): within 1e-5 over fp32 records, 2e-3 over
+    bf16 and 2e-2 over fp8 per-tensor codes (measured 1e-7, 3.3e-4 and 4.9e-3);
+  - the record's bytes sit in the pool as vLLM's [blocks, block_size, kv_lora_rank + rope] tensor,
+    addressed here by that formula alone;
+  - refusals name the argument: a record of the wrong width or dtype, and a K/V variant asked for one.
+"""
+
+import ctypes
+import math
+
+import pytest
+import torch
+import transformers
+from transformers import DynamicCache
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds3
+
+import kvforge
+import kvforge.hf
+
+TINY_MLA = dict(kv_lora_rank=24, qk_rope_head_dim=8, num_hidden_layers=2, max_position_embeddings=64)  # tiny_mla.yaml
+SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_attention_heads=4,
+             num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+             first_k_dense_replace=1, q_lora_rank=None, qk_nope_head_dim=16, v_head_dim=16)
+
+
+def deepseek_v3(**dims):
+    torch.manual_seed(0)
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**{**SMALL, **TINY_MLA, **dims})).eval()
+
+
+def deepseek_v2(**dims):
+    torch.manual_seed(0)
+    config = transformers.DeepseekV2Config(**{**SMALL, **TINY_MLA, "n_shared_experts": 1, **dims})
+    return transformers.DeepseekV2ForCausalLM(config).eval()
+
+
+def generate(m, cache):
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3], ids[1, :3] = 0, 0  # the second prompt is 6 tokens, left-padded
+    with torch.no_grad():
+        return m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache=cache)
+
+
+@pytest.mark.parametrize("make,variant,dtype", [
+    (deepseek_v3, "vllm_mla.tiny_mla.fp32", torch.float32),
+    (deepseek_v3, "flashmla_paged.tiny_mla.bf16", torch.bfloat16),
+    (deepseek_v2, "vllm_mla.tiny_mla.fp32", torch.float32),
+])
+def test_generates_the_same_tokens_as_dynamic_cache(make, variant, dtype):
+    m = make().to(dtype)
+    ours = kvforge.hf.KvforgeCache(variant, m.config, batch_size=2)
+    assert ours.descriptor.mla == (24, 8)
+    assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
+
+
+def test_any_dimensions_on_demand_over_split_k_v_tensors():
+    # A record no spec has (20 + 6), on a layout whose K and V halves are tensors of their own.
+    m = deepseek_v3(kv_lora_rank=20, qk_rope_head_dim=6, num_hidden_layers=3)
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_paged_nhd", batch_size=2)
+    assert (ours.descriptor.mla, ours.descriptor.heads, ours.descriptor.head_dim) == ((20, 6), 1, 13)
+    assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
+
+
+class LatentStore:
+    """One sequence's latent records in a kvforge paged MLA cache, page i of the sequence in pool page i."""
+
+    def __init__(self, variant, dtype):
+        self.cache = kvforge.create(variant, pages=4)
+        self.length, self.dtype = {}, dtype
+        self.pages = torch.arange(4, dtype=torch.int32)
+
+    def append(self, layer, latent):  # latent [T, R + P]
+        begin = self.length.get(layer, 0)
+        slots = torch.arange(begin, begin + latent.shape[0], dtype=torch.int64)
+        self.cache.append_latent(layer, latent.to(self.dtype)[:, None].contiguous(), slots=slots)
+        self.length[layer] = begin + latent.shape[0]
+        out = torch.empty(1, self.length[layer], latent.shape[1], dtype=self.dtype)
+        self.cache.gather_latent(layer, out, pages=self.pages, end=self.length[layer])
+        return out[0].float()
+
+
+def absorbed_attention(attn, store, hidden_states, position_embeddings, *args, **kwargs):
+    """vLLM's MLA over a latent cache: q_nope absorbed through kv_b_proj's K part into the latent space,
+    scores against each cached record, the latent sum expanded by kv_b_proj's V part, then o_proj."""
+    batch, new, _ = hidden_states.shape
+    heads, nope, rope, v_dim, rank = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim, \
+        attn.kv_lora_rank
+    q = attn.q_proj(hidden_states).view(batch, new, heads, nope + rope).transpose(1, 2)
+    q_nope, q_rot = q.split([nope, rope], dim=-1)
+    kv_nope, k_rot = attn.kv_a_proj_with_mqa(hidden_states).split([rank, rope], dim=-1)
+    kv_nope = attn.kv_a_layernorm(kv_nope)
+    cos, sin = position_embeddings
+    rotate = ds3.apply_rotary_pos_emb_interleave if attn.config.rope_interleave else ds3.apply_rotary_pos_emb
+    q_rot, k_rot = rotate(q_rot, k_rot.view(batch, 1, new, rope), cos, sin)
+    records = store.append(attn.layer_idx, torch.cat([kv_nope[0], k_rot[0, 0]], dim=-1))  # [L, R + P]
+    ckv, kpe = records.split([rank, rope], dim=-1)
+    w = attn.kv_b_proj.weight.view(heads, nope + v_dim, rank)
+    q_latent = torch.einsum("hqn,hnr->hqr", q_nope[0], w[:, :nope])
+    scores = (q_latent @ ckv.T + q_rot[0] @ kpe.T) * attn.scaling  # [H, new, L]
+    cached = records.shape[0] - new
+    causal = torch.arange(records.shape[0])[None, :] > cached + torch.arange(new)[:, None]
+    weights = scores.masked_fill(causal, -math.inf).softmax(-1)
+    out = torch.einsum("hqr,hvr->qhv", weights @ ckv, w[:, nope:])  # [new, H, V]
+    return attn.o_proj(out.reshape(batch, new, heads * v_dim)), None
+
+
+@pytest.mark.parametrize("variant,bound", [("vllm_mla.tiny_mla.fp32", 1e-5), ("vllm_mla.tiny_mla.bf16", 2e-3),
+                                           ("vllm_mla.tiny_mla.fp8_e4m3_in_bf16", 2e-2)])
+def test_an_absorbed_mla_step_over_kvforge_records_gives_hf_logits(variant, bound):
+    m = deepseek_v3()
+    prompt, step = [5, 17, 99, 3, 42, 8, 61], 23
+    with torch.no_grad():
+        theirs = DynamicCache(config=m.config)
+        want = [m(torch.tensor([prompt]), cache=theirs).logits[0, -1],
+                m(torch.tensor([[step]]), cache=theirs).logits[0, -1]]
+    d = kvforge.describe(variant)
+    store = LatentStore(variant, {"fp32": torch.float32, "bf16": torch.bfloat16}[d.input])
+    if d.quant == "per_tensor":  # one scale a half, for records within +-8 (kv_a_layernorm keeps them there)
+        for layer in range(d.layers):
+            store.cache.set_tensor_scale(layer, 8.0 / kvforge.quant_max(d.storage), 8.0 / kvforge.quant_max(d.storage))
+    for layer in m.model.layers:
+        attn = layer.self_attn
+        attn.forward = lambda *a, attn=attn, **k: absorbed_attention(attn, store, *a, **k)
+    with torch.no_grad():
+        got = [m(torch.tensor([prompt]), use_cache=False).logits[0, -1],
+               m(torch.tensor([[step]]), position_ids=torch.tensor([[len(prompt)]]), use_cache=False).logits[0, -1]]
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() < bound, (g - w).abs().max()
+
+
+def test_records_lie_in_the_pool_as_vllms_mla_tensor():
+    # vLLM's MLA cache: per layer [blocks, block_size, R + P], token t of block b at b * P * W + slot * W.
+    d = kvforge.describe("vllm_mla.tiny_mla.fp32")
+    width, page = sum(d.mla), d.page_size
+    cache = kvforge.create(d.name, pages=5)
+    latent = torch.randn(23, 1, width, generator=torch.Generator().manual_seed(3))
+    slots = torch.randperm(5 * page, generator=torch.Generator().manual_seed(4))[:23]
+    cache.append_latent(1, latent, slots=slots)
+    start = torch.from_dlpack(cache.view(1)["k"]).data_ptr()  # the layer's tensor starts with page 0's K
+    pool = torch.frombuffer((ctypes.c_float * (5 * page * width)).from_address(start), dtype=torch.float32)
+    pool = pool.view(5, page, width)
+    for t, slot in enumerate(slots.tolist()):
+        assert torch.equal(pool[slot // page, slot % page], latent[t, 0])
+
+
+def test_refusals_name_the_argument():
+    cache = kvforge.create("vllm_mla.tiny_mla.fp32", pages=2)
+    slots = torch.arange(3, dtype=torch.int64)
+    with pytest.raises(kvforge.ShapeError, match=r"^latent: .*24 \+ 8 = 32"):
+        cache.append_latent(0, torch.zeros(3, 1, 30), slots=slots)
+    with pytest.raises(kvforge.DtypeError, match="^latent: "):
+        cache.append_latent(0, torch.zeros(3, 1, 32, dtype=torch.float16), slots=slots)
+    with pytest.raises(kvforge.ShapeError, match="^latent: has 2 heads"):
+        cache.append_latent(0, torch.zeros(3, 2, 32), slots=slots)
+    with pytest.raises(kvforge.ShapeError, match="^latent_out: "):
+        cache.gather_latent(0, torch.zeros(1, 3, 16), pages=torch.zeros(1, dtype=torch.int32), end=3)
+    with pytest.raises(kvforge.UnsupportedError, match="^latent: .* caches K and V"):
+        kvforge.create("vllm_paged_nhd.tiny.fp32", pages=2).append_latent(0, torch.zeros(3, 1, 32), slots=slots)
+    m = deepseek_v3()
+    with pytest.raises(kvforge.ArgumentError, match=r"^variant: .*MLA record\) = \(2, None\)"):
+        kvforge.hf.KvforgeCache("vllm_paged_nhd.tiny.fp32", m.config)
