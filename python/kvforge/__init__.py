@@ -30,6 +30,7 @@ from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager,
                       cpu_threads, cuda_available, describe, load_variants, nearest, plan_memory, quant_max,
                       set_cpu_threads, shard_pieces, variant_name)
 from ._native import create as _create
+from ._native import pair as _pair
 from ._native import variants as _variants
 from .errors import *  # noqa: F401,F403  (the exception classes, at the top level too)
 from .jit import variant  # noqa: E402  (after the native names it builds on)
@@ -51,7 +52,7 @@ def variants(layout=None, model=None, storage=None, input=None):
 
 def create(name=None, *, layout=None, model=None, storage=None, input=None, device="cpu", rows=1, max_seq_len=0,
            pages=0, max_staged_tokens=0, stream=0, layers=None, kv_heads=None, head_dim=None, window=None,
-           sliding_window=None):
+           sliding_window=None, companion=None):
     """A new cache of the variant `name` (layout.model.dtype), or of the one variant a query matches.
 
     Sizes at run time: give a layout, a storage dtype and the model's layers, kv_heads and head_dim
@@ -61,6 +62,9 @@ def create(name=None, *, layout=None, model=None, storage=None, input=None, devi
     served by the generic runtime-strided path (CPU, eager non-ring layouts; descriptor.generic).
     Capacity, as CacheConfig (docs/contract.md): rows (contiguous, ring), max_seq_len (contiguous; 0:
     the model's), pages (paged), max_staged_tokens (lazy; 0: a default). stream: a cudaStream_t as int.
+    companion: a second paged variant's name, created with the same capacity over the same pages (C++
+    PairedCache, as DeepSeek-V3.2's indexer keys beside its MLA records): the cache returned is the main
+    one, its `companion` the other, and a SequenceManager over it manages both caches' pages together.
     """
     sizes = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
     if any(v is not None for v in sizes.values()) or window is not None or sliding_window is not None:
@@ -74,4 +78,8 @@ def create(name=None, *, layout=None, model=None, storage=None, input=None, devi
             spec["sliding_window"] = sliding_window
         name = variant(layout, spec, storage, input, window=window).name
         layout = storage = input = None
-    return _create(name, layout, model, storage, input, device, rows, max_seq_len, pages, max_staged_tokens, stream)
+    cache = _create(name, layout, model, storage, input, device, rows, max_seq_len, pages, max_staged_tokens, stream)
+    if companion is None:
+        return cache
+    return _pair(cache, _create(companion, None, None, None, None, device, rows, max_seq_len, pages, max_staged_tokens,
+                                stream))

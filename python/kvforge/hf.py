@@ -17,7 +17,11 @@ Mamba-2 in Bamba, Jamba or Nemotron-H, LFM2's short convolutions) keep each line
 recurrent states in kvforge.StatePool slots, one per sequence, which the model updates in place; the
 variant then holds the attention layers only (kvforge.jit.model_spec counts them).
 
-The variant must match the model: layers, key/value heads and head_dim of the config. Sequences are
+MLA models (DeepSeek-V2/V3, Kimi, GLM-4-MoE-Lite, ...) pass their cache the latent (kv_nope, k_rot), which
+the variant of a model spec's `mla` holds as one record a token; DeepSeek sparse attention's
+`indexed_attention` layers add an index key a token, held in a companion cache over the same pages.
+
+The variant must match the model: layers, key/value heads and head_dim of the config (or its MLA record). Sequences are
 all in step (HF pads a batch to one length); `KvforgeCache.sequence_manager` exposes the manager for
 prefix sharing and forks outside `generate`.
 """
@@ -55,6 +59,10 @@ class KvforgeLayer(CacheLayerMixin):
     def visible_from(self, cached):
         """The first cached position the next query still sees (transformers' sliding rule)."""
         return max(cached - self.sliding_window + 1, 0) if self.is_sliding else 0
+
+    def update_indexer(self, indexer_key_states, *args, **kwargs):
+        """DeepSeek sparse attention's index keys [batch, new, index_head_dim] -> [batch, cached + new, ...]."""
+        return self.owner._update_indexer(self, indexer_key_states)
 
     def get_mask_sizes(self, query_length):
         cached = self.owner.past_length()
@@ -118,11 +126,14 @@ class KvforgeCache(Cache):
         if d.addressing == "ring" and any(w is None or w > d.window for w in windows):
             raise kvforge.ArgumentError(f"variant: {variant} keeps a window of {d.window} positions; every layer of "
                                         f"the model must attend within it (sliding windows: {windows})")
+        # DeepSeek sparse attention's indexer caches a key a token beside the attention's record: a companion
+        # cache over the same pages, so the sequence manager's pages serve both.
+        self.index_width = kvforge.jit.index_key_width(text)
         if d.paged:
             # A hybrid variant's members each have this many pages, at their own page sizes.
             page_size = min(g["page_size"] for g in d.groups) if d.hybrid else d.page_size
             pages = pages or batch_size * -(-d.max_seq_len // page_size)
-            self.kv = kvforge.create(variant, pages=pages, device=device)
+            self.kv = kvforge.create(variant, pages=pages, device=device, companion=self._index_variant(d))
             if d.hybrid:
                 # A layer whose group keeps a window must attend within it.
                 for layer, w in enumerate(windows):
@@ -137,6 +148,9 @@ class KvforgeCache(Cache):
                 window = windows[0] if len(set(windows)) == 1 and windows[0] is not None else 0
                 self.sequence_manager = kvforge.SequenceManager(self.kv, prefix_caching=prefix_caching, window=window)
         else:
+            if self.index_width:
+                raise kvforge.UnsupportedError(f"variant: {variant} is {d.addressing}; the model's indexer keys share "
+                                               f"a paged variant's pages (choose a paged layout)")
             self.kv = kvforge.create(variant, rows=batch_size, device=device,
                                      max_staged_tokens=batch_size * d.max_seq_len if d.lazy else 0)
             self.sequence_manager = None
@@ -144,6 +158,7 @@ class KvforgeCache(Cache):
         self.pending = {}   # sequence -> tokens registered for the next forward (paged)
         self.active = list(range(batch_size))
         self._slots = None  # per layer group: this forward's append slots, sequence by sequence
+        self._forward = None  # (cached, new) positions of the forward under way
         self.tensor_scales = dict(tensor_scales or {})
         for layer, (k_scale, v_scale) in self.tensor_scales.items():
             self.kv.set_tensor_scale(layer, k_scale, v_scale)
@@ -315,6 +330,7 @@ class KvforgeCache(Cache):
             self._calibrate(index, key_states, value_states)
         end = self.past_length()
         begin = layer.visible_from(end)
+        self._forward = (end, new)  # the positions the layer's indexer keys take (_update_indexer)
         keys, values = outputs((batch, heads, end - begin + new, head_dim), key_states)
         for row, seq in enumerate(self.active):
             # Read the cached positions straight into this row's part of the result (strided output).
@@ -344,6 +360,38 @@ class KvforgeCache(Cache):
         keys[:, :, end - begin:] = key_states
         values[:, :, end - begin:] = value_states
         return keys.to(model_dtype), values.to(model_dtype)
+
+    def _index_variant(self, d):
+        """The indexer keys' variant: the layout's, one record of index_head_dim values a token held as K then V
+        of one head, stored as the cache's input dtype, built on first use."""
+        if not self.index_width:
+            return None
+        if self.index_width % 2 or d.hybrid:
+            raise kvforge.UnsupportedError(f"config.index_head_dim: {self.index_width} index keys over {d.name} "
+                                           f"(allowed: an even width over a paged, non-hybrid layout)")
+        spec = {"layers": d.layers, "kv_heads": 1, "head_dim": self.index_width // 2, "max_seq_len": d.max_seq_len}
+        spec["name"] = kvforge.jit.on_demand.named_by_content(spec, "hf_index_")
+        return kvforge.variant(d.layout, spec, d.input).name
+
+    def _update_indexer(self, layer, keys):
+        """Index keys [batch, new, width] of this forward's tokens into the companion cache, at the slots the
+        layer's update took; returns every position's, [batch, cached + new, width]."""
+        if not self.index_width:
+            raise kvforge.UnsupportedError(f"update_indexer: {self.descriptor.name}'s model has no indexer keys")
+        batch, new, width = keys.shape
+        if width != self.index_width or batch != len(self.active) or self._forward is None or self._forward[1] != new:
+            raise kvforge.ShapeError(f"indexer_key_states: shape {list(keys.shape)}, expected [{len(self.active)}, "
+                                     f"{new if self._forward is None else self._forward[1]}, {self.index_width}] after the "
+                                     f"layer's update")
+        end, index, companion = self._forward[0], layer.layer_idx, self.kv.companion
+        held = keys.to(self.dtype)
+        out = held.new_empty(batch, end + new, width)
+        for row, seq in enumerate(self.active):
+            halves = held[row].view(new, 1, width).chunk(2, dim=-1)
+            companion.append(index, *halves, slots=self._slots[0][row * new:(row + 1) * new])
+            pages = self._range(index, seq, 0, end + new)["pages"]
+            companion.gather(index, *out[row].view(1, end + new, width).chunk(2, dim=-1), pages=pages, end=end + new)
+        return out.to(keys.dtype)
 
     def _calibrate(self, layer, key_states, value_states):
         qmax = kvforge.quant_max(self.descriptor.storage)

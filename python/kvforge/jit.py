@@ -30,7 +30,7 @@ cache_dir = on_demand.cache_dir
 
 # transformers' layer types (DynamicCache's): those that keep K and V per token, those that keep a state
 # per sequence (kvforge.StatePool), and those that keep nothing.
-ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention")
 STATE_TYPES = ("linear_attention", "conv")
 CACHELESS_TYPES = ("dummy", "moe", "mlp")
 
@@ -89,6 +89,14 @@ def mla_record(text):
     Kimi, GLM-4-MoE-Lite, ...), whose layers cache that latent record; None for a K/V model."""
     rank, rope = getattr(text, "kv_lora_rank", None), getattr(text, "qk_rope_head_dim", None)
     return (int(rank), int(rope)) if rank and rope else None
+
+
+def index_key_width(text):
+    """index_head_dim of a model with DeepSeek sparse attention (`indexed_attention` layers: V3.2, GLM-5, ...),
+    whose indexer caches one key of that width a token beside the attention's record; None for another."""
+    if "indexed_attention" not in layer_types(text):
+        return None
+    return int(text.index_head_dim)
 
 
 _ERRORS = {"argument": ArgumentError, "unsupported": UnsupportedError, "backend": BackendError}

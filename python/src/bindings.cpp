@@ -213,7 +213,16 @@ NB_MODULE(_native, m) {
       .def_prop_ro("num_groups", &Cache::num_groups)
       .def("group", [](Cache& c, int g) -> Cache& { return c.group(g); }, "g"_a, nb::rv_policy::reference_internal)
       .def("group_of", &Cache::group_of, "layer"_a)
-      .def("group_layer", &Cache::group_layer, "layer"_a);
+      .def("group_layer", &Cache::group_layer, "layer"_a)
+      // A PairedCache's companion (kvforge.create(..., companion=...)), else None.
+      .def_prop_ro("companion", [](Cache& c) -> Cache* {
+        auto* paired = dynamic_cast<PairedCache*>(&c);
+        return paired ? &paired->companion() : nullptr;
+      }, nb::rv_policy::reference_internal);
+
+  m.def("pair", [](std::unique_ptr<Cache> main, std::unique_ptr<Cache> companion) -> std::unique_ptr<Cache> {
+    return std::make_unique<PairedCache>(std::move(main), std::move(companion));
+  }, "main"_a, "companion"_a, "The two caches as one over the same pages; both arguments are consumed.");
 
   m.def("create", [](const std::optional<std::string>& name, const std::optional<std::string>& layout,
                      const std::optional<std::string>& model, const std::optional<std::string>& storage,

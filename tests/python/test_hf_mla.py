@@ -5,6 +5,8 @@ pass their cache as (kv_nope, k_rot). Random weights from tiny configs made here
   - DeepseekV3 and DeepseekV2 generate DynamicCache's tokens through kvforge.hf, for a batch of two
     prompts of different lengths, over the default MLA specs (vLLM's record tensor, FlashMLA's pages
     of 64) and over a layout of split K/V tensors built on demand for dimensions no spec has;
+  - DeepSeek-V3.2 generates DynamicCache's tokens, its indexer keys in a companion cache over the main
+    cache's pages (kvforge.create(..., companion=)), each key bitwise DynamicCache's;
   - an absorbed-MLA step written here the way vLLM computes it (queries absorbed through kv_b_proj,
     attention over the latent records kvforge gathers, values expanded after) reproduces HF's own
     logits, the prompt's and the next token's (at most 0.47 here): within 1e-5 over fp32 records, 2e-3 over
@@ -61,6 +63,26 @@ def test_generates_the_same_tokens_as_dynamic_cache(make, variant, dtype):
     ours = kvforge.hf.KvforgeCache(variant, m.config, batch_size=2)
     assert ours.descriptor.mla == (24, 8)
     assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
+
+
+def test_deepseek_v32s_indexer_keys_live_in_a_companion_cache_over_the_same_pages():
+    # DeepSeek sparse attention: each layer's indexer keeps an index key a token, from which it picks the
+    # index_topk tokens the attention sees (4 of up to 15 here, so wrong keys pick other tokens).
+    config = transformers.DeepseekV32Config(**{**SMALL, **TINY_MLA, "q_lora_rank": 16, "index_n_heads": 2,
+                                               "index_head_dim": 16, "index_topk": 4})
+    torch.manual_seed(0)
+    m = transformers.DeepseekV32ForCausalLM(config).eval()
+    ours, theirs = kvforge.hf.KvforgeCache("vllm_mla.tiny_mla.fp32", config, batch_size=2), DynamicCache(config=config)
+    assert torch.equal(generate(m, ours), generate(m, theirs))
+    companion = ours.kv.companion
+    assert (companion.descriptor.heads, companion.descriptor.head_dim) == (1, 8)
+    for layer in range(config.num_hidden_layers):  # every key DynamicCache holds, bitwise
+        want = theirs.layers[layer].indexer_keys
+        for row in range(2):
+            got = torch.empty(1, want.shape[1], 16)
+            pages = ours.sequence_manager.range(row, 0, want.shape[1])["pages"]
+            companion.gather(layer, *got.chunk(2, dim=-1), pages=pages, end=want.shape[1])
+            assert torch.equal(got[0], want[row]), (layer, row)
 
 
 def test_any_dimensions_on_demand_over_split_k_v_tensors():

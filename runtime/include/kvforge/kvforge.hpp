@@ -8,6 +8,7 @@
 #include "kvforge/errors.hpp"
 #include "kvforge/generic.hpp"
 #include "kvforge/hybrid.hpp"
+#include "kvforge/paired_cache.hpp"
 #include "kvforge/descriptor.hpp"
 #include "kvforge/geometry.hpp"
 #include "kvforge/memory.hpp"
