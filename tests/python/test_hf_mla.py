@@ -2,7 +2,8 @@
 after kv_a_layernorm, then the RoPE'd qk_rope_head_dim part), which transformers' DeepseekV3 and V2
 pass their cache as (kv_nope, k_rot). Random weights from tiny configs made here (nothing downloaded):
 
-  - DeepseekV3 and DeepseekV2 generate DynamicCache's tokens through kvforge.hf, for a batch of two
+  - DeepseekV3, DeepseekV2 and GLM-4-MoE-Lite generate DynamicCache's tokens through kvforge.hf, and so
+    does Kimi-Linear, a hybrid whose linear layers keep states beside its MLA layer, for a batch of two
     prompts of different lengths, over the default MLA specs (vLLM's record tensor, FlashMLA's pages
     of 64) and over a layout of split K/V tensors built on demand for dimensions no spec has;
   - DeepSeek-V3.2 generates DynamicCache's tokens, its indexer keys in a companion cache over the main
@@ -45,6 +46,20 @@ def deepseek_v2(**dims):
     return transformers.DeepseekV2ForCausalLM(config).eval()
 
 
+def glm4_moe_lite():
+    torch.manual_seed(0)
+    return transformers.Glm4MoeLiteForCausalLM(transformers.Glm4MoeLiteConfig(**{**SMALL, **TINY_MLA,
+                                                                                 "q_lora_rank": 16})).eval()
+
+
+def kimi_linear():  # a hybrid: Kimi delta attention in layers 1 and 3, MLA in layer 2
+    torch.manual_seed(0)
+    kda = {"kda_layers": [1, 3], "full_attn_layers": [2], "num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4}
+    config = transformers.KimiLinearConfig(**{**SMALL, **TINY_MLA, "num_hidden_layers": 3}, pad_token_id=0, bos_token_id=1,
+                                           eos_token_id=2, num_experts=4, num_experts_per_token=2, linear_attn_config=kda)
+    return transformers.KimiLinearForCausalLM(config).eval()
+
+
 def generate(m, cache):
     ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -57,11 +72,19 @@ def generate(m, cache):
     (deepseek_v3, "vllm_mla.tiny_mla.fp32", torch.float32),
     (deepseek_v3, "flashmla_paged.tiny_mla.bf16", torch.bfloat16),
     (deepseek_v2, "vllm_mla.tiny_mla.fp32", torch.float32),
+    (glm4_moe_lite, "vllm_mla.tiny_mla.fp32", torch.float32),
 ])
 def test_generates_the_same_tokens_as_dynamic_cache(make, variant, dtype):
     m = make().to(dtype)
     ours = kvforge.hf.KvforgeCache(variant, m.config, batch_size=2)
     assert ours.descriptor.mla == (24, 8)
+    assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
+
+
+def test_a_hybrid_of_linear_attention_and_mla():
+    m = kimi_linear()
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_mla", batch_size=2)
+    assert (ours.descriptor.layers, ours.descriptor.mla, len(ours.state_layers)) == (1, (24, 8), 2)
     assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
 
 
