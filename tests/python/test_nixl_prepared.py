@@ -5,6 +5,7 @@ test_nixl.py checks the other paths, against nixl_peer.value:
   - every ordered pair of the tiny model's float layouts from a serving sender: prepared where the two
     pools place bytes differently, direct where alike; pages outside the request untouched;
   - tensor parallelism 1 -> 2 (the sender writes each receiver's heads);
+  - MLA records between vLLM's pages of 16 and FlashMLA's of 64, both ways;
   - a hybrid model's state slot, pulled whole in one READ, against the sender's value function, and
     refused where the two records differ;
   - placements the sender refuses (it checks what crosses processes, before taking memory for them), a
@@ -29,6 +30,8 @@ from test_nixl import (COUNT, LAYOUTS, TP, TP_PAGES, Peer, assert_holds, config_
 
 
 STATE_RECORD = [["conv", [64, 4], "bf16"], ["recurrent", [4, 8, 8], "fp32"]]
+# MLA records in vLLM's pages of 16 and FlashMLA's of 64, by property; request 90 + i in layout i.
+MLA = [d for d in kvforge.variants(model="tiny_mla", storage="bf16") if d.mla]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +41,8 @@ def served():
             for i, d in enumerate(LAYOUTS)]
     plan.append({"key": "tp1", "variant": TP[1], "pages": 8, "requests": [[42, {"pages": TP_PAGES}, COUNT]]})
     plan.append({"key": "states", "states": {"record": STATE_RECORD, "layers": 3, "slots": 4}})
+    plan += [{"key": d.name, "variant": d.name, **config_of(d), "requests": [[90 + i, placement_of(d, 90 + i), COUNT]]}
+             for i, d in enumerate(MLA)]
     peer = Peer("s0", plan, "serve")
     peer.bytes = peer.metadata()
     agent = kvforge.nixl.Agent("decode_prepared")
@@ -93,6 +98,20 @@ def test_every_ordered_pair_of_float_layouts_from_a_serving_sender(served):
                         Placement(pages=[4, 5, 6, 7]))
     assert (report["how"], report["descriptors"]) == ("prepared", cache.descriptor.layers)
     assert_holds(cache, Placement(pages=[4, 5, 6, 7]), nhd)
+
+
+def test_mla_records_between_pages_of_different_sizes(served):
+    agent, _ = served
+    assert len({d.page_size for d in MLA}) > 1, "two MLA layouts of different page sizes"
+    for target in MLA:
+        cache = kvforge.create(target.name, **config_of(target))
+        agent.register(f"mla_{target.name}", cache)
+        for i, source in enumerate(MLA):
+            cache.reset()
+            report = agent.pull([("s0", source.name)], f"mla_{target.name}", COUNT, source_of(source, 90 + i),
+                                target_of(target))
+            assert report["how"] == ("direct" if source.name == target.name else "prepared"), (source.name, target.name)
+            assert_holds(cache, target_of(target), 90 + i)
 
 
 def test_tensor_parallel_one_to_two(served):
