@@ -5,7 +5,8 @@ pass their cache as (kv_nope, k_rot). Random weights from tiny configs made here
   - DeepseekV3, DeepseekV2 and GLM-4-MoE-Lite generate DynamicCache's tokens through kvforge.hf, and so
     does Kimi-Linear, a hybrid whose linear layers keep states beside its MLA layer, for a batch of two
     prompts of different lengths, over the default MLA specs (vLLM's record tensor, FlashMLA's pages
-    of 64) and over a layout of split K/V tensors built on demand for dimensions no spec has;
+    of 64) and over layouts of split K/V tensors, paged and contiguous, built on demand for dimensions
+    no spec has;
   - DeepSeek-V3.2 generates DynamicCache's tokens, its indexer keys in a companion cache over the main
     cache's pages (kvforge.create(..., companion=)), each key bitwise DynamicCache's;
   - an absorbed-MLA step written here the way vLLM computes it (queries absorbed through kv_b_proj,
@@ -108,10 +109,12 @@ def test_deepseek_v32s_indexer_keys_live_in_a_companion_cache_over_the_same_page
             assert torch.equal(got[0], want[row]), (layer, row)
 
 
-def test_any_dimensions_on_demand_over_split_k_v_tensors():
-    # A record no spec has (20 + 6), on a layout whose K and V halves are tensors of their own.
+@pytest.mark.parametrize("layout", ["vllm_paged_nhd", "jetstream_contiguous"])
+def test_any_dimensions_on_demand_over_split_k_v_tensors(layout):
+    # A record no spec has (20 + 6), on layouts whose K and V halves are tensors of their own: paged, and
+    # contiguous rows.
     m = deepseek_v3(kv_lora_rank=20, qk_rope_head_dim=6, num_hidden_layers=3)
-    ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_paged_nhd", batch_size=2)
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout=layout, batch_size=2)
     assert (ours.descriptor.mla, ours.descriptor.heads, ours.descriptor.head_dim) == ((20, 6), 1, 13)
     assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
 
