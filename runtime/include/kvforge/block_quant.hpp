@@ -1,0 +1,186 @@
+// Block-scaled codecs, one source for both backends: a group of values shares one scale (OCP MX v1.0's
+// MXFP4 and MXFP8, NVIDIA's NVFP4, grouped int4), and 4-bit codes pack two to a byte. docs/quantization.md
+// ("Block-scaled codecs") states the rules in words; tests/test_block_quant.cpp holds these functions to
+// references written from each format's definition. The cache kernels do not store these formats yet:
+// this is the codec layer they will call, and what FlashMLA's fp8 record (flashmla_record.hpp) uses.
+//
+// Rules shared with quant.hpp: amax is over finite values; a scale is rounded up where it is stored, so
+// that no finite value of its group saturates (a power of two for ue8m0, the next code for e4m3); an
+// all-zero group gets scale 1; codes round to nearest, ties to even; +-inf saturates to the largest code.
+// NaN: e2m1 has no NaN code, so a group holding a NaN gets a NaN scale (ue8m0 0xff, e4m3 0x7f) and
+// decodes as NaN throughout, as MX defines; int4 encodes NaN as 0, as int8 does.
+#pragma once
+
+#include <cstdint>
+
+#include "kvforge/quant.hpp"
+
+namespace kvforge::detail {
+
+// fp4 e2m1: a sign, 2 exponent bits (bias 1) and 1 mantissa bit; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
+// for codes 0..7, no infinity or NaN. Bit 3 is the sign.
+struct E2M1 {
+  static constexpr float qmax = 6.0f;
+  KVF_HD static KVF_INLINE float decode(uint8_t code) {
+    const uint32_t mag = code & 7u, e = mag >> 1, m = mag & 1u;
+    // e = 0: m * 0.5 (subnormal); else (1 + m/2) * 2^(e - 1), written as an fp32 bit pattern.
+    const float normal = bits_float(((e + 126u) << 23) | (m << 22));
+    const float v = e == 0 ? 0.5f * float(m) : normal;
+    return code & 8u ? -v : v;
+  }
+  // Round to nearest, ties to the even code (mantissa bit 0); |x| > 6 and inf saturate to 6; NaN has no
+  // code (callers give NaN groups a NaN scale), and comes out as 6 here.
+  KVF_HD static KVF_INLINE uint8_t encode(float x) {
+    const uint32_t bits = float_bits(x);
+    const float a = bits_float(bits & 0x7fffffffu);
+    // Each threshold is the midpoint of two neighbours; at a tie the even code wins (<= or <).
+    const uint8_t mag = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 :
+                        a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
+    return uint8_t(((bits >> 28) & 8u) | mag);
+  }
+};
+
+// ue8m0: an unsigned power of two 2^(e - 127) for e in 0..254; 255 is NaN.
+struct UE8M0 {
+  KVF_HD static KVF_INLINE float decode(uint8_t e) {
+    if (e == 255) return bits_float(0x7fc00000u);
+    return e == 0 ? 0x1p-127f : bits_float(uint32_t(e) << 23);
+  }
+  // The smallest power of two >= s (s > 0, finite), within [2^-127, 2^127]; a larger s gets 2^127 and its
+  // group saturates.
+  KVF_HD static KVF_INLINE uint8_t encode_up(float s) {
+    const uint32_t u = float_bits(s);
+    if (u > 0x7f000000u) return 254;   // above 2^127
+    if (u <= 0x00400000u) return 0;    // at most 2^-127 (a subnormal)
+    if (u < 0x00800000u) return 1;     // between 2^-127 and 2^-126
+    const uint32_t e = u >> 23;
+    return uint8_t((u & 0x7fffffu) ? e + 1 : e);
+  }
+};
+
+// An e4m3 scale rounded up: the smallest e4m3 value >= s (s > 0), at most 448, whose group then
+// saturates. NVFP4's block scales take this.
+KVF_HD KVF_INLINE uint8_t e4m3_scale_up(float s) {
+  uint8_t c = E4M3::encode(s);
+  if (c >= 0x7e) return 0x7e;
+  if (E4M3::decode(c) < s) ++c;  // the next code up is the next larger value
+  return c == 0 ? uint8_t(1) : c;  // a scale of 0 would lose the group: the smallest subnormal
+}
+
+// 4-bit codes two to a byte: element 2i in the low nibble of byte i, 2i + 1 in the high nibble (PyTorch's
+// float4_e2m1fn_x2, NVFP4 and MXFP4 as NVIDIA and AMD store them).
+KVF_HD KVF_INLINE uint8_t nibble(const uint8_t* packed, int i) { return uint8_t((packed[i >> 1] >> ((i & 1) * 4)) & 0xfu); }
+KVF_HD KVF_INLINE void put_nibble(uint8_t* packed, int i, uint8_t code) {
+  uint8_t& b = packed[i >> 1];
+  b = uint8_t((i & 1) ? (b & 0x0fu) | (code << 4) : (b & 0xf0u) | (code & 0xfu));
+}
+
+// The amax bits of a group and whether it holds a NaN.
+template <int G, class In> KVF_HD KVF_INLINE uint32_t group_amax(const In* x, bool& nan) {
+  uint32_t m = 0;
+  nan = false;
+  for (int i = 0; i < G; ++i) {
+    const float v = to_float(x[i]);
+    nan |= v != v;
+    const uint32_t b = magnitude_bits(v);
+    m = m > b ? m : b;
+  }
+  return m;
+}
+
+// MXFP4: G values (32 in MX) as e2m1 codes with a ue8m0 scale. packed: G / 2 bytes.
+template <int G, class In> KVF_HD KVF_INLINE uint8_t quantize_mxfp4(const In* x, uint8_t* packed) {
+  bool nan;
+  const float amax = bits_float(group_amax<G>(x, nan));
+  const uint8_t e = nan ? uint8_t(255) : amax > 0.0f ? UE8M0::encode_up(amax / E2M1::qmax) : uint8_t(127);
+  const float scale = UE8M0::decode(e);
+  for (int i = 0; i < G; ++i) put_nibble(packed, i, E2M1::encode(to_float(x[i]) / scale));
+  return e;
+}
+template <int G, class Out> KVF_HD KVF_INLINE void dequantize_mxfp4(const uint8_t* packed, uint8_t e, Out* x) {
+  const float scale = UE8M0::decode(e);
+  for (int i = 0; i < G; ++i) x[i] = from_float<Out>(E2M1::decode(nibble(packed, i)) * scale);
+}
+
+// MXFP8: G values as e4m3 codes with a ue8m0 scale.
+template <int G, class In> KVF_HD KVF_INLINE uint8_t quantize_mxfp8(const In* x, uint8_t* codes) {
+  bool nan;
+  const float amax = bits_float(group_amax<G>(x, nan));
+  const uint8_t e = nan ? uint8_t(255) : amax > 0.0f ? UE8M0::encode_up(amax / Codec<fp8_e4m3>::qmax) : uint8_t(127);
+  const float scale = UE8M0::decode(e);
+  for (int i = 0; i < G; ++i) codes[i] = E4M3::encode(to_float(x[i]) / scale);
+  return e;
+}
+template <int G, class Out> KVF_HD KVF_INLINE void dequantize_mxfp8(const uint8_t* codes, uint8_t e, Out* x) {
+  const float scale = UE8M0::decode(e);
+  for (int i = 0; i < G; ++i) x[i] = from_float<Out>(E4M3::decode(codes[i]) * scale);
+}
+
+// NVFP4: 16 values as e2m1 codes with an e4m3 block scale, over a per-tensor fp32 scale `tensor_scale`
+// (> 0): value = code * block_scale * tensor_scale. The block scale is amax / 6 / tensor_scale rounded
+// up to an e4m3 value; a block past 448 * tensor_scale * 6 saturates. Returns the block scale's code.
+template <class In> KVF_HD KVF_INLINE uint8_t quantize_nvfp4(const In* x, float tensor_scale, uint8_t* packed) {
+  bool nan;
+  const float amax = bits_float(group_amax<16>(x, nan));
+  const uint8_t s = nan ? uint8_t(0x7f) : amax > 0.0f ? e4m3_scale_up(amax / E2M1::qmax / tensor_scale) : uint8_t(0x38);
+  const float scale = E4M3::decode(s) * tensor_scale;  // 0x38 is 1.0
+  for (int i = 0; i < 16; ++i) put_nibble(packed, i, E2M1::encode(to_float(x[i]) / scale));
+  return s;
+}
+template <class Out> KVF_HD KVF_INLINE void dequantize_nvfp4(const uint8_t* packed, uint8_t s, float tensor_scale, Out* x) {
+  const float scale = E4M3::decode(s) * tensor_scale;
+  for (int i = 0; i < 16; ++i) x[i] = from_float<Out>(E2M1::decode(nibble(packed, i)) * scale);
+}
+
+// int4, symmetric: codes -7..7 in two's complement nibbles, scale amax / 7 (fp32, or bf16 rounded up).
+template <int G, class Scale, class In> KVF_HD KVF_INLINE Scale quantize_int4(const In* x, uint8_t* packed) {
+  bool nan;
+  const float s = bits_float(group_amax<G>(x, nan)) / 7.0f;
+  const Scale stored = store_scale<Scale>(s > 0.0f ? s : 1.0f);
+  const float scale = to_float(stored);
+  for (int i = 0; i < G; ++i) {
+    const float v = to_float(x[i]) / scale;
+    float r = round_half_even_small(v < 8.0f ? (v > -8.0f ? v : -8.0f) : 8.0f);
+    r = r > 7.0f ? 7.0f : r < -7.0f ? -7.0f : r;
+    put_nibble(packed, i, uint8_t(int(v == v ? r : 0.0f) & 0xf));
+  }
+  return stored;
+}
+template <int G, class Scale, class Out> KVF_HD KVF_INLINE void dequantize_int4(const uint8_t* packed, Scale scale, Out* x) {
+  const float s = to_float(scale);
+  for (int i = 0; i < G; ++i) {
+    const int c = int(nibble(packed, i));
+    x[i] = from_float<Out>(float(c >= 8 ? c - 16 : c) * s);
+  }
+}
+
+// int4, asymmetric (lmdeploy's): codes 0..15 with a scale (max - min) / 15 and a zero point
+// round(-min / scale) in 0..15; value = (code - zero) * scale. The range always holds 0 (so 0 is a code
+// exactly), an all-zero group gets scale 1, and NaN encodes as the zero point.
+template <int G, class In> KVF_HD KVF_INLINE float quantize_int4_asymmetric(const In* x, uint8_t* packed, uint8_t& zero) {
+  float lo = 0.0f, hi = 0.0f;  // the range includes 0, so 0 is a code exactly
+  for (int i = 0; i < G; ++i) {
+    const float v = to_float(x[i]);
+    if (v - v == 0.0f) {  // finite
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+    }
+  }
+  const float range = hi - lo;
+  const float scale = range > 0.0f ? range / 15.0f : 1.0f;
+  const float z = round_half_even_small(-lo / scale);
+  zero = uint8_t(z < 0.0f ? 0.0f : z > 15.0f ? 15.0f : z);
+  for (int i = 0; i < G; ++i) {
+    const float v = to_float(x[i]);
+    float q = v == v ? round_half_even_small((v / scale < 32.0f ? (v / scale > -32.0f ? v / scale : -32.0f) : 32.0f)) + float(zero)
+                     : float(zero);
+    q = q < 0.0f ? 0.0f : q > 15.0f ? 15.0f : q;
+    put_nibble(packed, i, uint8_t(q));
+  }
+  return scale;
+}
+template <int G, class Out> KVF_HD KVF_INLINE void dequantize_int4_asymmetric(const uint8_t* packed, float scale, uint8_t zero, Out* x) {
+  for (int i = 0; i < G; ++i) x[i] = from_float<Out>((float(nibble(packed, i)) - float(zero)) * scale);
+}
+
+}  // namespace kvforge::detail
