@@ -46,6 +46,10 @@ void Cache::gather_latent(int layer, const GatherRange& range, const TensorView&
   if (latent_out.shape[0] != 1)
     throw ShapeError("latent_out", "has " + std::to_string(latent_out.shape[0]) +
                      " heads; an MLA record has one ([1, end - begin, R + P])");
+  if (range.end >= range.begin && latent_out.shape[1] != range.end - range.begin)
+    throw ShapeError("latent_out", "holds " + std::to_string(latent_out.shape[1]) + " positions, the range [" +
+                     std::to_string(range.begin) + ", " + std::to_string(range.end) + ") reads " +
+                     std::to_string(range.end - range.begin));
   gather(layer, range, h.k, h.v);
 }
 

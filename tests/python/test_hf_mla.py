@@ -212,6 +212,8 @@ def test_refusals_name_the_argument():
         cache.append_latent(0, torch.zeros(3, 2, 32), slots=slots)
     with pytest.raises(kvforge.ShapeError, match="^latent_out: "):
         cache.gather_latent(0, torch.zeros(1, 3, 16), pages=torch.zeros(1, dtype=torch.int32), end=3)
+    with pytest.raises(kvforge.ShapeError, match=r"^latent_out: holds 3 positions, the range \[0, 5\) reads 5"):
+        cache.gather_latent(0, torch.zeros(1, 3, 32), pages=torch.zeros(1, dtype=torch.int32), end=5)
     with pytest.raises(kvforge.UnsupportedError, match="^latent: .* caches K and V"):
         kvforge.create("vllm_paged_nhd.tiny.fp32", pages=2).append_latent(0, torch.zeros(3, 1, 32), slots=slots)
     m = deepseek_v3()
