@@ -53,12 +53,7 @@ int ref_ue8m0_up(float s) {
   return e;
 }
 
-float bf16_value(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float bf16_value(uint16_t b) { return bits_float(uint32_t(b) << 16); }
 
 TEST(E2M1, EveryCodeDecodesToTheTableAndBack) {
   for (int c = 0; c < 16; ++c) {

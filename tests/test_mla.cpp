@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -35,7 +36,8 @@ TEST_P(Mla, RecordsComeBackWholeAndLieWhereVllmsTensorPutsThem) {
   const VariantDescriptor& d = *c.entry->descriptor;
   ASSERT_EQ(d.mla_kv_lora_rank + d.mla_rope_dim, 2 * d.head_dim);
   ASSERT_EQ(d.heads, 1);
-  const int64_t width = d.mla_kv_lora_rank + d.mla_rope_dim, pages = 3, P = d.page_size, tokens = 2 * P + 3;
+  // Two pages and part of a third, scattered over a pool with room to spare, for any page size.
+  const int64_t width = d.mla_kv_lora_rank + d.mla_rope_dim, P = d.page_size, tokens = 2 * P + 3, pages = tokens / P + 2;
   const int64_t es = dtype_size(d.input);
   CacheConfig config;
   config.device = c.device, config.pages = pages;
@@ -117,6 +119,55 @@ TEST(MlaRefusal, AKvVariantHasNoLatentRecord) {
     return;  // one K/V variant says it; every one shares the check
   }
   GTEST_SKIP() << "no paged K/V variant is registered";
+}
+
+// A combination no variant was generated for takes its layout from one registered variant and its model
+// from another (Registry::synthesize, the generic path): every model fact must be the model's, never the
+// layout's variant's. Each registered model against a layout of another model's variant.
+TEST(Synthesized, EveryModelFactIsTheModelsAndAnMlaRecordRoundTrips) {
+  auto same = [](const char* a, const char* b) { return (a == nullptr) == (b == nullptr) && (!a || std::strcmp(a, b) == 0); };
+  int checked = 0, records = 0;
+  for (const auto& m : registry().variants()) {
+    const VariantDescriptor& model = *m.descriptor;
+    if (model.is_hybrid()) continue;
+    for (const auto& l : registry().variants()) {
+      const VariantDescriptor& layout = *l.descriptor;
+      if (layout.is_hybrid() || !layout.paged() || layout.lazy() || std::strcmp(layout.model, model.model) == 0) continue;
+      const VariantQuery q{layout.layout, model.model, DType::f16, DType::f16};
+      if (!registry().select(q).empty()) continue;
+      const std::optional<VariantDescriptor> d = registry().synthesize(q);
+      ASSERT_TRUE(d) << layout.layout << " x " << model.model;
+      EXPECT_EQ(d->tensor_parallel, model.tensor_parallel) << model.model;
+      EXPECT_EQ(d->model_heads, model.model_heads) << model.model;
+      EXPECT_TRUE(same(d->shard_of, model.shard_of)) << model.model;
+      EXPECT_EQ(d->states, model.states) << model.model;
+      EXPECT_EQ(d->mla_kv_lora_rank, model.mla_kv_lora_rank) << model.model;
+      EXPECT_EQ(d->mla_rope_dim, model.mla_rope_dim) << model.model;
+      ++checked;
+      if (model.mla() && model.max_seq_len <= 4096 && records == 0) {  // a small MLA model's records, generic path
+        CacheConfig config;
+        config.pages = 2;
+        auto cache = registry().create(q, config);
+        ASSERT_TRUE(cache->descriptor().generic);
+        const int64_t width = model.mla_kv_lora_rank + model.mla_rope_dim, tokens = 3;
+        std::vector<uint16_t> in(size_t(tokens * width)), out(in.size());
+        for (size_t i = 0; i < in.size(); ++i) store_as(DType::f16, exact_value(i), &in[i]);
+        const std::vector<int64_t> slots{2, 0, 1};
+        cache->append_latent(0, {in.data(), DType::f16, Device::cpu, {tokens, 1, width}, {width, width, 1}},
+                             TokenTargets::paged(IndexView::of(slots.data(), tokens)));
+        const std::vector<int32_t> pages{0, 1};
+        cache->gather_latent(0, GatherRange{0, IndexView::of(pages.data(), 2), 0, tokens},
+                             {out.data(), DType::f16, Device::cpu, {1, tokens, width}, {tokens * width, width, 1}});
+        for (int64_t t = 0; t < tokens; ++t)
+          ASSERT_EQ(0, std::memcmp(&out[size_t(slots[size_t(t)] * width)], &in[size_t(t * width)], size_t(width * 2)))
+              << "token " << t << " at slot " << slots[size_t(t)];
+        ++records;
+      }
+      break;  // one layout a model
+    }
+  }
+  EXPECT_GT(checked, 0);
+  if (records == 0) GTEST_SKIP() << "no small MLA model registered, so no record went through the generic path";
 }
 
 }  // namespace

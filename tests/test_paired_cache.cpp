@@ -13,25 +13,26 @@
 namespace kvtest {
 namespace {
 
-// A float MLA variant, and a float K/V variant of its page size to stand for the indexer's keys.
+// A float MLA variant, and a float K/V variant of its page size to stand for the indexer's keys: the
+// first such pair, whatever other specs are registered.
 struct Pair {
   const VariantDescriptor* main = nullptr;
   const VariantDescriptor* companion = nullptr;
 };
 
+bool float_eager(const VariantDescriptor& d) {
+  return !d.is_hybrid() && d.paged() && !d.lazy() && d.storage == DType::f32 && d.input == DType::f32;
+}
+
 Pair find_pair() {
-  Pair p;
-  for (const auto& e : registry().variants()) {
-    const VariantDescriptor& d = *e.descriptor;
-    if (d.mla() && d.storage == DType::f32 && d.input == DType::f32 && !p.main) p.main = &d;
-  }
-  for (const auto& e : registry().variants()) {
-    const VariantDescriptor& d = *e.descriptor;
-    if (p.main && !d.mla() && !d.is_hybrid() && d.paged() && d.page_size == p.main->page_size && d.storage == DType::f32 &&
-        d.input == DType::f32 && !d.lazy() && !p.companion)
-      p.companion = &d;
-  }
-  return p;
+  for (const auto& m : registry().variants())
+    for (const auto& c : registry().variants()) {
+      const VariantDescriptor &main = *m.descriptor, &companion = *c.descriptor;
+      if (main.mla() && float_eager(main) && !companion.mla() && float_eager(companion) &&
+          companion.page_size == main.page_size)
+        return {&main, &companion};
+    }
+  return {};
 }
 
 // The value written for (cache, layer, seq, position, element): exact in fp32, distinct per sequence.
@@ -44,8 +45,11 @@ class PairedTest : public testing::Test {
   void SetUp() override {
     pair_ = find_pair();
     if (!pair_.main || !pair_.companion) GTEST_SKIP() << "no float MLA variant and K/V variant of one page size";
+    // Room for the scenario's three sequences (a prompt of a page and 3 tokens, its fork, two pages more)
+    // at any page size.
+    const int64_t P = pair_.main->page_size;
     CacheConfig config;
-    config.pages = 6;
+    config.pages = 4 * ((P + 4 + P - 1) / P) + 2;
     paired_ = std::make_unique<PairedCache>(registry().create(pair_.main->name, config),
                                             registry().create(pair_.companion->name, config));
   }
@@ -128,7 +132,7 @@ TEST_F(PairedTest, AForksCopyOnWriteAndAnOffloadMoveBothCachesPages) {
 
 TEST_F(PairedTest, CachesThatCannotSharePagesAreRefusedNamingTheCompanion) {
   CacheConfig config, more;
-  config.pages = 6, more.pages = 7;
+  config.pages = paired_->config().pages, more.pages = config.pages + 1;
   try {
     PairedCache(registry().create(pair_.main->name, config), registry().create(pair_.companion->name, more));
     FAIL() << "a companion of another page count was accepted";

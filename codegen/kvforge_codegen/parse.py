@@ -145,7 +145,7 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     if r.has("mla"):
         refuse_heads_beside_mla(r, diags)
         mla = parse_mla(r.fields["mla"].value, diags, _Reader)
-        kv_heads, head_dim = 1, sum(mla) // 2 if mla else None
+        kv_heads, head_dim = 1, (sum(mla) // 2 if mla else None)  # one head: K and V are the record's halves
     else:
         kv_heads = r.positive_int("kv_heads", maximum=vocab.MAX_KV_HEADS)
         head_dim = r.positive_int("head_dim", maximum=vocab.MAX_HEAD_DIM)

@@ -66,7 +66,7 @@ struct VariantDescriptor {
   const StateRecord* states = nullptr;  // a hybrid model with linear layers; `layers` counts its attention layers
   // An MLA model (a model spec's `mla`): each token caches a latent record of mla_kv_lora_rank values
   // then mla_rope_dim RoPE values, stored as one head whose K is the record's first half and V its
-  // second (head_dim = half the record; latent.hpp splits a record). 0 for a K/V model.
+  // second (head_dim = half the record; latent_halves in cache.hpp splits one). 0 for a K/V model.
   int mla_kv_lora_rank = 0;
   int mla_rope_dim = 0;
 
