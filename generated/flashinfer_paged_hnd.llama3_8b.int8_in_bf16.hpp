@@ -32,6 +32,7 @@ struct flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits {
   static constexpr int window = 0;
   static constexpr kvforge::Quant quant = kvforge::Quant::per_token_head;
   using scale_t = kvforge::bf16;
+  static constexpr int quant_group = 0;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::in_page;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<flashinfer_paged_hnd__llama3_8b__int8_in_bf16_traits>(); }

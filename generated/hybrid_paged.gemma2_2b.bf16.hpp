@@ -33,6 +33,7 @@ struct hybrid_paged__gemma2_2b__bf16__local_traits {
   static constexpr int window = 0;
   static constexpr kvforge::Quant quant = kvforge::Quant::none;
   using scale_t = float;
+  static constexpr int quant_group = 0;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__gemma2_2b__bf16__local_traits>(); }
@@ -61,6 +62,7 @@ struct hybrid_paged__gemma2_2b__bf16__global_traits {
   static constexpr int window = 0;
   static constexpr kvforge::Quant quant = kvforge::Quant::none;
   using scale_t = float;
+  static constexpr int quant_group = 0;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__gemma2_2b__bf16__global_traits>(); }

@@ -32,6 +32,7 @@ struct jetstream_contiguous_lazy__tiny__int8_in_bf16_traits {
   static constexpr int window = 0;
   static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
   using scale_t = float;
+  static constexpr int quant_group = 0;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_contiguous_lazy__tiny__int8_in_bf16_traits>(); }

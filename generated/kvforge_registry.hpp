@@ -8,7 +8,7 @@
 
 namespace kvforge {
 
-// The 98 variants of this expansion.
+// The 101 variants of this expansion.
 const kvforge::Registry& registry();
 
 }  // namespace kvforge

@@ -35,6 +35,7 @@ struct vllm_mla__tiny_mla__fp8_e4m3_in_bf16_traits {
   static constexpr int window = 0;
   static constexpr kvforge::Quant quant = kvforge::Quant::per_tensor;
   using scale_t = float;
+  static constexpr int quant_group = 0;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<vllm_mla__tiny_mla__fp8_e4m3_in_bf16_traits>(); }

@@ -88,10 +88,17 @@ inline float round_to(DType t, float x) {
   return r;
 }
 
-// A dynamic scale as stored: amax / qmax, or 1 when that is 0; bf16 scales round up.
+// A dynamic scale as stored: amax / qmax, or 1 when that is 0; bf16 scales round up, and ue8m0 ones
+// to the next power of two in [2^-127, 2^127] (OCP MX's E8M0).
 inline float ref_scale(DType scale_dtype, float amax, float qmax) {
   float s = amax / qmax;
   if (!(s > 0.0f)) s = 1.0f;
+  if (scale_dtype == DType::ue8m0) {
+    int e;
+    const float m = std::frexp(s, &e);  // s = m 2^e, m in [0.5, 1)
+    const int p = std::clamp(m == 0.5f ? e - 1 : e, -127, 127);
+    return std::ldexp(1.0f, p);
+  }
   if (scale_dtype == DType::bf16) {
     uint32_t u;
     std::memcpy(&u, &s, 4);
@@ -104,10 +111,13 @@ inline float ref_scale(DType scale_dtype, float amax, float qmax) {
   return s;
 }
 
+// Scales of one head's row: head_dim / group for per_group, else 1.
+inline int ref_groups(const VariantDescriptor& d) { return d.quant == Quant::per_group ? d.head_dim / d.quant_group : 1; }
+
 // One token's K or V ([heads][dim] values) as the cache should hold and return it.
 struct RefToken {
   std::vector<uint8_t> codes;   // [heads][dim]
-  std::vector<float> scales;    // per head (the same value repeated for per_token and per_tensor)
+  std::vector<float> scales;    // [heads][groups] (the same value repeated for per_token and per_tensor)
   std::vector<float> gathered;  // [heads][dim], in the input dtype's precision
 };
 
@@ -117,27 +127,35 @@ inline RefToken ref_quantize(const VariantDescriptor& d, const std::vector<float
   RefToken out;
   out.codes.resize(size_t(H) * D);
   out.gathered.resize(size_t(H) * D);
-  out.scales.resize(size_t(H));
-  auto amax_of = [&](int h0, int h1) {
+  const int groups = ref_groups(d), width = D / groups;
+  out.scales.resize(size_t(H) * groups);
+  // The largest finite |x| over heads [h0, h1), elements [i0, i1) of each.
+  auto amax_of = [&](int h0, int h1, int i0, int i1) {
     float m = 0;
     for (int h = h0; h < h1; ++h)
-      for (int i = 0; i < D; ++i)
+      for (int i = i0; i < i1; ++i)
         if (std::isfinite(x[size_t(h) * D + i])) m = std::max(m, std::fabs(x[size_t(h) * D + i]));
     return m;
   };
-  for (int h = 0; h < H; ++h) {
-    if (d.quant == Quant::per_tensor) out.scales[h] = tensor_scale;
-    else if (d.quant == Quant::per_token) out.scales[h] = ref_scale(d.scale, amax_of(0, H), qmax);
-    else out.scales[h] = ref_scale(d.scale, amax_of(h, h + 1), qmax);
-    for (int i = 0; i < D; ++i) {
-      const size_t at = size_t(h) * D + i;
-      out.codes[at] = ref_encode(d.storage, x[at] / out.scales[h]);
-      out.gathered[at] = round_to(d.input, ref_decode(d.storage, out.codes[at]) * out.scales[h]);
+  for (int h = 0; h < H; ++h)
+    for (int g = 0; g < groups; ++g) {
+      float& scale = out.scales[size_t(h) * groups + g];
+      if (d.quant == Quant::per_tensor) scale = tensor_scale;
+      else if (d.quant == Quant::per_token) scale = ref_scale(d.scale, amax_of(0, H, 0, D), qmax);
+      else scale = ref_scale(d.scale, amax_of(h, h + 1, g * width, (g + 1) * width), qmax);
+      for (int i = g * width; i < (g + 1) * width; ++i) {
+        const size_t at = size_t(h) * D + i;
+        out.codes[at] = ref_encode(d.storage, x[at] / scale);
+        out.gathered[at] = round_to(d.input, ref_decode(d.storage, out.codes[at]) * scale);
+      }
     }
-  }
   return out;
 }
 
-inline float load_scale(DType t, const void* src) { return t == DType::f32 ? load_as(DType::f32, src) : load_as(DType::bf16, src); }
+// A stored scale's value; a ue8m0 byte e is 2^(e - 127).
+inline float load_scale(DType t, const void* src) {
+  if (t == DType::ue8m0) return std::ldexp(1.0f, int(*static_cast<const uint8_t*>(src)) - 127);
+  return t == DType::f32 ? load_as(DType::f32, src) : load_as(DType::bf16, src);
+}
 
 }  // namespace kvtest

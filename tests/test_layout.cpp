@@ -18,6 +18,7 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
   small.layers = std::min(d.layers, 3);
   small.heads = std::min(d.heads, 3);
   small.head_dim = std::min(d.head_dim, 4);
+  if (d.quant == Quant::per_group) small.quant_group = 2;  // two groups a row
   small.page_size = d.paged() ? std::min(d.page_size, 5) : 0;
   Capacity cap;
   cap.rows = d.paged() ? 0 : 3;
@@ -27,9 +28,12 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
   const int64_t units = d.paged() ? cap.pages : cap.rows;
   const int64_t slots = d.paged() ? small.page_size : cap.positions;
   const int64_t values = int64_t(small.layers) * 2 * units * slots * small.heads * small.head_dim;
-  // Dynamic scales: one per (layer, kv, unit, slot), times heads for per_token_head.
-  const int scale_heads = d.quant == Quant::per_token_head ? small.heads : d.quant == Quant::per_token ? 1 : 0;
-  const int64_t scales = int64_t(small.layers) * 2 * units * slots * scale_heads;
+  // Dynamic scales: one per (layer, kv, unit, slot), times heads for per_token_head, and times groups
+  // of a head's row for per_group.
+  const bool grouped = d.quant == Quant::per_group;
+  const int scale_heads = d.quant == Quant::per_token_head || grouped ? small.heads : d.quant == Quant::per_token ? 1 : 0;
+  const int groups = grouped ? small.head_dim / small.quant_group : 1;
+  const int64_t scales = int64_t(small.layers) * 2 * units * slots * scale_heads * groups;
   const int64_t ss = dtype_size(d.scale);
   ASSERT_EQ(g.total_elems, values + (d.scales_in_page() ? scales * ss : 0));
   ASSERT_EQ(g.scale_elems, d.quant == Quant::per_tensor ? 2 * small.layers : d.scales_in_page() ? 0 : scales);
@@ -52,12 +56,14 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
           for (int h = 0; h < small.heads; ++h) {
             for (int x = 0; x < small.head_dim; ++x) claim(seen, g.offset(l, kv, u, s, h) + x, 1, "value");
             if (h >= scale_heads) continue;
-            const int64_t scale = l * g.scale_strides.layer + kv * g.scale_strides.kv + u * g.scale_strides.row_or_page +
-                                  s * g.scale_strides.seq_or_slot + h * g.scale_strides.head;
-            if (d.scales_in_page()) {
-              claim(seen, g.scale_offset_bytes + scale * ss, ss, "in-page scale");
-            } else {
-              claim(seen_scales, scale, 1, "scale");
+            for (int group = 0; group < groups; ++group) {  // a head's groups adjacent, as LayerView says
+              const int64_t scale = l * g.scale_strides.layer + kv * g.scale_strides.kv + u * g.scale_strides.row_or_page +
+                                    s * g.scale_strides.seq_or_slot + h * g.scale_strides.head + group;
+              if (d.scales_in_page()) {
+                claim(seen, g.scale_offset_bytes + scale * ss, ss, "in-page scale");
+              } else {
+                claim(seen_scales, scale, 1, "scale");
+              }
             }
           }
     }

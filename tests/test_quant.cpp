@@ -203,12 +203,15 @@ class QuantHarness {
     return out;
   }
 
-  // The stored scale of (layer, position t, kv, head), read through the raw view attention kernels use.
-  float stored_scale(int layer, int64_t t, int kv, int h) {
+  // The stored scale of (layer, position t, kv, head, group), read through the raw view attention
+  // kernels use: a head's groups are adjacent, as the view documents.
+  float stored_scale(int layer, int64_t t, int kv, int h, int group = 0) {
     const LayerView v = cache_->view(layer);
+    EXPECT_EQ(v.scale_groups, ref_groups(d_));
     const int64_t unit = d_.paged() ? pages_[size_t(t / d_.page_size)] : 0;
     const int64_t slot = d_.paged() ? t % d_.page_size : t;
-    const int64_t at = unit * v.scale_strides.row_or_page + slot * v.scale_strides.seq_or_slot + h * v.scale_strides.head;
+    const int64_t at =
+        unit * v.scale_strides.row_or_page + slot * v.scale_strides.seq_or_slot + h * v.scale_strides.head + group;
     const int ss = dtype_size(v.scale_dtype);
     const auto bytes = arena_.fetch(static_cast<const unsigned char*>(kv ? v.v_scales : v.k_scales) + at * ss, ss);
     return load_scale(v.scale_dtype, bytes.data());
@@ -278,9 +281,11 @@ TEST_P(EveryQuantizedVariant, EdgeCasesMatchTheReferenceQuantizer) {
       ASSERT_TRUE(same_float(got[t][i], want.gathered[i]))
           << d.name << " token " << t / 2 << " kv " << kv << " element " << i << " (input " << q.last_tokens_[t][i]
           << "): got " << got[t][i] << ", want " << want.gathered[i];
+    const int groups = ref_groups(d);
     for (int h = 0; h < d.heads; ++h)
-      EXPECT_EQ(q.stored_scale(layer, int64_t(t / 2), kv, h), want.scales[size_t(h)])
-          << d.name << " token " << t / 2 << " kv " << kv << " head " << h;
+      for (int g = 0; g < groups; ++g)
+        EXPECT_EQ(q.stored_scale(layer, int64_t(t / 2), kv, h, g), want.scales[size_t(h * groups + g)])
+            << d.name << " token " << t / 2 << " kv " << kv << " head " << h << " group " << g;
   }
   // The documented rules, spelled out for the cases that matter most.
   for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[0][i], 0.0f) << "an all-zero token reads back as zeros";
@@ -337,8 +342,8 @@ TEST_P(EveryQuantizedVariant, GatheredValuesStayWithinTheDocumentedBound) {
   for (size_t t = 0; t < tokens.size(); ++t) {
     const int kv = int(t % 2);
     for (int h = 0; h < d.heads; ++h) {
-      const float s = q.stored_scale(0, int64_t(t / 2), kv, h);
       for (int i = 0; i < d.head_dim; ++i) {
+        const float s = q.stored_scale(0, int64_t(t / 2), kv, h, i / (d.head_dim / ref_groups(d)));
         const size_t at = size_t(h * d.head_dim + i);
         const float x = q.last_tokens_[t][at];
         // |x - code * s| <= s * half grid spacing; fp32 arithmetic adds a few ulps, and rounding the

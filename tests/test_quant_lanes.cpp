@@ -179,28 +179,36 @@ struct EmulatedCudaExec {
 };
 
 // A quantized layout of any shape, as a spec could give it (ops.hpp reads these members).
-template <class Store, class In, class ScaleT, Quant Q, int H, int D> struct ChunkedTraits {
+template <class Store, class In, class ScaleT, Quant Q, int H, int D, int G = 0> struct ChunkedTraits {
   using storage_t = Store;
   using input_t = In;
   using scale_t = ScaleT;
-  static constexpr int heads = H, head_dim = D, page_size = 0, window = 0;
+  static constexpr int heads = H, head_dim = D, page_size = 0, window = 0, quant_group = G;
   static constexpr Addressing addressing = Addressing::contiguous;
   static constexpr Axis axes[] = {Axis::row, Axis::seq, Axis::head, Axis::dim};
   static constexpr Quant quant = Q;
 };
 
+// A scale's initial value, to be overwritten; ue8m0 has no from_float.
+template <class Scale> Scale scale_from_float(float x) {
+  if constexpr (std::is_same_v<Scale, ue8m0>) return ue8m0{uint8_t(x > 0 ? 127 : 0xff)};
+  else return from_float<Scale>(x);
+}
+
 // One token through the CUDA write's quantizer (Ops::quantize_token_chunked, as its item body calls
-// it) and back through its gather (dequantize_token_chunked), its lanes emulated, against the
-// reference quantizer: codes, every stored scale, and the values read back.
+// it; or, for a shape that takes it, the element path quantize_token) and back through its gather
+// (dequantize_token_chunked, or decode_head per head), its lanes emulated, against the reference
+// quantizer: codes, every stored scale, and the values read back.
 template <class Traits> void check_chunked_token(DType storage, DType input, DType scale_dtype, uint32_t seed) {
   using O = detail::Ops<Traits, EmulatedCudaExec>;
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
   using Scale = typename Traits::scale_t;
   constexpr int H = Traits::heads, D = Traits::head_dim;
-  static_assert(O::kChunkedQuant);
   VariantDescriptor d{};
   d.heads = H, d.head_dim = D, d.storage = storage, d.input = input, d.quant = Traits::quant, d.scale = scale_dtype;
+  d.quant_group = Traits::quant_group;
+  const int groups = ref_groups(d);
   std::mt19937 rng(seed);
   std::vector<In> x(static_cast<size_t>(H) * D);
   std::vector<float> xf(x.size());
@@ -212,15 +220,19 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
   }
   const float tensor_scale = 0.03125f;
   std::vector<Store> codes(x.size());
-  std::vector<Scale> scales(static_cast<size_t>(H), from_float<Scale>(Traits::quant == Quant::per_tensor ? tensor_scale : -1.0f));
+  std::vector<Scale> scales(static_cast<size_t>(H) * groups, scale_from_float<Scale>(Traits::quant == Quant::per_tensor ? tensor_scale : -1.0f));
   const bool converged = EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
-    typename O::ChunkRegs regs{};  // chunks past the row stay unread, as on the device
-    if constexpr (O::Chunks::kPreload) O::load_chunks(regs, x.data(), D, lane, 0);
-    O::quantize_token_chunked(regs, codes.data(), D, scales.data(), 1, x.data(), D, lane);
+    if constexpr (O::kChunkedQuant) {
+      typename O::ChunkRegs regs{};  // chunks past the row stay unread, as on the device
+      if constexpr (O::Chunks::kPreload) O::load_chunks(regs, x.data(), D, lane, 0);
+      O::quantize_token_chunked(regs, codes.data(), D, scales.data(), groups, x.data(), D, lane);
+    } else {
+      O::quantize_token(codes.data(), D, scales.data(), groups, x.data(), D, lane, O::kTokenLanes);
+    }
   });
   ASSERT_TRUE(converged) << "the lanes did not all reach the same reductions";
   const RefToken want = ref_quantize(d, xf, tensor_scale);
-  const int stored_scales = Traits::quant == Quant::per_token_head ? H : 1;
+  const int stored_scales = Traits::quant == Quant::per_group ? H * ref_groups(d) : Traits::quant == Quant::per_token_head ? H : 1;
   for (int h = 0; h < stored_scales; ++h) ASSERT_EQ(to_float(scales[size_t(h)]), want.scales[size_t(h)]) << "scale " << h;
   for (size_t e = 0; e < x.size(); ++e) ASSERT_EQ(code_byte(codes[e]), want.codes[e]) << "element " << e;
   // And back, as the CUDA gather reads it: the token's K from `codes`, its V from a second copy.
@@ -229,8 +241,16 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
   std::vector<In> k_out(x.size()), v_out(x.size());
   const Scale* scale = scales.data();
   ASSERT_TRUE(EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
-    O::dequantize_token_chunked(k_out.data(), D, v_out.data(), D, both.data(), D, int64_t(x.size()), scale, scale,
-                                Traits::quant == Quant::per_token_head ? 1 : 0, lane);
+    const int64_t scale_head = Traits::quant == Quant::per_token ? 0 : groups;
+    if constexpr (O::kChunkedQuant) {
+      O::dequantize_token_chunked(k_out.data(), D, v_out.data(), D, both.data(), D, int64_t(x.size()), scale, scale,
+                                  scale_head, lane);
+    } else {
+      for (int h = 0; h < H; ++h) {
+        O::decode_head(k_out.data() + h * D, both.data() + h * D, scale + h * scale_head, lane, O::kTokenLanes);
+        O::decode_head(v_out.data() + h * D, both.data() + x.size() + h * D, scale + h * scale_head, lane, O::kTokenLanes);
+      }
+    }
   }));
   for (size_t e = 0; e < x.size(); ++e) {
     ASSERT_TRUE(same_float(to_float(k_out[e]), want.gathered[e])) << "K element " << e;
@@ -258,6 +278,23 @@ TEST(ChunkedQuantizer, TokenAcrossEmulatedLanesMatchesTheReference) {
   // warps, a per-head one over each group of 8.
   check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token, 32, 96>>(DType::i8, DType::bf16, DType::f32, 11);
   check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_token_head, 32, 96>>(DType::i8, DType::bf16, DType::f32, 12);
+}
+
+TEST(ChunkedQuantizer, PerGroupScalesAcrossEmulatedLanesMatchTheReference) {
+  // MXFP8 on llama3-8b's shape: 4 groups of 32 a head, each reduced over 4 lanes of its head's 16.
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, ue8m0, Quant::per_group, 8, 128, 32>>(DType::f8e4m3, DType::bf16,
+                                                                                           DType::ue8m0, 21);
+  // 16 of fp16 a group (2 chunks), bf16 scales; fp32 inputs, 4 chunks a group.
+  check_chunked_token<ChunkedTraits<int8_t, fp16, bf16, Quant::per_group, 2, 64, 16>>(DType::i8, DType::f16, DType::bf16, 22);
+  check_chunked_token<ChunkedTraits<int8_t, float, float, Quant::per_group, 4, 64, 16>>(DType::i8, DType::f32, DType::f32, 23);
+  // A whole warp a head (32 chunks), groups of 128 over 16 lanes, 3 heads in passes of 8 lanes-groups.
+  check_chunked_token<ChunkedTraits<fp8_e5m2, bf16, float, Quant::per_group, 3, 256, 128>>(DType::f8e5m2, DType::bf16,
+                                                                                          DType::f32, 24);
+  // 32 heads of 32, two passes; and 12 chunks a head (head_dim 96): no whole groups of lanes, so the
+  // element path, its groups reduced over the lanes that stride the row.
+  check_chunked_token<ChunkedTraits<int8_t, bf16, ue8m0, Quant::per_group, 32, 32, 16>>(DType::i8, DType::bf16, DType::ue8m0, 25);
+  check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_group, 5, 96, 32>>(DType::i8, DType::bf16, DType::f32, 26);
+  static_assert(!detail::Ops<ChunkedTraits<int8_t, bf16, float, Quant::per_group, 5, 96, 32>, EmulatedCudaExec>::kChunkedQuant);
 }
 
 }  // namespace

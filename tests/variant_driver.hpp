@@ -226,7 +226,12 @@ class Driver {
     if (d_.scales_in_page())
       while (d_.axes[block_from++] != Axis::page) {
       }
-    auto scale_skips = [&](Axis a) { return a == Axis::dim || (a == Axis::head && d_.quant == Quant::per_token); };
+    // A per_group scale varies along dim, one per group of the row (its coordinate x / width); the
+    // others do not.
+    const int groups = ref_groups(d_), width = dim_ / groups;
+    auto scale_skips = [&](Axis a) {
+      return (a == Axis::dim && d_.quant != Quant::per_group) || (a == Axis::head && d_.quant == Quant::per_token);
+    };
     const bool stacked = d_.has_axis(Axis::layer), fused = d_.has_axis(Axis::kv);
     int checked = 0;
     for (const auto& [key, id] : ref_.cells) {
@@ -257,8 +262,9 @@ class Driver {
               code_in = code_in * extent[i] + coord[int(a)];
               codes *= extent[i];
               if (!scale_skips(a)) {
-                scale_in = scale_in * extent[i] + coord[int(a)];
-                scales *= extent[i];
+                const bool grouped = a == Axis::dim;
+                scale_in = scale_in * (grouped ? groups : extent[i]) + (grouped ? coord[int(a)] / width : coord[int(a)]);
+                scales *= grouped ? groups : extent[i];
               }
             }
             const int64_t tensor_index = (stacked ? 0 : layer) * (fused ? 1 : 2) + (fused ? 0 : kv);
@@ -283,8 +289,8 @@ class Driver {
               const float got_scale = load_scale(d_.scale, (d_.scales_in_page() ? pool : scale_buffer).data() + scale_at);
               if (got_code != want_code)
                 problem = "code " + std::to_string(got_code) + ", want " + std::to_string(want_code);
-              else if (got_scale != want.scales[size_t(h)])
-                problem = "scale " + std::to_string(got_scale) + ", want " + std::to_string(want.scales[size_t(h)]);
+              else if (got_scale != want.scales[size_t(h * groups + x / width)])
+                problem = "scale " + std::to_string(got_scale) + ", want " + std::to_string(want.scales[size_t(h * groups + x / width)]);
             }
             if (!problem.empty()) {
               ADD_FAILURE() << d_.name << " storage: layer " << layer << " seq " << seq << " cell " << cell

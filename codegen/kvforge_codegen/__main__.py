@@ -218,7 +218,7 @@ def main(argv: List[str] | None = None) -> int:
         print(f"{'variant':<{width}}  {'addressing':<10}  {'update':<6}  {'scales':<28}  {'bytes/token':>11}")
         for v in variants:
             q = v.quantization
-            scales = f"{q.granularity} {q.scale_dtype} {q.scales}" if q else "-"
+            scales = f"{q.granularity}{f' {q.group_size}' if q.group_size else ''} {q.scale_dtype} {q.scales}" if q else "-"
             addressing = "hybrid" if v.members else v.layout.addressing
             if v.members:
                 scales = ", ".join(f"{g.name}: {m.layout.name}" for g, m in v.members)

@@ -10,8 +10,9 @@ from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 from . import vocab
 from .diagnostics import Diagnostics, Loc
-from .spec import (LayerGroup, Tuning, tp_divides, ModelSpec, Expansion, Quantization, LayoutSpec, SpecSet, MODEL_FIELDS, LAYER_GROUP_FIELDS, LAYOUT_FIELDS, STORAGE_FIELDS, QUANTIZATION_FIELDS, EXPANSION_FIELDS)
+from .spec import (LayerGroup, Tuning, tp_divides, ModelSpec, Expansion, Quantization, LayoutSpec, SpecSet, MODEL_FIELDS, LAYER_GROUP_FIELDS, LAYOUT_FIELDS, STORAGE_FIELDS, EXPANSION_FIELDS)
 from .parse_mla import parse_mla, refuse_heads_beside_mla
+from .parse_quant import parse_quantization
 from .parse_states import parse_linear_layers
 from .yamlnodes import Entry, Value, load
 
@@ -270,35 +271,6 @@ def _parse_expansion(value: Value, index: int, diags: Diagnostics) -> Optional[E
     return Expansion(models, dtypes, input_dtypes, value.loc)
 
 
-def _parse_quantization(value: Value, addressing: Optional[str], axes: Optional[Tuple[str, ...]],
-                        diags: Diagnostics) -> Optional[Quantization]:
-    r = _Reader(diags, value, "quantization", QUANTIZATION_FIELDS)
-    if not isinstance(value.data, dict):
-        return None
-    before = len(diags.errors)
-    granularity = r.choice("granularity", vocab.GRANULARITIES)
-    scale_dtype = r.choice("scale_dtype", vocab.SCALE_DTYPES, default="fp32")
-    scales = r.choice("scales", vocab.SCALE_PLACEMENTS, default="separate")
-    if scales == "in_page":
-        loc = r.loc_of("scales")
-        if addressing is not None and addressing != "paged":
-            diags.error(loc, "quantization.scales", f"in_page scales need paged addressing, not {addressing}",
-                        "separate")
-        if granularity == "per_tensor":
-            diags.error(loc, "quantization.scales", "a per_tensor scale is one value per layer, not one per page",
-                        "separate")
-        if axes is not None and "page" in axes:
-            inside = axes[axes.index("page") + 1:]
-            missing = [a for a in ("slot", "head", "dim") if a not in inside]
-            if missing:
-                diags.error(loc, "quantization.scales",
-                            f"in_page scales need the axes that vary within a page after 'page', "
-                            f"and {', '.join(missing)} come before it", "[..., page, ..., slot, ..., head, ..., dim]")
-    if len(diags.errors) != before:
-        return None
-    return Quantization(granularity, scale_dtype, scales, value.loc)
-
-
 def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[LayoutSpec]:
     doc = load(path, display, diags)
     if doc is None:
@@ -350,7 +322,7 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
 
     quantization: Optional[Quantization] = None
     if r.has("quantization"):
-        quantization = _parse_quantization(r.fields["quantization"].value, addressing, axes, diags)
+        quantization = parse_quantization(r.fields["quantization"].value, addressing, axes, diags, _Reader)
 
     expansions = _parse_expand_list(r, diags)
     if quantization is not None and expansions and \

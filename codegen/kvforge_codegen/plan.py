@@ -57,8 +57,15 @@ class Variant:
         q = self.quantization
         if q is None or q.granularity == "per_tensor":
             return 0
-        per_layer_kv = self.model.kv_heads if q.granularity == "per_token_head" else 1
+        per_layer_kv = {"per_token": 1, "per_token_head": self.model.kv_heads,
+                        "per_group": self.model.kv_heads * self.scale_groups}[q.granularity]
         return 2 * self.model.layers * per_layer_kv
+
+    @property
+    def scale_groups(self) -> int:
+        """Scales a head's row holds: head_dim / group_size for per_group, else 1."""
+        q = self.quantization
+        return self.model.head_dim // q.group_size if q and q.granularity == "per_group" else 1
 
     @property
     def bytes_per_token(self) -> int:
@@ -67,7 +74,7 @@ class Variant:
             return sum(m.bytes_per_token for _, m in self.members)
         values = 2 * self.model.layers * self.model.kv_heads * self.model.head_dim * vocab.DTYPES[self.storage]["bytes"]
         q = self.quantization
-        return values + (self.scales_per_token * vocab.DTYPES[q.scale_dtype]["bytes"] if q else 0)
+        return values + (self.scales_per_token * vocab.SCALE_DTYPES[q.scale_dtype]["bytes"] if q else 0)
 
 
 def hybrid_members(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage: str,

@@ -47,7 +47,7 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
            built: Sequence[str] = tuple(vocab.BACKENDS)) -> Dict[str, str]:
     """Every file of the expansion, for the backends `built` (the committed generated/ has them all)."""
     env = _environment()
-    common = {"version": VERSION, "dtypes": vocab.DTYPES, "tunables": vocab.TUNABLES, "registry_function": registry_function,
+    common = {"version": VERSION, "dtypes": vocab.DTYPES, "scale_dtypes": vocab.SCALE_DTYPES, "tunables": vocab.TUNABLES, "registry_function": registry_function,
               "backends": tuple(vocab.BACKENDS), "built": tuple(built),
               "cpu_wide_levels": vocab.CPU_WIDE_LEVELS, "registry_header": registry_header(registry_function),
               "registry_symbol": "kvforge_registry__" + registry_function.replace("::", "__")}

@@ -117,10 +117,11 @@ class Expansion:
 class Quantization:
     """How the layout's quantized dtypes (int8, fp8) are scaled; float dtypes ignore it."""
 
-    granularity: str  # per_tensor, per_token or per_token_head
-    scale_dtype: str  # fp32 or bf16
+    granularity: str  # vocab.GRANULARITIES
+    scale_dtype: str  # vocab.SCALE_DTYPES
     scales: str       # separate or in_page
     loc: Loc
+    group_size: int = 0  # per_group: consecutive values of a head's row that share a scale; else 0
 
 
 @dataclass(frozen=True)
@@ -159,5 +160,5 @@ STATE_PART_FIELDS = ("name", "shape", "dtype")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")
-QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales")
+QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")

@@ -27,12 +27,15 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
         if layout.quantization is None:
             reasons.append(f"{storage} storage needs a quantization block "
                            f"(granularity: {', '.join(vocab.GRANULARITIES)})")
+        elif layout.quantization.granularity == "per_group" and model.head_dim % layout.quantization.group_size:
+            reasons.append(f"group_size {layout.quantization.group_size} does not divide {model.name}'s head_dim "
+                           f"{model.head_dim}, so a head's row would end in part of a group")
         elif layout.quantization.scales == "in_page":
             q = layout.quantization
             inside = layout.axes[layout.axes.index("page") + 1:]
             codes = (layout.page_size or 0) * model.kv_heads * model.head_dim
             codes *= (2 if "kv" in inside else 1) * (model.layers if "layer" in inside else 1)
-            scale_bytes = vocab.DTYPES[q.scale_dtype]["bytes"]
+            scale_bytes = vocab.SCALE_DTYPES[q.scale_dtype]["bytes"]
             if codes % scale_bytes:
                 reasons.append(f"a page holds {codes} code bytes, not a multiple of the {scale_bytes}-byte "
                                f"{q.scale_dtype} scales that follow them, so the scales would be misaligned")

@@ -34,9 +34,17 @@ DTYPES = {
 INPUT_DTYPES = ("fp32", "fp16", "bf16")
 QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])
 
-# Quantization: how many values share a scale, the scale's type, and where scales live.
-GRANULARITIES = ("per_tensor", "per_token", "per_token_head")
-SCALE_DTYPES = ("fp32", "bf16")
+# Quantization: how many values share a scale, the scale's type, and where scales live. per_group
+# shares a scale among `group_size` consecutive values of a head's row (OCP MX: 32).
+GRANULARITIES = ("per_tensor", "per_token", "per_token_head", "per_group")
+GROUP_SIZES = (16, 32, 64, 128)
+# Scale types: bytes and C++ spelling as DTYPES gives them. ue8m0 (OCP MX's power of two) rounds a
+# dynamic scale up to the next power of two; it cannot hold a per_tensor scale a user sets.
+SCALE_DTYPES = {
+    "fp32": {"bytes": 4, "cpp": "float"},
+    "bf16": {"bytes": 2, "cpp": "kvforge::bf16"},
+    "ue8m0": {"bytes": 1, "cpp": "kvforge::ue8m0"},
+}
 SCALE_PLACEMENTS = ("separate", "in_page")
 
 # Axes each addressing mode needs and forbids; `layer` and `kv` are optional for all.

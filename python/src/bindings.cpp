@@ -69,6 +69,7 @@ NB_MODULE(_native, m) {
         return std::make_pair(r.begin, r.end());
       }, "rank"_a, "The heads [begin, end) of the whole model that tensor-parallel `rank` holds.")
       .def_prop_ro("quant", [](const VariantDescriptor& d) { return name_of(d.quant); })
+      .def_ro("quant_group", &VariantDescriptor::quant_group, "per_group: values of a head's row that share a scale; else 0")
       .def_prop_ro("scale_dtype", [](const VariantDescriptor& d) {
         return d.quantized() ? std::optional<std::string>(name(d.scale)) : std::nullopt;
       })

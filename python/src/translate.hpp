@@ -220,6 +220,7 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     case DType::i8: return nb::dtype<int8_t>();
     case DType::f8e4m3:
     case DType::f8e5m2: return nb::dtype<uint8_t>();  // as SGLang stores fp8: bytes, viewed back on read
+    case DType::ue8m0: return nb::dtype<uint8_t>();   // the exponent byte; torch views it as float8_e8m0fnu
   }
   return nb::dtype<uint8_t>();
 }
@@ -323,9 +324,10 @@ nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
   out["dtype"] = name(v.dtype);
   out["quant"] = name_of(v.quant);
   if (v.quant != Quant::none) {
-    const std::vector<size_t> scale_shape{shape[0], shape[1], shape[2]};
-    const std::vector<int64_t> scale_strides{v.scale_strides.row_or_page, v.scale_strides.seq_or_slot,
-                                             v.scale_strides.head};
+    // [rows or pages, positions or slots, heads], and per_group's [.., groups] (a head's groups adjacent).
+    std::vector<size_t> scale_shape{shape[0], shape[1], shape[2]};
+    std::vector<int64_t> scale_strides{v.scale_strides.row_or_page, v.scale_strides.seq_or_slot, v.scale_strides.head};
+    if (v.quant == Quant::per_group) scale_shape.push_back(size_t(v.scale_groups)), scale_strides.push_back(1);
     out["k_scales"] = export_array(v.k_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
     out["v_scales"] = export_array(v.v_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
   }

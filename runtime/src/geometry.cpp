@@ -41,6 +41,12 @@ Geometry make_geometry(const VariantDescriptor& d, const Capacity& c) {
   const int64_t extents[kNumAxes] = {d.layers, c.rows, c.positions, c.pages, d.page_size, 2, d.heads, d.head_dim};
   g.tensors = (d.stacked() ? 1 : d.layers) * (d.kv_fused() ? 1 : 2);
   const bool scale_skips_head = d.quant == Quant::per_token;
+  // A per_group head's scales run along `dim`, one per group; the other granularities' do not vary
+  // over it. `dim` is last, so a head's groups are adjacent (stride 1).
+  const bool scale_skips_dim = d.quant != Quant::per_group;
+  int64_t scale_extents[kNumAxes];
+  for (int a = 0; a < kNumAxes; ++a) scale_extents[a] = extents[a];
+  scale_extents[int(Axis::dim)] = d.scale_groups();
   int64_t scale_axis_stride[kNumAxes] = {};
 
   if (d.scales_in_page()) {
@@ -49,7 +55,8 @@ Geometry make_geometry(const VariantDescriptor& d, const Capacity& c) {
     while (d.axes[page_at] != Axis::page) ++page_at;
     const int64_t ss = dtype_size(d.scale);
     const int64_t codes = pack(d, extents, page_at + 1, d.num_axes, false, false, 1, g.axis_stride);
-    const int64_t scales = pack(d, extents, page_at + 1, d.num_axes, scale_skips_head, true, 1, scale_axis_stride);
+    const int64_t scales =
+        pack(d, scale_extents, page_at + 1, d.num_axes, scale_skips_head, scale_skips_dim, 1, scale_axis_stride);
     g.page_block_bytes = codes + scales * ss;
     g.scale_offset_bytes = codes;
     g.tensor_elems = pack(d, extents, 0, page_at + 1, false, false, g.page_block_bytes, g.axis_stride);
@@ -64,7 +71,7 @@ Geometry make_geometry(const VariantDescriptor& d, const Capacity& c) {
       g.scale_strides.kv = 1;
       g.scale_elems = int64_t(d.layers) * 2;
     } else if (d.quantized()) {
-      const int64_t scales = pack(d, extents, 0, d.num_axes, scale_skips_head, true, 1, scale_axis_stride);
+      const int64_t scales = pack(d, scale_extents, 0, d.num_axes, scale_skips_head, scale_skips_dim, 1, scale_axis_stride);
       g.scale_strides = coordinate_strides(d, scale_axis_stride, scales);
       g.scale_elems = scales * g.tensors;
     }

@@ -210,8 +210,8 @@ class Quantization(unittest.TestCase):
         text = text.replace("scale_dtype: fp32", "scale_dtype: fp8")
         self.assertEqual(errors_of(text), [
             "layouts/bad.yaml:7: quantization.granularity: unknown value 'per_channel' "
-            "(allowed: per_tensor, per_token, per_token_head)",
-            "layouts/bad.yaml:8: quantization.scale_dtype: unknown value 'fp8' (allowed: fp32, bf16)"])
+            "(allowed: per_tensor, per_token, per_token_head, per_group)",
+            "layouts/bad.yaml:8: quantization.scale_dtype: unknown value 'fp8' (allowed: fp32, bf16, ue8m0)"])
 
     def test_in_page_scales_that_cannot_be(self):
         per_tensor = QUANT_LAYOUT.format(name="bad").replace("granularity: per_token", "granularity: per_tensor")
@@ -246,7 +246,7 @@ class Quantization(unittest.TestCase):
             "layouts/bad.yaml:7: expand[0]: bad.tiny.int8: int8 storage quantizes a float input; "
             "give input_dtypes (fp32, fp16, bf16)",
             "layouts/bad.yaml:7: expand[0]: bad.tiny.int8: int8 storage needs a quantization block "
-            "(granularity: per_tensor, per_token, per_token_head)"])
+            "(granularity: per_tensor, per_token, per_token_head, per_group)"])
         unused = QUANT_LAYOUT.format(name="bad").replace("dtypes: [int8]", "dtypes: [bf16]")
         unused = unused.replace("    input_dtypes: [bf16]\n", "")
         self.assertEqual(errors_of(unused), [

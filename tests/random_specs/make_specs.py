@@ -28,7 +28,8 @@ SEQ_LENS = (33, 64, 100, 256)
 PAGE_SIZES = (1, 2, 3, 5, 8, 16, 32, 64, 100, 256)
 
 
-def model_yaml(rng: random.Random, name: str) -> str:
+def model_yaml(rng: random.Random, name: str) -> tuple:
+    """The model's spec, and the width of the head its variants store (an MLA record's half)."""
     max_seq_len = rng.choice(SEQ_LENS)
     heads = rng.choice(KV_HEADS)
     head_dim = rng.choice(NARROW_HEAD_DIMS if heads >= 16 else HEAD_DIMS)
@@ -36,7 +37,9 @@ def model_yaml(rng: random.Random, name: str) -> str:
     shape = [f"kv_heads: {heads}", f"head_dim: {head_dim}"]
     if rng.random() < 0.2:  # an MLA model: a latent record of any even width, held as one head's K and V
         rope = rng.choice((2, 4, 8, 64))
-        shape = ["mla:", f"  kv_lora_rank: {rng.choice((2, 6, 16, 62, 512))}", f"  qk_rope_head_dim: {rope}"]
+        rank = rng.choice((2, 6, 16, 62, 512))
+        shape = ["mla:", f"  kv_lora_rank: {rank}", f"  qk_rope_head_dim: {rope}"]
+        head_dim = (rank + rope) // 2
     lines = [f"name: {name}", f"layers: {layers}", *shape, f"max_seq_len: {max_seq_len}"]
     if rng.random() < 0.5:
         lines.append(f"sliding_window: {rng.randint(1, max_seq_len)}")
@@ -46,7 +49,7 @@ def model_yaml(rng: random.Random, name: str) -> str:
         for part in range(rng.randint(1, 3)):
             shape = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
             lines += [f"    - name: s{part}", f"      shape: {shape}", f"      dtype: {rng.choice(('fp32', 'fp16', 'bf16'))}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", head_dim
 
 
 def axes_for(rng: random.Random, addressing: str, in_page: bool) -> list:
@@ -61,11 +64,20 @@ def axes_for(rng: random.Random, addressing: str, in_page: bool) -> list:
     return body + ["dim"]
 
 
-def layout_yaml(rng: random.Random, name: str, models: list) -> str:
+def layout_yaml(rng: random.Random, name: str, models: dict) -> str:
+    """A layout over one or two of `models` ({name: stored head width})."""
     addressing = rng.choice(vocab.ADDRESSING)
     storage = rng.choice(tuple(vocab.DTYPES))
     quantized = vocab.DTYPES[storage]["quantized"]
     granularity = rng.choice(vocab.GRANULARITIES)
+    # A group divides every chosen model's row: a per_group layout expands the models that have one
+    # (or, where none has, takes the row's own scale instead).
+    grouped = [m for m in sorted(models) if models[m] % min(vocab.GROUP_SIZES) == 0]
+    if granularity == "per_group" and not grouped:
+        granularity = "per_token_head"
+    candidates = grouped if granularity == "per_group" else sorted(models)
+    chosen = rng.sample(candidates, rng.randint(1, min(2, len(candidates))))
+    group_sizes = [g for g in vocab.GROUP_SIZES if all(models[m] % g == 0 for m in chosen)]
     scales = "in_page" if quantized and addressing == "paged" and granularity != "per_tensor" and rng.random() < 0.5 \
         else "separate"
     lines = [f"name: {name}", f"addressing: {addressing}",
@@ -76,9 +88,12 @@ def layout_yaml(rng: random.Random, name: str, models: list) -> str:
     if addressing == "ring":
         lines.append(f"window: {rng.choice(['model', rng.randint(1, 40)])}")
     if quantized:
+        # ue8m0 holds dynamic scales only.
+        scale_dtypes = tuple(d for d in vocab.SCALE_DTYPES if d != "ue8m0" or granularity != "per_tensor")
         lines += ["quantization:", f"  granularity: {granularity}",
-                  f"  scale_dtype: {rng.choice(vocab.SCALE_DTYPES)}", f"  scales: {scales}"]
-    chosen = rng.sample(models, rng.randint(1, min(2, len(models))))
+                  f"  scale_dtype: {rng.choice(scale_dtypes)}", f"  scales: {scales}"]
+        if granularity == "per_group":
+            lines.append(f"  group_size: {rng.choice(group_sizes)}")
     lines += ["expand:", f"  - models: [{', '.join(chosen)}]", f"    dtypes: [{storage}]"]
     if quantized or rng.random() < 0.3:
         lines.append(f"    input_dtypes: [{rng.choice(vocab.INPUT_DTYPES)}]")
@@ -98,14 +113,15 @@ def make(seed: int, out: str, layouts: int, models: int) -> None:
     layouts_dir, models_dir = os.path.join(out, "layouts"), os.path.join(out, "models")
     os.makedirs(layouts_dir, exist_ok=True)
     os.makedirs(models_dir, exist_ok=True)
-    names = [f"rnd_model_{i}" for i in range(models)]
-    for name in names:
+    widths = {}
+    for name in (f"rnd_model_{i}" for i in range(models)):
+        text, widths[name] = model_yaml(rng, name)
         with open(os.path.join(models_dir, f"{name}.yaml"), "w") as f:
-            f.write(model_yaml(rng, name))
+            f.write(text)
     made = 0
     while made < layouts:
         name = f"rnd_layout_{made}"
-        text = layout_yaml(rng, name, names)
+        text = layout_yaml(rng, name, widths)
         # A combination the validator refuses (a window past a model's length, misaligned in-page
         # scales) is drawn again: the batch holds valid specs only.
         with tempfile.TemporaryDirectory() as tmp:

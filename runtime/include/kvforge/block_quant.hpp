@@ -40,23 +40,6 @@ struct E2M1 {
   }
 };
 
-// ue8m0: an unsigned power of two 2^(e - 127) for e in 0..254; 255 is NaN.
-struct UE8M0 {
-  KVF_HD static KVF_INLINE float decode(uint8_t e) {
-    if (e == 255) return bits_float(0x7fc00000u);
-    return e == 0 ? 0x1p-127f : bits_float(uint32_t(e) << 23);
-  }
-  // The smallest power of two >= s (s > 0, finite), within [2^-127, 2^127]; a larger s gets 2^127 and its
-  // group saturates.
-  KVF_HD static KVF_INLINE uint8_t encode_up(float s) {
-    const uint32_t u = float_bits(s);
-    if (u > 0x7f000000u) return 254;   // above 2^127
-    if (u <= 0x00400000u) return 0;    // at most 2^-127 (a subnormal)
-    if (u < 0x00800000u) return 1;     // between 2^-127 and 2^-126
-    const uint32_t e = u >> 23;
-    return uint8_t((u & 0x7fffffu) ? e + 1 : e);
-  }
-};
 
 // An e4m3 scale rounded up: the smallest e4m3 value >= s (s > 0), at most 448, whose group then
 // saturates. NVFP4's block scales take this.

@@ -45,7 +45,8 @@ struct GatherRange {
 
 // What an attention kernel needs to read one layer in place. For quantized storage, value =
 // code * scale, with the scale of a (row or page, seq or slot, head) at k_scales + scale_strides (in
-// scale elements; a zero stride means the scale is shared along that coordinate).
+// scale elements; a zero stride means the scale is shared along that coordinate), plus, for per_group,
+// d / (head_dim / scale_groups) for element d of the head's row.
 struct LayerView {
   const void* k = nullptr;
   const void* v = nullptr;
@@ -55,6 +56,7 @@ struct LayerView {
   const void* v_scales = nullptr;
   DType scale_dtype = DType::f32;
   Strides scale_strides;
+  int scale_groups = 1;  // per_group: scales of a head's row, adjacent (group g of head h at h * head + g)
   Device device = Device::cpu;
   Strides strides;  // element strides: row_or_page, seq_or_slot, head (dim is contiguous)
   int64_t rows_or_pages = 0;

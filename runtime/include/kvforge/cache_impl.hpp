@@ -404,6 +404,7 @@ template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
     v.v_scales = scales + r.s.kv;
     v.scale_dtype = dtype_of<scale_t>::value;
     v.scale_strides = r.s;
+    v.scale_groups = desc().scale_groups();
   }
   v.strides = geometry_.strides;
   v.rows_or_pages = desc().paged() ? capacity_.pages : capacity_.rows;

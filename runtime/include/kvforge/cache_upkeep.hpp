@@ -22,7 +22,7 @@ template <class Traits> void TypedCache<Traits>::reset_row(int64_t row) {
 template <class Traits> void TypedCache<Traits>::make_reorder_scratch() {
   const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads() * head_dim();
   reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
-  const int per_token = scales_per_token(quant, heads());
+  const int per_token = scales_per_token(quant, heads(), desc().scale_groups());
   if (per_token > 0)
     scale_scratch_ = Buffer(*backend_, capacity_.rows * 2 * capacity_.positions * per_token * int64_t(sizeof(scale_t)));
   length_scratch_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));

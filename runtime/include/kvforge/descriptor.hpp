@@ -52,6 +52,7 @@ struct VariantDescriptor {
   Axis axes[kNumAxes];
   int64_t bytes_per_token;  // K and V of all layers for one token, scales included (bytes_per_token())
   Quant quant = Quant::none;  // quantized storage only
+  int quant_group = 0;        // per_group: values of a head's row that share a scale; else 0
   DType scale = DType::f32;
   ScalePlacement scale_placement = ScalePlacement::separate;
   const HybridDescriptor* hybrid = nullptr;  // hybrid variants: one member per layer group
@@ -83,14 +84,26 @@ struct VariantDescriptor {
   constexpr bool is_hybrid() const { return hybrid != nullptr; }
   constexpr bool mla() const { return mla_kv_lora_rank > 0; }
   constexpr bool scales_in_page() const { return quantized() && scale_placement == ScalePlacement::in_page; }
+  // Scales of one head's row: head_dim / quant_group for per_group, else 1. A head's groups are adjacent
+  // in the scales, as its values are in the pool (`dim` is every layout's last axis).
+  constexpr int scale_groups() const { return quant == Quant::per_group ? head_dim / quant_group : 1; }
 };
 
 // Bytes one token of one sequence occupies: K and V of every layer and head, and their dynamic scales.
 // The one formula; `kvforge-codegen list` prints the same figure, and a test holds the two equal.
-constexpr int64_t bytes_per_token(int layers, int heads, int head_dim, DType storage, Quant quant, DType scale) {
+constexpr int64_t bytes_per_token(int layers, int heads, int head_dim, DType storage, Quant quant, DType scale,
+                                  int scale_groups) {
   return int64_t(2) * layers * (int64_t(heads) * head_dim * dtype_size(storage) +
-                                int64_t(scales_per_token(quant, heads)) * dtype_size(scale));
+                                int64_t(scales_per_token(quant, heads, scale_groups)) * dtype_size(scale));
 }
+
+// A per_group layout's traits state its group (variant.hpp.j2); traits written by hand may say nothing.
+template <class T, class = void> struct quant_group_of {
+  static constexpr int value = 0;
+};
+template <class T> struct quant_group_of<T, std::void_t<decltype(T::quant_group)>> {
+  static constexpr int value = T::quant_group;
+};
 
 // A shard's traits state its degree (variant.hpp.j2); a whole model's say nothing.
 template <class T, class = void> struct shard_traits {
@@ -159,8 +172,9 @@ template <class T> constexpr VariantDescriptor describe() {
   for (int i = 0; i < d.num_axes; ++i) d.axes[i] = T::axes[i];
   d.quant = T::quant;
   d.scale = d.quant == Quant::none ? DType::f32 : dtype_of<typename T::scale_t>::value;
+  d.quant_group = quant_group_of<T>::value;
   d.scale_placement = T::scale_placement;
-  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale);
+  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale, d.scale_groups());
   return d;
 }
 

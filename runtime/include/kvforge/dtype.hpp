@@ -12,7 +12,7 @@
 
 namespace kvforge {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2 };
+enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0 };
 
 struct fp16 {
   uint16_t bits;
@@ -27,6 +27,11 @@ struct fp8_e4m3 {
 struct fp8_e5m2 {
   uint8_t bits;
 };
+// OCP MX's scale type: a bare exponent, the value 2^(bits - 127); 0xff is NaN. Only a scale, never
+// storage.
+struct ue8m0 {
+  uint8_t bits;
+};
 
 constexpr int dtype_size(DType t) {
   switch (t) {
@@ -38,6 +43,7 @@ constexpr int dtype_size(DType t) {
     case DType::i8: return 1;
     case DType::f8e4m3: return 1;
     case DType::f8e5m2: return 1;
+    case DType::ue8m0: return 1;
   }
   return 0;
 }
@@ -52,6 +58,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::i8: return "int8";
     case DType::f8e4m3: return "fp8_e4m3";
     case DType::f8e5m2: return "fp8_e5m2";
+    case DType::ue8m0: return "ue8m0";
   }
   return "?";
 }
@@ -65,6 +72,7 @@ template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64
 template <> struct dtype_of<int8_t> { static constexpr DType value = DType::i8; };
 template <> struct dtype_of<fp8_e4m3> { static constexpr DType value = DType::f8e4m3; };
 template <> struct dtype_of<fp8_e5m2> { static constexpr DType value = DType::f8e5m2; };
+template <> struct dtype_of<ue8m0> { static constexpr DType value = DType::ue8m0; };
 
 constexpr bool is_quantized(DType t) { return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2; }
 
@@ -82,6 +90,11 @@ KVF_HD KVF_INLINE float bits_float(uint32_t u) {
 KVF_HD KVF_INLINE float to_float(float x) { return x; }
 
 KVF_HD KVF_INLINE float to_float(bf16 x) { return bits_float(uint32_t(x.bits) << 16); }
+// 2^(bits - 127): 0 is 2^-127, an fp32 subnormal; 0xff is NaN.
+KVF_HD KVF_INLINE float to_float(ue8m0 x) {
+  if (x.bits == 0xff) return bits_float(0x7fc00000u);
+  return x.bits == 0 ? bits_float(0x00400000u) : bits_float(uint32_t(x.bits) << 23);
+}
 
 // Round to nearest even; NaN stays NaN (quiet), infinities stay infinite. Written as a select, not a
 // branch, so that loops over rows vectorize.

@@ -80,7 +80,7 @@ template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
                 In* o = out[kv].data + (first + j) * out[kv].token_stride + h * out[kv].head_stride;
                 const Store* row = src[j] + kv * a.s.kv + h * a.s.head;
                 if constexpr (kQuantized) {
-                  decode_row<D, Exec>(o, row, to_float(scale[kv][j][h * a.scales.s.head]), 0, 1);
+                  O::decode_head(o, row, scale[kv][j] + h * a.scales.s.head, 0, 1);
                 } else {
                   Exec::copy_row(o, row, head_dim(a.ext));
                 }
@@ -123,8 +123,8 @@ template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
           for (int kv = 0; kv < 2; ++kv) {
             const Scale* scale = scale_at(a.scales, a.layer, kv, unit, slot);
             for (int h = 0; h < H; ++h)
-              decode_row<D, Exec>(out[kv].data + h * out[kv].head_stride, src + kv * a.s.kv + h * a.s.head,
-                                  to_float(scale[h * a.scales.s.head]), lane, lanes);
+              O::decode_head(out[kv].data + h * out[kv].head_stride, src + kv * a.s.kv + h * a.s.head,
+                             scale + h * a.scales.s.head, lane, lanes);
           }
         }
       } else if constexpr (std::is_same_v<Store, In>) {

@@ -39,7 +39,7 @@ template <class Store, int H, int D> constexpr int item_lanes() {
 inline int64_t packed_page_bytes(const VariantDescriptor& d) {
   return int64_t(d.layers) * 2 * d.page_size *
          (int64_t(d.heads) * d.head_dim * dtype_size(d.storage) +
-          int64_t(scales_per_token(d.quant, d.heads)) * dtype_size(d.scale));
+          int64_t(scales_per_token(d.quant, d.heads, d.scale_groups())) * dtype_size(d.scale));
 }
 
 // Lanes of a quantizing CUDA item: one logical warp (a power of two up to 32) sweeps each head's row
@@ -135,8 +135,15 @@ template <class Traits, class Exec> struct Ops {
   static constexpr Quant kQuant = Traits::quant;
   static constexpr bool kQuantized = kQuant != Quant::none;
   static_assert(!(kRuntime && kQuantized), "runtime-sized traits store floats; quantizing needs a generated variant");
-  // Dynamic scales one token holds per K or V.
-  static constexpr int kScalesPerToken = scales_per_token(kQuant, H);
+  // Values of a head's row that share one scale, and the scales of a row: a per_group layout's group, a
+  // whole row otherwise (per_token_head is per_group with one group a row). A head's groups are
+  // adjacent in the scales (dim is every layout's last axis): group g of head h is at h * head + g.
+  static constexpr int kGroup = kQuant == Quant::per_group ? quant_group_of<Traits>::value : D;
+  static_assert(kQuant != Quant::per_group || (kGroup > 0 && D % kGroup == 0), "groups tile a head's row");
+  static constexpr int kGroups = kQuant == Quant::per_group ? D / kGroup : 1;
+  // Dynamic scales one token holds per K or V: kScaleHeads heads of kGroups each.
+  static constexpr int kScalesPerToken = scales_per_token(kQuant, H, kGroups);
+  static constexpr int kScaleHeads = kScalesPerToken / kGroups;
   // Runtime-sized traits run on the CPU, where an item is one lane.
   static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
   // An executor that moves 16-byte vectors per lane (CUDA) quantizes a token in chunks of them
@@ -145,7 +152,15 @@ template <class Traits, class Exec> struct Ops {
   // of V a lane, and a decode's few tokens over that many threads. A per-head scale reduces inside its
   // head's group of lanes, a per-token scale over all of them (Exec::item_max).
   using Chunks = QuantChunks<Store, In, H, D, kMaxItemLanes>;
-  static constexpr bool kChunkedQuant = Exec::kChunkedQuant && kQuantized && !kRuntime && Chunks::kUsable;
+  // A per_group scale reduces over the lanes that hold its group's chunks: consecutive lanes where each
+  // lane holds one chunk of a head (Chunks::kWholeGroups). Other per_group shapes take the element path.
+  static constexpr bool kChunkedQuant = Exec::kChunkedQuant && kQuantized && !kRuntime && Chunks::kUsable &&
+                                        (kQuant != Quant::per_group || Chunks::kWholeGroups);
+  static constexpr int kGroupChunks = kQuant == Quant::per_group ? kGroup / Chunks::V : 1;  // chunks of a group
+  // The group of chunk c of a head's row (0 where a row has one scale).
+  KVF_HD static KVF_INLINE int chunk_group(int c) {
+    if constexpr (kQuant == Quant::per_group) return c / kGroupChunks; else return 0;
+  }
   static constexpr int kTokenLanes = kChunkedQuant ? Chunks::L : kLanes;  // lanes of a token of write or gather
   static constexpr int kChunkPasses = Chunks::kPreload ? Chunks::Q : 1;  // passes one lane holds at once
   using ChunkRegs = Vec16[kChunkPasses][Chunks::K];
@@ -281,13 +296,15 @@ template <class Traits, class Exec> struct Ops {
       if (lane == 0) *scale = stored;
       const float s = to_float(stored);
       for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
-    } else {
-      for (int h = 0; h < H; ++h) {
-        const Scale stored =
-            dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(row_amax<D, Exec>(src + h * src_head, lane, lanes)));
-        if (lane == 0) scale[h * scale_head] = stored;
-        encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, to_float(stored), lane, lanes);
-      }
+    } else {  // per_token_head, per_group: a scale per group of a head's row
+      for (int h = 0; h < H; ++h)
+        for (int g = 0; g < kGroups; ++g) {
+          const In* row = src + h * src_head + g * kGroup;
+          const Scale stored =
+              dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(row_amax<kGroup, Exec>(row, lane, lanes)));
+          if (lane == 0) scale[h * scale_head + g] = stored;
+          encode_row<kGroup, Exec>(dst + h * dst_head + g * kGroup, row, to_float(stored), lane, lanes);
+        }
     }
   }
 
@@ -340,6 +357,14 @@ template <class Traits, class Exec> struct Ops {
           const int h = (first + r) * Chunks::P + lane / Chunks::Lh;
           if (lane % Chunks::Lh == 0 && h < H) scale[h * scale_head] = stored;
           s = to_float(stored);
+        } else if constexpr (kQuant == Quant::per_group) {
+          // kWholeGroups: this lane holds chunk c of head h, and its group's chunks are the aligned run of
+          // kGroupChunks lanes around it.
+          const uint32_t m = Exec::template lane_max<Chunks::L, kGroupChunks>(chunks_amax(regs, lane, first, r));
+          const Scale stored = dynamic_scale<Store, Scale>(m);
+          const int h = (first + r) * Chunks::P + lane / Chunks::Lh, c = lane % Chunks::Lh;
+          if (c % kGroupChunks == 0 && h < H) scale[h * scale_head + chunk_group(c)] = stored;
+          s = to_float(stored);
         }
         const ScaleDivisor divisor(s);
         Chunks::template for_each_chunk<1>(lane, first + r, [&](int, int k, int h, int c) {
@@ -364,16 +389,27 @@ template <class Traits, class Exec> struct Ops {
         held[1][r][k] = Chunks::load_codes(codes + code_kv, code_head, h, c);
       });
       Chunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
-        Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[h * scale_head]));
-        Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[h * scale_head]));
+        const int64_t at = h * scale_head + chunk_group(c);
+        Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[at]));
+        Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[at]));
       });
     }
   }
 
-  // Moves a token's dynamic scales (K or V), for copies that keep codes as they are.
+  // Moves a token's dynamic scales (K or V), for copies that keep codes as they are. A packed copy's
+  // scales are dense: head stride kGroups (kPackedScaleHead).
+  static constexpr int64_t kPackedScaleHead = kGroups;
   KVF_HD static KVF_INLINE void copy_scales(Scale* dst, int64_t dst_head, const Scale* src, int64_t src_head, int lane) {
     if (lane != 0) return;
-    for (int h = 0; h < kScalesPerToken; ++h) dst[h * dst_head] = src[h * src_head];
+    for (int h = 0; h < kScaleHeads; ++h)
+      for (int g = 0; g < kGroups; ++g) dst[h * dst_head + g] = src[h * src_head + g];
+  }
+
+  // A row of one head decoded with its scales: group g of the row with scale[g].
+  template <class Out>
+  KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, int lane, int lanes) {
+    for (int g = 0; g < kGroups; ++g)
+      decode_row<kGroup, Exec>(dst + g * kGroup, src + g * kGroup, to_float(scale[g]), lane, lanes);
   }
 
   // Where position `pos` of a sequence lives: (row or page, seq index or slot).

@@ -18,10 +18,11 @@
 
 namespace kvforge {
 
-// Dynamic scales one token holds for its K (or its V) in one layer. A per_tensor scale is per layer,
-// not per token, so it counts 0 here.
-constexpr int scales_per_token(Quant q, int heads) {
-  return q == Quant::per_token_head ? heads : q == Quant::per_token ? 1 : 0;
+// Dynamic scales one token holds for its K (or its V) in one layer: `groups` per head for per_group (a
+// head's row split into that many groups). A per_tensor scale is per layer, not per token, so it counts
+// 0 here.
+constexpr int scales_per_token(Quant q, int heads, int groups) {
+  return q == Quant::per_group ? heads * groups : q == Quant::per_token_head ? heads : q == Quant::per_token ? 1 : 0;
 }
 
 namespace detail {
@@ -188,6 +189,21 @@ struct ScaleDivisor {
   }
 };
 
+// ue8m0: an unsigned power of two 2^(e - 127) for e in 0..254; 255 is NaN (dtype.hpp's to_float).
+struct UE8M0 {
+  KVF_HD static KVF_INLINE float decode(uint8_t e) { return to_float(ue8m0{e}); }
+  // The smallest power of two >= s (s > 0, finite), within [2^-127, 2^127]; a larger s gets 2^127 and its
+  // group saturates.
+  KVF_HD static KVF_INLINE uint8_t encode_up(float s) {
+    const uint32_t u = float_bits(s);
+    if (u > 0x7f000000u) return 254;   // above 2^127
+    if (u <= 0x00400000u) return 0;    // at most 2^-127 (a subnormal)
+    if (u < 0x00800000u) return 1;     // between 2^-127 and 2^-126
+    const uint32_t e = u >> 23;
+    return uint8_t((u & 0x7fffffu) ? e + 1 : e);
+  }
+};
+
 // A scale as stored, rounded up in magnitude so that amax / stored <= qmax.
 template <class Scale> KVF_HD KVF_INLINE Scale store_scale(float s);
 template <> KVF_HD KVF_INLINE float store_scale<float>(float s) { return s; }
@@ -195,6 +211,7 @@ template <> KVF_HD KVF_INLINE bf16 store_scale<bf16>(float s) {
   const uint32_t u = float_bits(s);
   return bf16{uint16_t((u >> 16) + ((u & 0xffffu) ? 1u : 0u))};
 }
+template <> KVF_HD KVF_INLINE ue8m0 store_scale<ue8m0>(float s) { return ue8m0{UE8M0::encode_up(s)}; }
 
 // The stored scale for a group whose amax has magnitude bits `amax_bits`.
 template <class Code, class Scale> KVF_HD KVF_INLINE Scale dynamic_scale(uint32_t amax_bits) {

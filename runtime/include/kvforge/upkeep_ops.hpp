@@ -38,7 +38,8 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
       if constexpr (kScalesPerToken > 0) {
         Scale* scale = scale_at(a.scales, lk / 2, lk % 2, a.row, pos);
         if (lane == 0)
-          for (int h = 0; h < kScalesPerToken; ++h) scale[h * a.scales.s.head] = Scale{};
+          for (int h = 0; h < O::kScaleHeads; ++h)
+            for (int g = 0; g < O::kGroups; ++g) scale[h * a.scales.s.head + g] = Scale{};
       }
     });
   }
@@ -56,7 +57,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
       const auto d = head_dim(a.ext);
       Exec::copy_heads(a.scratch + i * int(h) * int(d), int(d), src, a.s.head, h, d, lane, lanes);
       if constexpr (kScalesPerToken > 0)
-        copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, 1,
+        copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, O::kPackedScaleHead,
                     scale_at(a.scales, a.layer, kv, a.beam[r], pos), a.scales.s.head, lane);
     });
     ex.for_each_item(items, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
@@ -70,7 +71,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
       Exec::copy_heads(dst, a.s.head, a.scratch + i * int(h) * int(d), int(d), h, d, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(scale_at(a.scales, a.layer, kv, r, pos), a.scales.s.head,
-                    static_cast<const Scale*>(a.scale_scratch) + i * kScalesPerToken, 1, lane);
+                    static_cast<const Scale*>(a.scale_scratch) + i * kScalesPerToken, O::kPackedScaleHead, lane);
     });
   }
 
@@ -161,9 +162,9 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
     Scale* packed_scales = reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.ext, a.layers)) + row * kScalesPerToken;
     Scale* pooled_scales = scale_at(a.scales, layer, kv, page, slot);
     if (a.to_packed) {
-      copy_scales(packed_scales, 1, pooled_scales, a.scales.s.head, lane);
+      copy_scales(packed_scales, O::kPackedScaleHead, pooled_scales, a.scales.s.head, lane);
     } else {
-      copy_scales(pooled_scales, a.scales.s.head, packed_scales, 1, lane);
+      copy_scales(pooled_scales, a.scales.s.head, packed_scales, O::kPackedScaleHead, lane);
     }
   }
 

@@ -24,8 +24,8 @@ inline constexpr const char* name_of(Addressing v) { return kAddressingNames[int
 enum class UpdateMode : uint8_t { eager, lazy };
 inline constexpr const char* kUpdateModeNames[] = {"eager", "lazy"};
 inline constexpr const char* name_of(UpdateMode v) { return kUpdateModeNames[int(v)]; }
-enum class Quant : uint8_t { none, per_tensor, per_token, per_token_head };
-inline constexpr const char* kQuantNames[] = {"none", "per_tensor", "per_token", "per_token_head"};
+enum class Quant : uint8_t { none, per_tensor, per_token, per_token_head, per_group };
+inline constexpr const char* kQuantNames[] = {"none", "per_tensor", "per_token", "per_token_head", "per_group"};
 inline constexpr const char* name_of(Quant v) { return kQuantNames[int(v)]; }
 enum class ScalePlacement : uint8_t { separate, in_page };
 inline constexpr const char* kScalePlacementNames[] = {"separate", "in_page"};

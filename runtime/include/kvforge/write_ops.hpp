@@ -19,6 +19,8 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
   using O::item_bytes;
   using O::kAddressing;
   using O::kChunkedQuant;
+  using O::kGroup;
+  using O::kGroups;
   using O::kLongestTile;
   using O::kQuant;
   using O::kQuantized;
@@ -279,15 +281,17 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
       }
     }
     for (int h = 0; h < H; ++h)
-      for (int j = 0; j < n; ++j) {
-        float s = token_scale[j];
-        if constexpr (kQuant == Quant::per_token_head) {
-          const Scale stored = dynamic_scale<Store, Scale>(row_amax<D, Exec>(src[j] + h * src_head, 0, 1));
-          scale[j][h * scale_head] = stored;
-          s = to_float(stored);
+      for (int j = 0; j < n; ++j)
+        for (int g = 0; g < kGroups; ++g) {
+          const In* row = src[j] + h * src_head + g * kGroup;
+          float s = token_scale[j];
+          if constexpr (kQuant == Quant::per_token_head || kQuant == Quant::per_group) {
+            const Scale stored = dynamic_scale<Store, Scale>(row_amax<kGroup, Exec>(row, 0, 1));
+            scale[j][h * scale_head + g] = stored;
+            s = to_float(stored);
+          }
+          encode_row<kGroup, Exec>(dst[j] + dst_kv + h * dst_head + g * kGroup, row, s, 0, 1);
         }
-        encode_row<D, Exec>(dst[j] + dst_kv + h * dst_head, src[j] + h * src_head, s, 0, 1);
-      }
   }
 
   // A lazy append: the tokens and their targets into staging, for commit() to write.

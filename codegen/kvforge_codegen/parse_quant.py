@@ -1,0 +1,54 @@
+"""Reading a layout's `quantization` block (docs/specs.md, "Quantization")."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from . import vocab
+from .diagnostics import Diagnostics
+from .spec import QUANTIZATION_FIELDS, Quantization
+from .yamlnodes import Value
+
+
+def parse_quantization(value: Value, addressing: Optional[str], axes: Optional[Tuple[str, ...]],
+                       diags: Diagnostics, reader) -> Optional[Quantization]:
+    """The block, or None after recording every problem. `reader` is parse.py's _Reader, so that every
+    field reads and reports the same way. Whether group_size divides each model's head_dim is checked
+    per expansion (validate.py)."""
+    r = reader(diags, value, "quantization", QUANTIZATION_FIELDS)
+    if not isinstance(value.data, dict):
+        return None
+    before = len(diags.errors)
+    granularity = r.choice("granularity", vocab.GRANULARITIES)
+    scale_dtype = r.choice("scale_dtype", tuple(vocab.SCALE_DTYPES), default="fp32")
+    scales = r.choice("scales", vocab.SCALE_PLACEMENTS, default="separate")
+    sizes = ", ".join(map(str, vocab.GROUP_SIZES))
+    group_size = r.positive_int("group_size", required=granularity == "per_group")
+    if group_size is not None and group_size not in vocab.GROUP_SIZES:
+        diags.error(r.loc_of("group_size"), "quantization.group_size", f"{group_size} is not a supported group size",
+                    sizes)
+    if r.has("group_size") and granularity is not None and granularity != "per_group":
+        diags.error(r.loc_of("group_size"), "quantization.group_size",
+                    f"only per_group quantization has groups, not {granularity}", "granularity: per_group")
+    if scale_dtype == "ue8m0" and granularity == "per_tensor":
+        diags.error(r.loc_of("scale_dtype"), "quantization.scale_dtype",
+                    "a per_tensor scale is set by the user, and ue8m0 holds only powers of two",
+                    ", ".join(d for d in vocab.SCALE_DTYPES if d != "ue8m0"))
+    if scales == "in_page":
+        loc = r.loc_of("scales")
+        if addressing is not None and addressing != "paged":
+            diags.error(loc, "quantization.scales", f"in_page scales need paged addressing, not {addressing}",
+                        "separate")
+        if granularity == "per_tensor":
+            diags.error(loc, "quantization.scales", "a per_tensor scale is one value per layer, not one per page",
+                        "separate")
+        if axes is not None and "page" in axes:
+            inside = axes[axes.index("page") + 1:]
+            missing = [a for a in ("slot", "head", "dim") if a not in inside]
+            if missing:
+                diags.error(loc, "quantization.scales",
+                            f"in_page scales need the axes that vary within a page after 'page', "
+                            f"and {', '.join(missing)} come before it", "[..., page, ..., slot, ..., head, ..., dim]")
+    if len(diags.errors) != before:
+        return None
+    return Quantization(granularity, scale_dtype, scales, value.loc, group_size or 0)
