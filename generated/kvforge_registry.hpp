@@ -8,7 +8,7 @@
 
 namespace kvforge {
 
-// The 101 variants of this expansion.
+// The 105 variants of this expansion.
 const kvforge::Registry& registry();
 
 }  // namespace kvforge

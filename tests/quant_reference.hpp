@@ -30,9 +30,18 @@ template <class Code> uint8_t code_byte(Code c) {
 
 inline Fp8Spec fp8_spec(DType t) { return t == DType::f8e4m3 ? Fp8Spec{4, 3, 7, false} : Fp8Spec{5, 2, 15, true}; }
 
-// The value of an 8-bit code; NaN where the format says NaN.
+// Whether a code is an integer (int8, int4) rather than a float format.
+inline bool integer_code(DType t) { return t == DType::i8 || t == DType::i4; }
+
+// The value of a code (for 4-bit formats, a nibble 0..15); NaN where the format says NaN.
 inline float ref_decode(DType t, uint8_t code) {
   if (t == DType::i8) return float(int8_t(code));
+  if (t == DType::i4) return float(code >= 8 ? int(code) - 16 : int(code));  // two's complement nibble
+  if (t == DType::f4e2m1) {
+    // OCP e2m1: sign in bit 3, a 2-bit exponent of bias 1, a 1-bit mantissa; exponent 0 is subnormal.
+    const int sign = code & 8 ? -1 : 1, e = (code >> 1) & 3, m = code & 1;
+    return sign * (e == 0 ? 0.5f * m : std::ldexp(1.0f + 0.5f * m, e - 1));
+  }
   const Fp8Spec f = fp8_spec(t);
   const int sign = code & 0x80 ? -1 : 1;
   const int e = (code >> f.mant_bits) & ((1 << f.exp_bits) - 1);
@@ -44,28 +53,35 @@ inline float ref_decode(DType t, uint8_t code) {
   return sign * std::ldexp(float(m + (1 << f.mant_bits)), e - f.bias - f.mant_bits);
 }
 
+inline int ref_code_count(DType t) { return t == DType::f4e2m1 || t == DType::i4 ? 16 : 256; }
+
 inline float ref_qmax(DType t) {
   if (t == DType::i8) return 127.0f;
+  if (t == DType::i4) return 7.0f;  // kvforge keeps the grid symmetric, as int8's 127
   float best = 0;
-  for (int c = 0; c < 128; ++c)
+  for (int c = 0; c < ref_code_count(t) / 2; ++c)
     if (std::isfinite(ref_decode(t, uint8_t(c)))) best = std::max(best, ref_decode(t, uint8_t(c)));
   return best;
 }
 
-// Round half to even and saturate; int8 NaN -> 0, fp8 NaN -> the format's NaN.
+// Round half to even and saturate; int8, int4 and fp4 NaN -> 0 (they have no NaN code), fp8 NaN -> the
+// format's NaN. 4-bit codes come back as a nibble.
 inline uint8_t ref_encode(DType t, float v) {
-  if (t == DType::i8) {
+  if (integer_code(t)) {
     if (std::isnan(v)) return 0;
-    const float r = std::nearbyint(std::clamp(v, -127.0f, 127.0f));
-    return uint8_t(int8_t(r));
+    const float q = ref_qmax(t);
+    const float r = std::nearbyint(std::clamp(v, -q, q));
+    return uint8_t(int8_t(r)) & (t == DType::i4 ? 0xf : 0xff);
   }
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const bool fp4 = t == DType::f4e2m1;
+  if (fp4 && std::isnan(v)) return 0;
+  const uint8_t sign_bit = fp4 ? 0x8 : 0x80, sign = std::signbit(v) ? sign_bit : 0;
   if (std::isnan(v)) return uint8_t(sign | 0x7f);
   const float a = std::fabs(v);
-  const uint8_t max_code = t == DType::f8e4m3 ? 0x7e : 0x7b;
+  const uint8_t max_code = fp4 ? 0x7 : t == DType::f8e4m3 ? 0x7e : 0x7b;
   if (a >= ref_decode(t, max_code)) return uint8_t(sign | max_code);  // saturate
   uint8_t best = 0;
-  for (int c = 1; c < 128; ++c) {
+  for (int c = 1; c < ref_code_count(t) / 2; ++c) {
     const float value = ref_decode(t, uint8_t(c));
     if (!std::isfinite(value)) continue;
     const float d = std::fabs(value - a), bd = std::fabs(ref_decode(t, best) - a);

@@ -27,7 +27,8 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
   const Geometry g = make_geometry(small, cap);
   const int64_t units = d.paged() ? cap.pages : cap.rows;
   const int64_t slots = d.paged() ? small.page_size : cap.positions;
-  const int64_t values = int64_t(small.layers) * 2 * units * slots * small.heads * small.head_dim;
+  const int stored_dim = small.head_dim / dtype_values(d.storage);  // 4-bit codes: two values an element
+  const int64_t values = int64_t(small.layers) * 2 * units * slots * small.heads * stored_dim;
   // Dynamic scales: one per (layer, kv, unit, slot), times heads for per_token_head, and times groups
   // of a head's row for per_group.
   const bool grouped = d.quant == Quant::per_group;
@@ -54,7 +55,7 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
       for (int64_t u = 0; u < units; ++u)
         for (int64_t s = 0; s < slots; ++s)
           for (int h = 0; h < small.heads; ++h) {
-            for (int x = 0; x < small.head_dim; ++x) claim(seen, g.offset(l, kv, u, s, h) + x, 1, "value");
+            for (int x = 0; x < stored_dim; ++x) claim(seen, g.offset(l, kv, u, s, h) + x, 1, "value");
             if (h >= scale_heads) continue;
             for (int group = 0; group < groups; ++group) {  // a head's groups adjacent, as LayerView says
               const int64_t scale = l * g.scale_strides.layer + kv * g.scale_strides.kv + u * g.scale_strides.row_or_page +

@@ -293,9 +293,9 @@ TEST_P(EveryQuantizedVariant, EdgeCasesMatchTheReferenceQuantizer) {
     EXPECT_EQ(q.stored_scale(layer, 0, 0, 0), 1.0f) << "an all-zero token's scale is 1, not 0 or NaN";
     EXPECT_FALSE(std::isnan(got[6][3])) << "a finite value next to NaN and inf stays finite";
   }
-  const bool int8 = d.storage == DType::i8;
-  EXPECT_EQ(std::isnan(got[6][0]), !int8) << "NaN is stored as NaN in fp8 and as 0 in int8";
-  if (int8) {
+  const bool no_nan_code = d.storage == DType::i8 || d.storage == DType::i4 || d.storage == DType::f4e2m1;
+  EXPECT_EQ(std::isnan(got[6][0]), !no_nan_code) << "NaN is stored as NaN in fp8 and as 0 in int8, int4 and fp4";
+  if (no_nan_code) {
     EXPECT_EQ(got[6][0], 0.0f);
   }
   EXPECT_GT(got[6][1], 0.0f);
@@ -304,8 +304,9 @@ TEST_P(EveryQuantizedVariant, EdgeCasesMatchTheReferenceQuantizer) {
 
 // Half the spacing of the code grid around y = |x| / scale, for a value that does not saturate.
 float half_spacing(DType code, float y) {
-  if (code == DType::i8) return 0.5f;
-  const Fp8Spec f = fp8_spec(code);
+  if (integer_code(code)) return 0.5f;
+  // fp4 e2m1 spaces its grid as a float format of 1 mantissa bit and bias 1 does.
+  const Fp8Spec f = code == DType::f4e2m1 ? Fp8Spec{2, 1, 1, false} : fp8_spec(code);
   int e;
   std::frexp(y, &e);  // y in [2^(e-1), 2^e)
   return std::ldexp(1.0f, std::max(e - 1, 1 - f.bias) - f.mant_bits - 1);

@@ -219,7 +219,8 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
     xf[e] = to_float(x[e]);
   }
   const float tensor_scale = 0.03125f;
-  std::vector<Store> codes(x.size());
+  constexpr int kValues = kValuesPerElement<Store>;  // 2 for packed 4-bit codes
+  std::vector<Store> codes(x.size() / kValues);
   std::vector<Scale> scales(static_cast<size_t>(H) * groups, scale_from_float<Scale>(Traits::quant == Quant::per_tensor ? tensor_scale : -1.0f));
   const bool converged = EmulatedLanes::run(O::kTokenLanes, [&](int lane) {
     if constexpr (O::kChunkedQuant) {
@@ -227,14 +228,17 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
       if constexpr (O::Chunks::kPreload) O::load_chunks(regs, x.data(), D, lane, 0);
       O::quantize_token_chunked(regs, codes.data(), D, scales.data(), groups, x.data(), D, lane);
     } else {
-      O::quantize_token(codes.data(), D, scales.data(), groups, x.data(), D, lane, O::kTokenLanes);
+      O::quantize_token(codes.data(), D / kValues, scales.data(), groups, x.data(), D, lane, O::kTokenLanes);
     }
   });
   ASSERT_TRUE(converged) << "the lanes did not all reach the same reductions";
   const RefToken want = ref_quantize(d, xf, tensor_scale);
   const int stored_scales = Traits::quant == Quant::per_group ? H * ref_groups(d) : Traits::quant == Quant::per_token_head ? H : 1;
   for (int h = 0; h < stored_scales; ++h) ASSERT_EQ(to_float(scales[size_t(h)]), want.scales[size_t(h)]) << "scale " << h;
-  for (size_t e = 0; e < x.size(); ++e) ASSERT_EQ(code_byte(codes[e]), want.codes[e]) << "element " << e;
+  for (size_t e = 0; e < x.size(); ++e) {
+    const uint8_t stored = code_byte(codes[e / kValues]);
+    ASSERT_EQ(kValues == 1 ? stored : (stored >> (4 * (e % 2))) & 0xf, want.codes[e]) << "element " << e;
+  }
   // And back, as the CUDA gather reads it: the token's K from `codes`, its V from a second copy.
   std::vector<Store> both(codes);
   both.insert(both.end(), codes.begin(), codes.end());
@@ -247,8 +251,9 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
                                   scale_head, lane);
     } else {
       for (int h = 0; h < H; ++h) {
-        O::decode_head(k_out.data() + h * D, both.data() + h * D, scale + h * scale_head, lane, O::kTokenLanes);
-        O::decode_head(v_out.data() + h * D, both.data() + x.size() + h * D, scale + h * scale_head, lane, O::kTokenLanes);
+        const Store* k_row = both.data() + h * (D / kValues);
+        O::decode_head(k_out.data() + h * D, k_row, scale + h * scale_head, lane, O::kTokenLanes);
+        O::decode_head(v_out.data() + h * D, k_row + codes.size(), scale + h * scale_head, lane, O::kTokenLanes);
       }
     }
   }));
@@ -295,6 +300,17 @@ TEST(ChunkedQuantizer, PerGroupScalesAcrossEmulatedLanesMatchTheReference) {
   check_chunked_token<ChunkedTraits<int8_t, bf16, ue8m0, Quant::per_group, 32, 32, 16>>(DType::i8, DType::bf16, DType::ue8m0, 25);
   check_chunked_token<ChunkedTraits<int8_t, bf16, float, Quant::per_group, 5, 96, 32>>(DType::i8, DType::bf16, DType::f32, 26);
   static_assert(!detail::Ops<ChunkedTraits<int8_t, bf16, float, Quant::per_group, 5, 96, 32>, EmulatedCudaExec>::kChunkedQuant);
+}
+
+TEST(ChunkedQuantizer, PackedCodesTakeTheElementPathAcrossEmulatedLanes) {
+  // 4-bit codes, two a byte: each lane takes pairs of a row. MXFP4 on llama3-8b's shape; int4 per head
+  // and per group; fp4 per token over an odd count of heads.
+  check_chunked_token<ChunkedTraits<fp4_e2m1x2, bf16, ue8m0, Quant::per_group, 8, 128, 32>>(DType::f4e2m1, DType::bf16,
+                                                                                             DType::ue8m0, 31);
+  check_chunked_token<ChunkedTraits<int4x2, fp16, bf16, Quant::per_group, 2, 64, 16>>(DType::i4, DType::f16, DType::bf16, 32);
+  check_chunked_token<ChunkedTraits<int4x2, bf16, float, Quant::per_token_head, 3, 96>>(DType::i4, DType::bf16, DType::f32, 33);
+  check_chunked_token<ChunkedTraits<fp4_e2m1x2, float, float, Quant::per_token, 5, 16>>(DType::f4e2m1, DType::f32, DType::f32, 34);
+  static_assert(!detail::Ops<ChunkedTraits<fp4_e2m1x2, bf16, ue8m0, Quant::per_group, 8, 128, 32>, EmulatedCudaExec>::kChunkedQuant);
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ TEST_P(EveryVariant, BytesPerTokenMatchesAllocation) {
                                    : d.quant == Quant::per_token_head ? d.heads
                                    : d.quant == Quant::per_token      ? 1
                                                                       : 0;
-  EXPECT_EQ(d.bytes_per_token, int64_t(2) * d.layers * d.heads * d.head_dim * dtype_size(d.storage) +
+  EXPECT_EQ(d.bytes_per_token, int64_t(2) * d.layers * d.heads * (d.head_dim / dtype_values(d.storage)) * dtype_size(d.storage) +
                                    int64_t(2) * d.layers * scales_per_token * dtype_size(d.scale));
   // Runtime overhead: lazy staging is exactly max_staged_tokens input tokens plus their targets per
   // layer; bookkeeping is a length per row and the status word, and on CUDA a row layout's reorder

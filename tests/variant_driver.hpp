@@ -219,7 +219,7 @@ class Driver {
         case Axis::slot: extent.push_back(d_.page_size); break;
         case Axis::kv: extent.push_back(2); break;
         case Axis::head: extent.push_back(heads_); break;
-        case Axis::dim: extent.push_back(dim_); break;
+        case Axis::dim: extent.push_back(dim_ / dtype_values(d_.storage)); break;  // stored elements
       }
     }
     int block_from = 0;  // axes [block_from, n) form one block: the whole tensor, or one page
@@ -250,7 +250,7 @@ class Driver {
             }
             coord[int(Axis::kv)] = kv;
             coord[int(Axis::head)] = h;
-            coord[int(Axis::dim)] = x;
+            coord[int(Axis::dim)] = x / dtype_values(d_.storage);  // 4-bit codes: value x in byte x / 2
             int64_t outer = 0, outer_count = 1, code_in = 0, codes = 1, scale_in = 0, scales = 1;
             for (int i = 0; i < d_.num_axes; ++i) {
               const Axis a = d_.axes[i];
@@ -263,7 +263,7 @@ class Driver {
               codes *= extent[i];
               if (!scale_skips(a)) {
                 const bool grouped = a == Axis::dim;
-                scale_in = scale_in * (grouped ? groups : extent[i]) + (grouped ? coord[int(a)] / width : coord[int(a)]);
+                scale_in = scale_in * (grouped ? groups : extent[i]) + (grouped ? x / width : coord[int(a)]);
                 scales *= grouped ? groups : extent[i];
               }
             }
@@ -285,7 +285,8 @@ class Driver {
               if (got != want) problem = "got " + std::to_string(got) + ", want " + std::to_string(want);
             } else {
               const RefToken& want = quantized_token(layer, id, kv);
-              const int got_code = pool[size_t(code_at)], want_code = want.codes[size_t(h) * dim_ + x];
+              const int got_code = dtype_values(d_.storage) == 1 ? pool[size_t(code_at)] : (pool[size_t(code_at)] >> (4 * (x % 2))) & 0xf;
+              const int want_code = want.codes[size_t(h) * dim_ + x];
               const float got_scale = load_scale(d_.scale, (d_.scales_in_page() ? pool : scale_buffer).data() + scale_at);
               if (got_code != want_code)
                 problem = "code " + std::to_string(got_code) + ", want " + std::to_string(want_code);

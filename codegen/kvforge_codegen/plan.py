@@ -72,7 +72,8 @@ class Variant:
         """Bytes one token of one sequence occupies: K and V of every layer and head, and their scales."""
         if self.members:
             return sum(m.bytes_per_token for _, m in self.members)
-        values = 2 * self.model.layers * self.model.kv_heads * self.model.head_dim * vocab.DTYPES[self.storage]["bytes"]
+        t = vocab.DTYPES[self.storage]
+        values = 2 * self.model.layers * self.model.kv_heads * (self.model.head_dim // t.get("values", 1)) * t["bytes"]
         q = self.quantization
         return values + (self.scales_per_token * vocab.SCALE_DTYPES[q.scale_dtype]["bytes"] if q else 0)
 

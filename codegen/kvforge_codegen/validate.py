@@ -27,13 +27,17 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
         if layout.quantization is None:
             reasons.append(f"{storage} storage needs a quantization block "
                            f"(granularity: {', '.join(vocab.GRANULARITIES)})")
-        elif layout.quantization.granularity == "per_group" and model.head_dim % layout.quantization.group_size:
-            reasons.append(f"group_size {layout.quantization.group_size} does not divide {model.name}'s head_dim "
+        values = vocab.DTYPES[storage].get("values", 1)
+        if model.head_dim % values:
+            reasons.append(f"{storage} packs {values} values a byte, and {model.name}'s head_dim {model.head_dim} "
+                           f"is not a multiple of {values}")
+        q = layout.quantization
+        if q is not None and q.granularity == "per_group" and model.head_dim % q.group_size:
+            reasons.append(f"group_size {q.group_size} does not divide {model.name}'s head_dim "
                            f"{model.head_dim}, so a head's row would end in part of a group")
-        elif layout.quantization.scales == "in_page":
-            q = layout.quantization
+        elif q is not None and q.scales == "in_page":
             inside = layout.axes[layout.axes.index("page") + 1:]
-            codes = (layout.page_size or 0) * model.kv_heads * model.head_dim
+            codes = (layout.page_size or 0) * model.kv_heads * model.head_dim // values
             codes *= (2 if "kv" in inside else 1) * (model.layers if "layer" in inside else 1)
             scale_bytes = vocab.SCALE_DTYPES[q.scale_dtype]["bytes"]
             if codes % scale_bytes:

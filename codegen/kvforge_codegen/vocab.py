@@ -21,8 +21,9 @@ assert CPU_WIDE_LEVELS == tuple(range(CPU_BASE_LEVEL + 1, max(CPU_WIDE_LEVELS) +
 ADDRESSING = ("contiguous", "ring", "paged")
 UPDATE_MODES = ("eager", "lazy")
 
-# Storage types: bytes per element, the C++ type that carries them, and whether they hold quantized
-# codes (which need a float input dtype and a `quantization` block).
+# Storage types: bytes per stored element, the values it holds (1 unless given), the C++ type that
+# carries it, and whether it holds quantized codes (which need a float input dtype and a `quantization`
+# block).
 DTYPES = {
     "fp32": {"bytes": 4, "cpp": "float", "enum": "f32", "quantized": False},
     "fp16": {"bytes": 2, "cpp": "kvforge::fp16", "enum": "f16", "quantized": False},
@@ -30,6 +31,9 @@ DTYPES = {
     "int8": {"bytes": 1, "cpp": "int8_t", "enum": "i8", "quantized": True},
     "fp8_e4m3": {"bytes": 1, "cpp": "kvforge::fp8_e4m3", "enum": "f8e4m3", "quantized": True},
     "fp8_e5m2": {"bytes": 1, "cpp": "kvforge::fp8_e5m2", "enum": "f8e5m2", "quantized": True},
+    # 4-bit codes, two values a byte (low nibble first): "bytes" and "cpp" are one stored element's.
+    "fp4_e2m1": {"bytes": 1, "values": 2, "cpp": "kvforge::fp4_e2m1x2", "enum": "f4e2m1", "quantized": True},
+    "int4": {"bytes": 1, "values": 2, "cpp": "kvforge::int4x2", "enum": "i4", "quantized": True},
 }
 INPUT_DTYPES = ("fp32", "fp16", "bf16")
 QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])

@@ -370,7 +370,10 @@ NB_MODULE(_native, m) {
       case DType::i8: return detail::Codec<int8_t>::qmax;
       case DType::f8e4m3: return detail::Codec<fp8_e4m3>::qmax;
       case DType::f8e5m2: return detail::Codec<fp8_e5m2>::qmax;
-      default: throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2)");
+      case DType::f4e2m1: return detail::Codec<fp4_e2m1x2>::qmax;
+      case DType::i4: return detail::Codec<int4x2>::qmax;
+      default:
+        throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4)");
     }
   }, "storage"_a, "The largest code magnitude of a quantized storage dtype (docs/quantization.md)");
   // For bench/python_overhead.py: the same append as Cache.append, repeated from C++ with the

@@ -221,6 +221,8 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     case DType::f8e4m3:
     case DType::f8e5m2: return nb::dtype<uint8_t>();  // as SGLang stores fp8: bytes, viewed back on read
     case DType::ue8m0: return nb::dtype<uint8_t>();   // the exponent byte; torch views it as float8_e8m0fnu
+    case DType::f4e2m1:                               // two codes a byte; torch views it as float4_e2m1fn_x2
+    case DType::i4: return nb::dtype<uint8_t>();
   }
   return nb::dtype<uint8_t>();
 }
@@ -259,9 +261,13 @@ Device device_named(const std::string& name) { return enum_from<Device>(name, kD
 
 std::optional<DType> dtype_named(const std::optional<std::string>& name, const char* argument) {
   if (!name) return std::nullopt;
-  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::i8, DType::f8e4m3, DType::f8e5m2})
+  constexpr DType kNamed[] = {DType::f32, DType::f16, DType::bf16, DType::i8, DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4};
+  std::string allowed;
+  for (DType t : kNamed) {
     if (*name == dtype_name(t)) return t;
-  throw ArgumentError(argument, "'" + *name + "' is not a storage or input dtype (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2)");
+    allowed += std::string(allowed.empty() ? "" : ", ") + std::string(dtype_name(t));
+  }
+  throw ArgumentError(argument, "'" + *name + "' is not a storage or input dtype (allowed: " + allowed + ")");
 }
 
 std::string name(DType t) { return std::string(dtype_name(t)); }
@@ -316,7 +322,9 @@ void translate(const std::exception_ptr& p, void*) {
 
 nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
   const LayerView v = cache.view(layer);
-  const std::vector<size_t> shape{size_t(v.rows_or_pages), size_t(v.seq_or_slots), size_t(v.heads), size_t(v.head_dim)};
+  // The last axis counts stored elements: a byte of two values for packed 4-bit codes.
+  const std::vector<size_t> shape{size_t(v.rows_or_pages), size_t(v.seq_or_slots), size_t(v.heads),
+                                  size_t(v.head_dim / dtype_values(v.dtype))};
   const std::vector<int64_t> strides{v.strides.row_or_page, v.strides.seq_or_slot, v.strides.head, 1};
   nb::dict out;
   out["k"] = export_array(v.k, v.dtype, v.device, shape, strides, owner);

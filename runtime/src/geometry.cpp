@@ -38,7 +38,9 @@ Strides coordinate_strides(const VariantDescriptor& d, const int64_t* axis_strid
 
 Geometry make_geometry(const VariantDescriptor& d, const Capacity& c) {
   Geometry g;
-  const int64_t extents[kNumAxes] = {d.layers, c.rows, c.positions, c.pages, d.page_size, 2, d.heads, d.head_dim};
+  // `dim` counts stored elements: two values each for packed 4-bit codes.
+  const int64_t extents[kNumAxes] = {d.layers,  c.rows, c.positions, c.pages, d.page_size, 2,
+                                     d.heads, d.head_dim / dtype_values(d.storage)};
   g.tensors = (d.stacked() ? 1 : d.layers) * (d.kv_fused() ? 1 : 2);
   const bool scale_skips_head = d.quant == Quant::per_token;
   // A per_group head's scales run along `dim`, one per group; the other granularities' do not vary

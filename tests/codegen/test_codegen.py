@@ -76,7 +76,7 @@ class BadSpecMessages(unittest.TestCase):
             "layouts/bad.yaml:4: axes: unknown value 'heads' "
             "(allowed: layer, row, seq, page, slot, kv, head, dim)",
             "layouts/bad.yaml:8: expand[0].dtypes: unknown value 'fp64' "
-            "(allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2)"])
+            "(allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4)"])
 
     def test_wrong_type(self):
         text = GOOD_LAYOUT.format(name="bad").replace("page_size: 16", "page_size: sixteen")
@@ -162,7 +162,7 @@ class CommandLine(unittest.TestCase):
     def test_unknown_filter_value_is_refused(self):
         r = self.run_codegen("list", "--dtype", "fp64")
         self.assertEqual(r.returncode, 2)
-        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2)",
+        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4)",
                       r.stderr)
         self.assertNotIn("Traceback", r.stderr)
 
@@ -251,7 +251,7 @@ class Quantization(unittest.TestCase):
         unused = unused.replace("    input_dtypes: [bf16]\n", "")
         self.assertEqual(errors_of(unused), [
             "layouts/bad.yaml:6: quantization: no expansion stores a quantized dtype, so it applies to nothing "
-            "(allowed: int8, fp8_e4m3, fp8_e5m2 in expand[].dtypes)"])
+            "(allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4 in expand[].dtypes)"])
 
 
 HYBRID_LAYOUT = """\

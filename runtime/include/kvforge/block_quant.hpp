@@ -1,14 +1,16 @@
 // Block-scaled codecs, one source for both backends: a group of values shares one scale (OCP MX v1.0's
 // MXFP4 and MXFP8, NVIDIA's NVFP4, grouped int4), and 4-bit codes pack two to a byte. docs/quantization.md
 // ("Block-scaled codecs") states the rules in words; tests/test_block_quant.cpp holds these functions to
-// references written from each format's definition. The cache kernels do not store these formats yet:
-// this is the codec layer they will call, and what FlashMLA's fp8 record (flashmla_record.hpp) uses.
+// references written from each format's definition. These are whole-group codecs for formats with their
+// own layouts (FlashMLA's fp8 record, flashmla_record.hpp, uses them); the cache kernels store 4-bit
+// codes and group scales through quant.hpp's Codec and per_group granularity.
 //
 // Rules shared with quant.hpp: amax is over finite values; a scale is rounded up where it is stored, so
 // that no finite value of its group saturates (a power of two for ue8m0, the next code for e4m3); an
 // all-zero group gets scale 1; codes round to nearest, ties to even; +-inf saturates to the largest code.
 // NaN: e2m1 has no NaN code, so a group holding a NaN gets a NaN scale (ue8m0 0xff, e4m3 0x7f) and
-// decodes as NaN throughout, as MX defines; int4 encodes NaN as 0, as int8 does.
+// decodes as NaN throughout, as MX defines; int4 encodes NaN as 0, as int8 does. (The cache stores a
+// NaN as a 0 code in both, keeping its group's other values: quant.hpp.)
 #pragma once
 
 #include <cstdint>
@@ -17,28 +19,6 @@
 
 namespace kvforge::detail {
 
-// fp4 e2m1: a sign, 2 exponent bits (bias 1) and 1 mantissa bit; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
-// for codes 0..7, no infinity or NaN. Bit 3 is the sign.
-struct E2M1 {
-  static constexpr float qmax = 6.0f;
-  KVF_HD static KVF_INLINE float decode(uint8_t code) {
-    const uint32_t mag = code & 7u, e = mag >> 1, m = mag & 1u;
-    // e = 0: m * 0.5 (subnormal); else (1 + m/2) * 2^(e - 1), written as an fp32 bit pattern.
-    const float normal = bits_float(((e + 126u) << 23) | (m << 22));
-    const float v = e == 0 ? 0.5f * float(m) : normal;
-    return code & 8u ? -v : v;
-  }
-  // Round to nearest, ties to the even code (mantissa bit 0); |x| > 6 and inf saturate to 6; NaN has no
-  // code (callers give NaN groups a NaN scale), and comes out as 6 here.
-  KVF_HD static KVF_INLINE uint8_t encode(float x) {
-    const uint32_t bits = float_bits(x);
-    const float a = bits_float(bits & 0x7fffffffu);
-    // Each threshold is the midpoint of two neighbours; at a tie the even code wins (<= or <).
-    const uint8_t mag = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 :
-                        a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
-    return uint8_t(((bits >> 28) & 8u) | mag);
-  }
-};
 
 
 // An e4m3 scale rounded up: the smallest e4m3 value >= s (s > 0), at most 448, whose group then
@@ -121,20 +101,12 @@ template <int G, class Scale, class In> KVF_HD KVF_INLINE Scale quantize_int4(co
   const float s = bits_float(group_amax<G>(x, nan)) / 7.0f;
   const Scale stored = store_scale<Scale>(s > 0.0f ? s : 1.0f);
   const float scale = to_float(stored);
-  for (int i = 0; i < G; ++i) {
-    const float v = to_float(x[i]) / scale;
-    float r = round_half_even_small(v < 8.0f ? (v > -8.0f ? v : -8.0f) : 8.0f);
-    r = r > 7.0f ? 7.0f : r < -7.0f ? -7.0f : r;
-    put_nibble(packed, i, uint8_t(int(v == v ? r : 0.0f) & 0xf));
-  }
+  for (int i = 0; i < G; ++i) put_nibble(packed, i, Codec<int4x2>::code(to_float(x[i]) / scale));
   return stored;
 }
 template <int G, class Scale, class Out> KVF_HD KVF_INLINE void dequantize_int4(const uint8_t* packed, Scale scale, Out* x) {
   const float s = to_float(scale);
-  for (int i = 0; i < G; ++i) {
-    const int c = int(nibble(packed, i));
-    x[i] = from_float<Out>(float(c >= 8 ? c - 16 : c) * s);
-  }
+  for (int i = 0; i < G; ++i) x[i] = from_float<Out>(Codec<int4x2>::decode(int4x2{nibble(packed, i)}, 0) * s);
 }
 
 // int4, asymmetric (lmdeploy's): codes 0..15 with a scale (max - min) / 15 and a zero point

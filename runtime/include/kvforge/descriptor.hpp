@@ -93,7 +93,7 @@ struct VariantDescriptor {
 // The one formula; `kvforge-codegen list` prints the same figure, and a test holds the two equal.
 constexpr int64_t bytes_per_token(int layers, int heads, int head_dim, DType storage, Quant quant, DType scale,
                                   int scale_groups) {
-  return int64_t(2) * layers * (int64_t(heads) * head_dim * dtype_size(storage) +
+  return int64_t(2) * layers * (int64_t(heads) * (head_dim / dtype_values(storage)) * dtype_size(storage) +
                                 int64_t(scales_per_token(quant, heads, scale_groups)) * dtype_size(scale));
 }
 

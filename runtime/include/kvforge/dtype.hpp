@@ -12,7 +12,7 @@
 
 namespace kvforge {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0 };
+enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4 };
 
 struct fp16 {
   uint16_t bits;
@@ -25,6 +25,15 @@ struct fp8_e4m3 {
   uint8_t bits;
 };
 struct fp8_e5m2 {
+  uint8_t bits;
+};
+// 4-bit codes, two to a byte: value 2i in the low nibble of byte i, 2i + 1 in the high one (PyTorch's
+// float4_e2m1fn_x2, and NVFP4 and MXFP4 as NVIDIA and AMD store them). A stored element of these types
+// is one byte holding two values (dtype_values); a row of D values is D / 2 of them.
+struct fp4_e2m1x2 {  // OCP fp4 e2m1: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; no infinity or NaN
+  uint8_t bits;
+};
+struct int4x2 {  // two's complement, -8..7 (kvforge stores -7..7)
   uint8_t bits;
 };
 // OCP MX's scale type: a bare exponent, the value 2^(bits - 127); 0xff is NaN. Only a scale, never
@@ -44,6 +53,8 @@ constexpr int dtype_size(DType t) {
     case DType::f8e4m3: return 1;
     case DType::f8e5m2: return 1;
     case DType::ue8m0: return 1;
+    case DType::f4e2m1: return 1;  // two values
+    case DType::i4: return 1;      // two values
   }
   return 0;
 }
@@ -59,6 +70,8 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f8e4m3: return "fp8_e4m3";
     case DType::f8e5m2: return "fp8_e5m2";
     case DType::ue8m0: return "ue8m0";
+    case DType::f4e2m1: return "fp4_e2m1";
+    case DType::i4: return "int4";
   }
   return "?";
 }
@@ -73,8 +86,17 @@ template <> struct dtype_of<int8_t> { static constexpr DType value = DType::i8; 
 template <> struct dtype_of<fp8_e4m3> { static constexpr DType value = DType::f8e4m3; };
 template <> struct dtype_of<fp8_e5m2> { static constexpr DType value = DType::f8e5m2; };
 template <> struct dtype_of<ue8m0> { static constexpr DType value = DType::ue8m0; };
+template <> struct dtype_of<fp4_e2m1x2> { static constexpr DType value = DType::f4e2m1; };
+template <> struct dtype_of<int4x2> { static constexpr DType value = DType::i4; };
 
-constexpr bool is_quantized(DType t) { return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2; }
+// Values one stored element holds: 2 for the 4-bit types, else 1. Rows of D values take
+// D / dtype_values elements of dtype_size bytes.
+constexpr int dtype_values(DType t) { return t == DType::f4e2m1 || t == DType::i4 ? 2 : 1; }
+template <class T> inline constexpr int kValuesPerElement = dtype_values(dtype_of<T>::value);
+
+constexpr bool is_quantized(DType t) {
+  return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2 || t == DType::f4e2m1 || t == DType::i4;
+}
 
 KVF_HD KVF_INLINE uint32_t float_bits(float f) {
   uint32_t u;

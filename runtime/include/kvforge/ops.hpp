@@ -38,7 +38,7 @@ template <class Store, int H, int D> constexpr int item_lanes() {
 // Bytes one page of every layer takes when packed for offload: codes, then their dynamic scales.
 inline int64_t packed_page_bytes(const VariantDescriptor& d) {
   return int64_t(d.layers) * 2 * d.page_size *
-         (int64_t(d.heads) * d.head_dim * dtype_size(d.storage) +
+         (int64_t(d.heads) * (d.head_dim / dtype_values(d.storage)) * dtype_size(d.storage) +
           int64_t(scales_per_token(d.quant, d.heads, d.scale_groups())) * dtype_size(d.scale));
 }
 
@@ -71,16 +71,29 @@ template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const
   }
 }
 
+// D values of a row into codes, and back. Packed 4-bit codes go a pair (one stored byte) at a time.
 template <int D, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
   const ScaleDivisor divisor(scale);
-  for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes))
-    dst[i] = Codec<Code>::encode(divisor.divide(to_float(src[i])));
+  if constexpr (Codec<Code>::values == 2) {
+    for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes))
+      dst[p] = Codec<Code>::encode(divisor.divide(to_float(src[2 * p])), divisor.divide(to_float(src[2 * p + 1])));
+  } else {
+    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes))
+      dst[i] = Codec<Code>::encode(divisor.divide(to_float(src[i])));
+  }
 }
 
 template <int D, class Exec, class Out, class Code>
 KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int lane, int lanes) {
-  for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
+  if constexpr (Codec<Code>::values == 2) {
+    for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes)) {
+      dst[2 * p] = from_float<Out>(Codec<Code>::decode(src[p], 0) * scale);
+      dst[2 * p + 1] = from_float<Out>(Codec<Code>::decode(src[p], 1) * scale);
+    }
+  } else {
+    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
+  }
 }
 
 // Traits whose sizes are given at run time (the generic path, RuntimeTraits in runtime/src/generic.cpp) say so with
@@ -144,8 +157,14 @@ template <class Traits, class Exec> struct Ops {
   // Dynamic scales one token holds per K or V: kScaleHeads heads of kGroups each.
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H, kGroups);
   static constexpr int kScaleHeads = kScalesPerToken / kGroups;
+  // Values one stored element holds (2 for packed 4-bit codes), and the stored elements of a head's row
+  // and of a group: what the pool's rows, copies and pages count, where inputs count D.
+  static constexpr int kValues = kValuesPerElement<Store>;
+  static_assert(D % kValues == 0 && kGroup % kValues == 0, "packed codes fill whole elements");
+  static constexpr int kStoredDim = D / kValues;
+  static constexpr int kStoredGroup = kGroup / kValues;
   // Runtime-sized traits run on the CPU, where an item is one lane.
-  static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<D>() : item_lanes<Store, H, D>();
+  static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<kStoredDim>() : item_lanes<Store, H, D>();
   // An executor that moves 16-byte vectors per lane (CUDA) quantizes a token in chunks of them
   // (quant_chunks.hpp), with the lanes that layout asks for; the CPU takes whole rows. A token spreads
   // over as many lanes as a float token's, up to kMaxItemLanes: for llama3-8b one chunk of K and one
@@ -154,8 +173,9 @@ template <class Traits, class Exec> struct Ops {
   using Chunks = QuantChunks<Store, In, H, D, kMaxItemLanes>;
   // A per_group scale reduces over the lanes that hold its group's chunks: consecutive lanes where each
   // lane holds one chunk of a head (Chunks::kWholeGroups). Other per_group shapes take the element path.
+  // Packed 4-bit codes take the element path too.
   static constexpr bool kChunkedQuant = Exec::kChunkedQuant && kQuantized && !kRuntime && Chunks::kUsable &&
-                                        (kQuant != Quant::per_group || Chunks::kWholeGroups);
+                                        kValues == 1 && (kQuant != Quant::per_group || Chunks::kWholeGroups);
   static constexpr int kGroupChunks = kQuant == Quant::per_group ? kGroup / Chunks::V : 1;  // chunks of a group
   // The group of chunk c of a head's row (0 where a row has one scale).
   KVF_HD static KVF_INLINE int chunk_group(int c) {
@@ -257,6 +277,10 @@ template <class Traits, class Exec> struct Ops {
   KVF_HD static KVF_INLINE auto head_dim(const Extents& e) {
     if constexpr (kRuntime) return e.head_dim; else return Fixed<D>{};
   }
+  // Stored elements of a head's row in the pool (runtime-sized traits store floats, one value each).
+  KVF_HD static KVF_INLINE auto stored_dim(const Extents& e) {
+    if constexpr (kRuntime) return e.head_dim; else return Fixed<kStoredDim>{};
+  }
   KVF_HD static KVF_INLINE auto page_size(const Extents& e) {
     if constexpr (kRuntime) return e.page_size; else return Fixed<P>{};
   }
@@ -303,7 +327,7 @@ template <class Traits, class Exec> struct Ops {
           const Scale stored =
               dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(row_amax<kGroup, Exec>(row, lane, lanes)));
           if (lane == 0) scale[h * scale_head + g] = stored;
-          encode_row<kGroup, Exec>(dst + h * dst_head + g * kGroup, row, to_float(stored), lane, lanes);
+          encode_row<kGroup, Exec>(dst + h * dst_head + g * kStoredGroup, row, to_float(stored), lane, lanes);
         }
     }
   }
@@ -409,7 +433,7 @@ template <class Traits, class Exec> struct Ops {
   template <class Out>
   KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, int lane, int lanes) {
     for (int g = 0; g < kGroups; ++g)
-      decode_row<kGroup, Exec>(dst + g * kGroup, src + g * kGroup, to_float(scale[g]), lane, lanes);
+      decode_row<kGroup, Exec>(dst + g * kGroup, src + g * kStoredGroup, to_float(scale[g]), lane, lanes);
   }
 
   // Where position `pos` of a sequence lives: (row or page, seq index or slot).

@@ -98,6 +98,7 @@ using E5M2 = Fp8Format<5, 2, 15, 0x7b, 0x7f, true>;
 template <class Code> struct Codec;
 template <> struct Codec<int8_t> {
   static constexpr float qmax = 127.0f;
+  static constexpr int values = 1;  // values a stored code element holds
   // Rounds first and saturates in integers: a float clamp to +-2^22 keeps the rounding trick in range
   // (NaN comes out of it as 2^22), the integer clamp to +-qmax is two vector min/max, and NaN is
   // masked to 0 last. The same codes as clamping to +-qmax in floats (tests/test_quant.cpp checks
@@ -123,6 +124,7 @@ template <> struct Codec<int8_t> {
 // tests/test_fp8_convert.cu checks the two bit-exact over every bf16 input.
 template <> struct Codec<fp8_e4m3> {
   static constexpr float qmax = 448.0f;
+  static constexpr int values = 1;
   KVF_HD static KVF_INLINE fp8_e4m3 encode(float v) {
     if constexpr (target::kOnDevice) return fp8_e4m3{target::device_fp8_e4m3(v)};
     else return fp8_e4m3{E4M3::encode(v)};
@@ -131,11 +133,66 @@ template <> struct Codec<fp8_e4m3> {
 };
 template <> struct Codec<fp8_e5m2> {
   static constexpr float qmax = 57344.0f;
+  static constexpr int values = 1;
   KVF_HD static KVF_INLINE fp8_e5m2 encode(float v) {
     if constexpr (target::kOnDevice) return fp8_e5m2{target::device_fp8_e5m2(v)};
     else return fp8_e5m2{E5M2::encode(v)};
   }
   KVF_HD static KVF_INLINE float decode(fp8_e5m2 c) { return E5M2::decode(c.bits); }
+};
+
+// fp4 e2m1: a sign, 2 exponent bits (bias 1) and 1 mantissa bit; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
+// for codes 0..7, no infinity or NaN. Bit 3 is the sign.
+struct E2M1 {
+  static constexpr float qmax = 6.0f;
+  KVF_HD static KVF_INLINE float decode(uint8_t code) {
+    const uint32_t mag = code & 7u, e = mag >> 1, m = mag & 1u;
+    // e = 0: m * 0.5 (subnormal); else (1 + m/2) * 2^(e - 1), written as an fp32 bit pattern.
+    const float normal = bits_float(((e + 126u) << 23) | (m << 22));
+    const float v = e == 0 ? 0.5f * float(m) : normal;
+    return code & 8u ? -v : v;
+  }
+  // Round to nearest, ties to the even code (mantissa bit 0); |x| > 6 and inf saturate to 6; NaN has no
+  // code (callers give NaN groups a NaN scale), and comes out as 6 here.
+  KVF_HD static KVF_INLINE uint8_t encode(float x) {
+    const uint32_t bits = float_bits(x);
+    const float a = bits_float(bits & 0x7fffffffu);
+    // Each threshold is the midpoint of two neighbours; at a tie the even code wins (<= or <).
+    const uint8_t mag = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 :
+                        a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
+    return uint8_t(((bits >> 28) & 8u) | mag);
+  }
+};
+
+// The 4-bit codes as the cache stores them, two values a byte (dtype.hpp): encode takes the pair's
+// quotients, decode gives value i (0: low nibble, 1: high). Neither format has a NaN code, so NaN is
+// stored as 0, as int8 stores it; +-inf saturate to +-qmax.
+template <> struct Codec<fp4_e2m1x2> {
+  static constexpr float qmax = E2M1::qmax;
+  static constexpr int values = 2;
+  KVF_HD static KVF_INLINE uint8_t code(float v) { return v == v ? E2M1::encode(v) : uint8_t(0); }
+  KVF_HD static KVF_INLINE fp4_e2m1x2 encode(float lo, float hi) { return fp4_e2m1x2{uint8_t(code(lo) | (code(hi) << 4))}; }
+  KVF_HD static KVF_INLINE float decode(fp4_e2m1x2 c, int i) { return E2M1::decode(uint8_t((c.bits >> (4 * i)) & 0xfu)); }
+};
+// int4: symmetric codes -7..7 (as int8 keeps its grid symmetric), two's complement nibbles.
+template <> struct Codec<int4x2> {
+  static constexpr float qmax = 7.0f;
+  static constexpr int values = 2;
+  // Clamps before rounding so that the rounding trick stays in range (NaN comes out of the clamp as 8,
+  // and is masked to 0 last).
+  KVF_HD static KVF_INLINE uint8_t code(float v) {
+    float c = v < 8.0f ? v : 8.0f;
+    c = c > -8.0f ? c : -8.0f;
+    int r = int(round_half_even_small(c));
+    r = r < 7 ? r : 7;
+    r = r > -7 ? r : -7;
+    return uint8_t((v == v ? r : 0) & 0xf);
+  }
+  KVF_HD static KVF_INLINE int4x2 encode(float lo, float hi) { return int4x2{uint8_t(code(lo) | (code(hi) << 4))}; }
+  KVF_HD static KVF_INLINE float decode(int4x2 c, int i) {
+    const int n = (c.bits >> (4 * i)) & 0xf;
+    return float(n >= 8 ? n - 16 : n);
+  }
 };
 
 // x / scale for every element of a scale's group, as IEEE division rounds it, for the price of a

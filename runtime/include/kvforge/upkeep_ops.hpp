@@ -15,9 +15,9 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
   using typename O::Scale;
   using typename O::Store;
   using O::copy_scales;
-  using O::D;
+  using O::kStoredDim;
   using O::H;
-  using O::head_dim;
+  using O::stored_dim;
   using O::heads;
   using O::item_bytes;
   using O::kAddressing;
@@ -33,7 +33,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
     ex.for_each_item(items, Fixed<kLanes>{}, item_bytes(a.ext), [a] KVF_HD(int64_t i, int lane, int lanes) {
       const int64_t pos = i % a.positions;
       const int64_t lk = i / a.positions;
-      Exec::zero_heads(a.pool + element_offset(a.s, lk / 2, lk % 2, a.row, pos), a.s.head, heads(a.ext), head_dim(a.ext),
+      Exec::zero_heads(a.pool + element_offset(a.s, lk / 2, lk % 2, a.row, pos), a.s.head, heads(a.ext), stored_dim(a.ext),
                        lane, lanes);
       if constexpr (kScalesPerToken > 0) {
         Scale* scale = scale_at(a.scales, lk / 2, lk % 2, a.row, pos);
@@ -54,7 +54,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
       const int64_t r = i / (2 * a.positions);
       const Store* src = a.pool + element_offset(a.s, a.layer, kv, a.beam[r], pos);
       const auto h = heads(a.ext);
-      const auto d = head_dim(a.ext);
+      const auto d = stored_dim(a.ext);
       Exec::copy_heads(a.scratch + i * int(h) * int(d), int(d), src, a.s.head, h, d, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(static_cast<Scale*>(a.scale_scratch) + i * kScalesPerToken, O::kPackedScaleHead,
@@ -67,7 +67,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
       const int64_t r = i / (2 * a.positions);
       Store* dst = a.pool + element_offset(a.s, a.layer, kv, r, pos);
       const auto h = heads(a.ext);
-      const auto d = head_dim(a.ext);
+      const auto d = stored_dim(a.ext);
       Exec::copy_heads(dst, a.s.head, a.scratch + i * int(h) * int(d), int(d), h, d, lane, lanes);
       if constexpr (kScalesPerToken > 0)
         copy_scales(scale_at(a.scales, a.layer, kv, r, pos), a.scales.s.head,
@@ -96,18 +96,20 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
   }
 
   KVF_HD static KVF_INLINE int64_t packed_codes_bytes(const Extents& e, int layers) {
-    return int64_t(layers) * 2 * int(page_size(e)) * int(heads(e)) * int(head_dim(e)) * int64_t(sizeof(Store));
+    return int64_t(layers) * 2 * int(page_size(e)) * int(heads(e)) * int(stored_dim(e)) * int64_t(sizeof(Store));
   }
 
   // Page operations on an executor that takes whole blocks (the CPU): where one page's rows of one
   // (layer, K or V) are a dense [slot, head, dim] or [head, slot, dim] block of the pool, the block is
   // copied whole (its scales, few, slot by slot) rather than row by row.
   static constexpr bool kPageBlocks = Exec::kTileItems > 1 && !kRuntime && kAddressing == Addressing::paged;
-  static constexpr int64_t kPageBlock = int64_t(H) * P * D;  // elements of one such block
-  static bool slots_outside_heads_dense(const Strides& s) { return s.head == D && s.seq_or_slot == int64_t(H) * D; }
+  static constexpr int64_t kPageBlock = int64_t(H) * P * kStoredDim;  // elements of one such block
+  static bool slots_outside_heads_dense(const Strides& s) {
+    return s.head == kStoredDim && s.seq_or_slot == int64_t(H) * kStoredDim;
+  }
   static bool page_block_dense(const Strides& s) {
     return kPageBlock <= (int64_t(1) << 28) &&
-           (slots_outside_heads_dense(s) || (s.seq_or_slot == D && s.head == int64_t(P) * D));
+           (slots_outside_heads_dense(s) || (s.seq_or_slot == kStoredDim && s.head == int64_t(P) * kStoredDim));
   }
 
   static void move_pages(const Exec& ex, const MovePagesArgs<Store>& a) {
@@ -141,7 +143,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
         const int64_t page = a.pages[j];
         const int64_t row = (layer * 2 + kv) * int(page_size(a.ext)) + slot;  // within the packed page
         const auto h = heads(a.ext);
-      const auto d = head_dim(a.ext);
+      const auto d = stored_dim(a.ext);
         unsigned char* packed = a.packed + j * a.packed_page_bytes;
         Store* packed_codes = reinterpret_cast<Store*>(packed) + row * int(h) * int(d);
         Store* pooled = a.pool + element_offset(a.s, layer, kv, page, slot);
@@ -193,7 +195,7 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
         const int64_t slot = it.slot, kv = it.kv, layer = it.layer, pair = it.index;
         Exec::copy_heads(a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair + 1], slot), a.s.head,
                          a.pool + element_offset(a.s, layer, kv, a.pairs[2 * pair], slot), a.s.head, heads(a.ext),
-                         head_dim(a.ext), lane, lanes);
+                         stored_dim(a.ext), lane, lanes);
         if constexpr (kScalesPerToken > 0)
           copy_scales(scale_at(a.scales, layer, kv, a.pairs[2 * pair + 1], slot), a.scales.s.head,
                       scale_at(a.scales, layer, kv, a.pairs[2 * pair], slot), a.scales.s.head, lane);

@@ -290,7 +290,7 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
             scale[j][h * scale_head + g] = stored;
             s = to_float(stored);
           }
-          encode_row<kGroup, Exec>(dst[j] + dst_kv + h * dst_head + g * kGroup, row, s, 0, 1);
+          encode_row<kGroup, Exec>(dst[j] + dst_kv + h * dst_head + g * O::kStoredGroup, row, s, 0, 1);
         }
   }
 
