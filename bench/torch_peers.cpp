@@ -146,6 +146,8 @@ std::vector<TorchForm> torch_forms(const PeerSetup& setup) {
   // A lazy step stages and commits every layer; its eager twin stands for it beside torch.
   if (d.update == UpdateMode::lazy || d.is_hybrid() || d.addressing == Addressing::ring) return {};
   if (setup.gather) return {d.paged() ? TorchForm::index_select : TorchForm::slice_copy};
+  // The torch form quantizes per tensor, token or head; group scales and 4-bit codes have no form here.
+  if (d.quant == Quant::per_group || dtype_values(d.storage) > 1) return {};
   if (d.quantized()) return {TorchForm::index_put};
   const LayerView lv = setup.cache->view(0);
   const bool whole_pages = d.paged() && lv.strides.row_or_page == lv.seq_or_slots * lv.strides.seq_or_slot &&

@@ -78,12 +78,12 @@
 #include "jetstream_stacked_lazy.tiny.fp16.hpp"
 #include "jetstream_stacked_lazy.tiny.fp32.hpp"
 #include "jetstream_stacked_lazy.tiny.int8_in_bf16.hpp"
-#include "paged_grouped.llama3_8b.bf16.hpp"
-#include "paged_grouped.llama3_8b.int4_in_bf16.hpp"
+#include "paged_grouped.mistral_7b.bf16.hpp"
+#include "paged_grouped.mistral_7b.int4_in_bf16.hpp"
 #include "paged_grouped.qwen2_5_0_5b.int4_in_fp16.hpp"
 #include "paged_grouped.qwen2_5_0_5b.int8_in_fp16.hpp"
-#include "paged_mx.llama3_8b.fp4_e2m1_in_bf16.hpp"
-#include "paged_mx.llama3_8b.fp8_e4m3_in_bf16.hpp"
+#include "paged_mx.mistral_7b.fp4_e2m1_in_bf16.hpp"
+#include "paged_mx.mistral_7b.fp8_e4m3_in_bf16.hpp"
 #include "paged_mx.qwen2_5_0_5b.fp4_e2m1_in_bf16.hpp"
 #include "vllm_mla.deepseek_v2_lite.bf16.hpp"
 #include "vllm_mla.deepseek_v3.bf16.hpp"
@@ -188,12 +188,12 @@ const kvforge::Registry& registry() {
       {&kvforge::descriptor_of<kvforge::variants::jetstream_stacked_lazy__tiny__fp16_traits>, &kvforge::make_cache<kvforge::variants::jetstream_stacked_lazy__tiny__fp16_traits>},  // specs/layouts/jetstream_stacked_lazy.yaml
       {&kvforge::descriptor_of<kvforge::variants::jetstream_stacked_lazy__tiny__fp32_traits>, &kvforge::make_cache<kvforge::variants::jetstream_stacked_lazy__tiny__fp32_traits>},  // specs/layouts/jetstream_stacked_lazy.yaml
       {&kvforge::descriptor_of<kvforge::variants::jetstream_stacked_lazy__tiny__int8_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::jetstream_stacked_lazy__tiny__int8_in_bf16_traits>},  // specs/layouts/jetstream_stacked_lazy.yaml
-      {&kvforge::descriptor_of<kvforge::variants::paged_grouped__llama3_8b__bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_grouped__llama3_8b__bf16_traits>},  // specs/layouts/paged_grouped.yaml
-      {&kvforge::descriptor_of<kvforge::variants::paged_grouped__llama3_8b__int4_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_grouped__llama3_8b__int4_in_bf16_traits>},  // specs/layouts/paged_grouped.yaml
+      {&kvforge::descriptor_of<kvforge::variants::paged_grouped__mistral_7b__bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_grouped__mistral_7b__bf16_traits>},  // specs/layouts/paged_grouped.yaml
+      {&kvforge::descriptor_of<kvforge::variants::paged_grouped__mistral_7b__int4_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_grouped__mistral_7b__int4_in_bf16_traits>},  // specs/layouts/paged_grouped.yaml
       {&kvforge::descriptor_of<kvforge::variants::paged_grouped__qwen2_5_0_5b__int4_in_fp16_traits>, &kvforge::make_cache<kvforge::variants::paged_grouped__qwen2_5_0_5b__int4_in_fp16_traits>},  // specs/layouts/paged_grouped.yaml
       {&kvforge::descriptor_of<kvforge::variants::paged_grouped__qwen2_5_0_5b__int8_in_fp16_traits>, &kvforge::make_cache<kvforge::variants::paged_grouped__qwen2_5_0_5b__int8_in_fp16_traits>},  // specs/layouts/paged_grouped.yaml
-      {&kvforge::descriptor_of<kvforge::variants::paged_mx__llama3_8b__fp4_e2m1_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_mx__llama3_8b__fp4_e2m1_in_bf16_traits>},  // specs/layouts/paged_mx.yaml
-      {&kvforge::descriptor_of<kvforge::variants::paged_mx__llama3_8b__fp8_e4m3_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_mx__llama3_8b__fp8_e4m3_in_bf16_traits>},  // specs/layouts/paged_mx.yaml
+      {&kvforge::descriptor_of<kvforge::variants::paged_mx__mistral_7b__fp4_e2m1_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_mx__mistral_7b__fp4_e2m1_in_bf16_traits>},  // specs/layouts/paged_mx.yaml
+      {&kvforge::descriptor_of<kvforge::variants::paged_mx__mistral_7b__fp8_e4m3_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_mx__mistral_7b__fp8_e4m3_in_bf16_traits>},  // specs/layouts/paged_mx.yaml
       {&kvforge::descriptor_of<kvforge::variants::paged_mx__qwen2_5_0_5b__fp4_e2m1_in_bf16_traits>, &kvforge::make_cache<kvforge::variants::paged_mx__qwen2_5_0_5b__fp4_e2m1_in_bf16_traits>},  // specs/layouts/paged_mx.yaml
       {&kvforge::descriptor_of<kvforge::variants::vllm_mla__deepseek_v2_lite__bf16_traits>, &kvforge::make_cache<kvforge::variants::vllm_mla__deepseek_v2_lite__bf16_traits>},  // specs/layouts/vllm_mla.yaml
       {&kvforge::descriptor_of<kvforge::variants::vllm_mla__deepseek_v3__bf16_traits>, &kvforge::make_cache<kvforge::variants::vllm_mla__deepseek_v3__bf16_traits>},  // specs/layouts/vllm_mla.yaml

@@ -20,6 +20,7 @@
 #include "kvforge/op_table.hpp"
 #include "kvforge/quant.hpp"
 #include "kvforge/quant_chunks.hpp"
+#include "kvforge/row_codecs.hpp"
 #include "kvforge/token_vectors.hpp"
 
 namespace kvforge::detail {
@@ -48,52 +49,6 @@ template <int D> constexpr int quant_lanes() {
   int lanes = 1;
   while (lanes * 2 <= D && lanes < 32) lanes *= 2;
   return lanes;
-}
-
-// Row loops over one head's D elements. The executor says how an item's lanes share a row: on the CPU
-// one thread takes it whole (begin 0, step 1, both constants the compiler sees, so the loop vectorizes);
-// on CUDA the lanes stride through it.
-template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const In* src, int lane, int lanes) {
-  if constexpr (Half16<In>::value) {
-    uint16_t m = 0;
-    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) {
-      const uint16_t finite = finite_magnitude16(src[i]);
-      m = m > finite ? m : finite;
-    }
-    return magnitude_bits(to_float(In{m}));
-  } else {
-    uint32_t m = 0;
-    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) {
-      const uint32_t b = magnitude_bits(to_float(src[i]));
-      m = m > b ? m : b;
-    }
-    return m;
-  }
-}
-
-// D values of a row into codes, and back. Packed 4-bit codes go a pair (one stored byte) at a time.
-template <int D, class Exec, class Code, class In>
-KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
-  const ScaleDivisor divisor(scale);
-  if constexpr (Codec<Code>::values == 2) {
-    for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes))
-      dst[p] = Codec<Code>::encode(divisor.divide(to_float(src[2 * p])), divisor.divide(to_float(src[2 * p + 1])));
-  } else {
-    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes))
-      dst[i] = Codec<Code>::encode(divisor.divide(to_float(src[i])));
-  }
-}
-
-template <int D, class Exec, class Out, class Code>
-KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int lane, int lanes) {
-  if constexpr (Codec<Code>::values == 2) {
-    for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes)) {
-      dst[2 * p] = from_float<Out>(Codec<Code>::decode(src[p], 0) * scale);
-      dst[2 * p + 1] = from_float<Out>(Codec<Code>::decode(src[p], 1) * scale);
-    }
-  } else {
-    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
-  }
 }
 
 // Traits whose sizes are given at run time (the generic path, RuntimeTraits in runtime/src/generic.cpp) say so with
@@ -157,12 +112,11 @@ template <class Traits, class Exec> struct Ops {
   // Dynamic scales one token holds per K or V: kScaleHeads heads of kGroups each.
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H, kGroups);
   static constexpr int kScaleHeads = kScalesPerToken / kGroups;
-  // Values one stored element holds (2 for packed 4-bit codes), and the stored elements of a head's row
-  // and of a group: what the pool's rows, copies and pages count, where inputs count D.
+  // Values one stored element holds (2 for packed 4-bit codes), and the stored elements of a head's row:
+  // what the pool's rows, copies and pages count, where inputs count D.
   static constexpr int kValues = kValuesPerElement<Store>;
   static_assert(D % kValues == 0 && kGroup % kValues == 0, "packed codes fill whole elements");
   static constexpr int kStoredDim = D / kValues;
-  static constexpr int kStoredGroup = kGroup / kValues;
   // Runtime-sized traits run on the CPU, where an item is one lane.
   static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<kStoredDim>() : item_lanes<Store, H, D>();
   // An executor that moves 16-byte vectors per lane (CUDA) quantizes a token in chunks of them
@@ -321,14 +275,21 @@ template <class Traits, class Exec> struct Ops {
       const float s = to_float(stored);
       for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
     } else {  // per_token_head, per_group: a scale per group of a head's row
-      for (int h = 0; h < H; ++h)
+      // A head's groups go stage by stage (every amax, then every scale, then every group's codes), not
+      // group by group: the groups are independent, and a core overlaps them only when no group's
+      // reduction, scale and division chain stands between the next one's loads (3x on a 32-value group).
+      for (int h = 0; h < H; ++h) {
+        const In* row = src + h * src_head;
+        uint32_t amax[kGroups];
+        for (int g = 0; g < kGroups; ++g) amax[g] = row_amax<kGroup, Exec>(row + g * kGroup, lane, lanes);
+        float s[kGroups];
         for (int g = 0; g < kGroups; ++g) {
-          const In* row = src + h * src_head + g * kGroup;
-          const Scale stored =
-              dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(row_amax<kGroup, Exec>(row, lane, lanes)));
+          const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(amax[g]));
           if (lane == 0) scale[h * scale_head + g] = stored;
-          encode_row<kGroup, Exec>(dst + h * dst_head + g * kStoredGroup, row, to_float(stored), lane, lanes);
+          s[g] = to_float(stored);
         }
+        encode_groups<D, kGroup, Exec>(dst + h * dst_head, row, s, lane, lanes);
+      }
     }
   }
 
@@ -432,8 +393,9 @@ template <class Traits, class Exec> struct Ops {
   // A row of one head decoded with its scales: group g of the row with scale[g].
   template <class Out>
   KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, int lane, int lanes) {
-    for (int g = 0; g < kGroups; ++g)
-      decode_row<kGroup, Exec>(dst + g * kGroup, src + g * kStoredGroup, to_float(scale[g]), lane, lanes);
+    float s[kGroups];
+    for (int g = 0; g < kGroups; ++g) s[g] = to_float(scale[g]);
+    decode_groups<D, kGroup, Exec>(dst, src, s, lane, lanes);
   }
 
   // Where position `pos` of a sequence lives: (row or page, seq index or slot).

@@ -153,13 +153,14 @@ struct E2M1 {
     return code & 8u ? -v : v;
   }
   // Round to nearest, ties to the even code (mantissa bit 0); |x| > 6 and inf saturate to 6; NaN has no
-  // code (callers give NaN groups a NaN scale), and comes out as 6 here.
+  // code (callers give NaN groups a NaN scale, or store 0), and comes out as a signed 0 here.
   KVF_HD static KVF_INLINE uint8_t encode(float x) {
     const uint32_t bits = float_bits(x);
     const float a = bits_float(bits & 0x7fffffffu);
-    // Each threshold is the midpoint of two neighbours; at a tie the even code wins (<= or <).
-    const uint8_t mag = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 :
-                        a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
+    // The magnitude code counts the midpoints of neighbours that a passes; at a tie the even code wins
+    // (> or >=). A sum of comparisons, not a chain of selects, so that rows of it vectorize.
+    const uint32_t mag = uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) + uint32_t(a >= 1.75f) +
+                         uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
     return uint8_t(((bits >> 28) & 8u) | mag);
   }
 };
@@ -172,7 +173,8 @@ template <> struct Codec<fp4_e2m1x2> {
   static constexpr int values = 2;
   KVF_HD static KVF_INLINE uint8_t code(float v) { return v == v ? E2M1::encode(v) : uint8_t(0); }
   KVF_HD static KVF_INLINE fp4_e2m1x2 encode(float lo, float hi) { return fp4_e2m1x2{uint8_t(code(lo) | (code(hi) << 4))}; }
-  KVF_HD static KVF_INLINE float decode(fp4_e2m1x2 c, int i) { return E2M1::decode(uint8_t((c.bits >> (4 * i)) & 0xfu)); }
+  KVF_HD static KVF_INLINE float decode_nibble(uint8_t n) { return E2M1::decode(n); }
+  KVF_HD static KVF_INLINE float decode(fp4_e2m1x2 c, int i) { return decode_nibble(uint8_t((c.bits >> (4 * i)) & 0xfu)); }
 };
 // int4: symmetric codes -7..7 (as int8 keeps its grid symmetric), two's complement nibbles.
 template <> struct Codec<int4x2> {
@@ -189,10 +191,8 @@ template <> struct Codec<int4x2> {
     return uint8_t((v == v ? r : 0) & 0xf);
   }
   KVF_HD static KVF_INLINE int4x2 encode(float lo, float hi) { return int4x2{uint8_t(code(lo) | (code(hi) << 4))}; }
-  KVF_HD static KVF_INLINE float decode(int4x2 c, int i) {
-    const int n = (c.bits >> (4 * i)) & 0xf;
-    return float(n >= 8 ? n - 16 : n);
-  }
+  KVF_HD static KVF_INLINE float decode_nibble(uint8_t n) { return float(n >= 8 ? int(n) - 16 : int(n)); }
+  KVF_HD static KVF_INLINE float decode(int4x2 c, int i) { return decode_nibble(uint8_t((c.bits >> (4 * i)) & 0xfu)); }
 };
 
 // x / scale for every element of a scale's group, as IEEE division rounds it, for the price of a

@@ -281,17 +281,19 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
       }
     }
     for (int h = 0; h < H; ++h)
-      for (int j = 0; j < n; ++j)
-        for (int g = 0; g < kGroups; ++g) {
-          const In* row = src[j] + h * src_head + g * kGroup;
-          float s = token_scale[j];
+      for (int j = 0; j < n; ++j) {
+        const In* row = src[j] + h * src_head;
+        float s[kGroups];
+        for (int g = 0; g < kGroups; ++g) {  // every group's scale before any group's codes (quantize_token)
+          s[g] = token_scale[j];
           if constexpr (kQuant == Quant::per_token_head || kQuant == Quant::per_group) {
-            const Scale stored = dynamic_scale<Store, Scale>(row_amax<kGroup, Exec>(row, 0, 1));
+            const Scale stored = dynamic_scale<Store, Scale>(row_amax<kGroup, Exec>(row + g * kGroup, 0, 1));
             scale[j][h * scale_head + g] = stored;
-            s = to_float(stored);
+            s[g] = to_float(stored);
           }
-          encode_row<kGroup, Exec>(dst[j] + dst_kv + h * dst_head + g * O::kStoredGroup, row, s, 0, 1);
         }
+        encode_groups<D, kGroup, Exec>(dst[j] + dst_kv + h * dst_head, row, s, 0, 1);
+      }
   }
 
   // A lazy append: the tokens and their targets into staging, for commit() to write.
