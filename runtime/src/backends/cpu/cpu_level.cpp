@@ -70,8 +70,14 @@ int cpu_level_supported() {
 }
 
 int cpu_level() {
+  // A build of the base level's kernels only (CMake's KVFORGE_CPU_BASE_ONLY) runs no other; it still
+  // refuses a KVFORGE_CPU_LEVEL this CPU cannot run.
   static const int level = chosen();
+#ifdef KVFORGE_CPU_BASE_ONLY
+  return level < kCpuBaseLevel ? level : kCpuBaseLevel;
+#else
   return level;
+#endif
 }
 
 long long cpu_last_level_cache_bytes() {

@@ -37,7 +37,14 @@ template <class Traits, int Level = kCpuMaxLevel> OpTable<Traits> cpu_kernels_at
   }
 }
 
-// A generated variant's table: the kernels for the level this process runs at.
-template <class Traits> OpTable<Traits> cpu_ops() { return cpu_kernels_at<Traits>(cpu_level()); }
+// A generated variant's table: the kernels for the level this process runs at. A build of the base
+// level's kernels only (CMake's KVFORGE_CPU_BASE_ONLY) has no other.
+template <class Traits> OpTable<Traits> cpu_ops() {
+#ifdef KVFORGE_CPU_BASE_ONLY
+  return cpu_kernels<Traits, kCpuBaseLevel>();
+#else
+  return cpu_kernels_at<Traits>(cpu_level());
+#endif
+}
 
 }  // namespace kvforge::detail
