@@ -91,6 +91,23 @@ inline uint8_t ref_encode(DType t, float v) {
   return uint8_t(sign | best);
 }
 
+// The values where a code's rounding can go wrong: every finite value of a format's non-negative grid
+// (codes 0 .. ref_code_count / 2 - 1), the midpoints between neighbours (ties), and a hair either side
+// of each midpoint.
+inline std::vector<float> rounding_edges(DType t) {
+  std::vector<float> grid, out;
+  for (int c = 0; c < ref_code_count(t) / 2; ++c)
+    if (std::isfinite(ref_decode(t, uint8_t(c)))) grid.push_back(ref_decode(t, uint8_t(c)));
+  std::sort(grid.begin(), grid.end());
+  for (size_t i = 0; i < grid.size(); ++i) {
+    out.push_back(grid[i]);
+    const float next = i + 1 < grid.size() ? grid[i + 1] : grid[i] * 1.25f;
+    const float mid = (grid[i] + next) / 2;
+    out.insert(out.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)});
+  }
+  return out;
+}
+
 // Nearest-even rounding of a float to a narrower float dtype, through frexp/ldexp.
 inline float round_to(DType t, float x) {
   if (t == DType::f32 || !std::isfinite(x) || x == 0.0f) return x;

@@ -18,15 +18,7 @@ template <class Code> void check_packed_codec(DType t) {
   // Every value of the grid, the midpoints between neighbours (ties), a hair either side of them, the
   // non-finite values, and every bf16 value.
   std::vector<float> probes{0.0f, INFINITY, NAN, 1e-30f, 1e30f, 3.0e38f};
-  std::vector<float> grid;
-  for (int c = 0; c < 8; ++c) grid.push_back(ref_decode(t, uint8_t(c)));
-  std::sort(grid.begin(), grid.end());
-  for (size_t i = 0; i < grid.size(); ++i) {
-    probes.push_back(grid[i]);
-    const float next = i + 1 < grid.size() ? grid[i + 1] : grid[i] * 1.25f;
-    const float mid = (grid[i] + next) / 2;
-    probes.insert(probes.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)});
-  }
+  for (float edge : rounding_edges(t)) probes.push_back(edge);
   for (uint32_t bits = 0; bits < 65536; bits += 3) probes.push_back(to_float(bf16{uint16_t(bits)}));
   std::mt19937 rng(5);
   for (float p : probes)

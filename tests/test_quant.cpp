@@ -20,16 +20,7 @@ template <class Code> void check_codec(DType t) {
   // Every representable value, the midpoints between neighbours (ties), a hair either side of them,
   // and random floats across the whole exponent range, both signs.
   std::vector<float> probes{0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-30f, 1e30f, 3.0e38f};
-  std::vector<float> grid;
-  for (int c = 0; c < 128; ++c)
-    if (std::isfinite(ref_decode(t, uint8_t(c)))) grid.push_back(ref_decode(t, uint8_t(c)));
-  std::sort(grid.begin(), grid.end());
-  for (size_t i = 0; i < grid.size(); ++i) {
-    probes.push_back(grid[i]);
-    const float next = i + 1 < grid.size() ? grid[i + 1] : grid[i] * 1.25f;
-    const float mid = (grid[i] + next) / 2;
-    probes.insert(probes.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)});
-  }
+  for (float edge : rounding_edges(t)) probes.push_back(edge);
   std::mt19937 rng(7);
   for (int i = 0; i < 20000; ++i)
     probes.push_back(std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng),

@@ -121,10 +121,10 @@ int list(int argc, char** argv) {
 }
 
 // Float storage must give back exactly what went in. Quantized storage is held to its documented
-// bound for inputs in [-32, 32), at a per-tensor scale of 1 or a dynamic scale of at most 32 / qmax
-// (twice that where ue8m0 rounds it up to a power of two): half a scale step for int8 and int4 (plus
-// bf16 rounding of the result), half the float grid's spacing (relative 2^-4 for e4m3, 2^-3 for e5m2,
-// 2^-2 for e2m1, whose subnormal step is half its scale).
+// bound for inputs in [-32, 32), at a scale of at most 32 / qmax (a per-tensor one set so, a dynamic
+// one at most so, twice that where ue8m0 rounds it up to a power of two): half a scale step for int8
+// and int4 (plus bf16 rounding of the result), half the float grid's spacing (relative 2^-4 for e4m3,
+// 2^-3 for e5m2, 2^-2 for e2m1, whose subnormal step is half its scale).
 float tolerance(const kvforge::VariantDescriptor& d, float want) {
   using kvforge::DType;
   if (!d.quantized()) return 0.0f;
@@ -150,6 +150,9 @@ bool demo_one(const kvforge::VariantEntry& e) {
   cfg.pages = d.paged() ? num_rows * per_row + 2 : 0;
   cfg.max_staged_tokens = num_rows * total;
   auto cache = e.create(cfg);
+  if (d.quant == Quant::per_tensor)  // the inputs below lie in [-32, 32): a scale that holds them
+    for (int layer = 0; layer < d.layers; ++layer)
+      cache->set_tensor_scale(layer, 32.0f / quant_max(d.storage), 32.0f / quant_max(d.storage));
   const int H = d.heads, D = d.head_dim, esize = dtype_size(d.input);
   const int readable = d.window ? std::min(total, d.window) : total;
   std::mt19937 rng(7);

@@ -366,15 +366,10 @@ NB_MODULE(_native, m) {
       .def("group", &HybridSequenceManager::group, "g"_a, nb::rv_policy::reference_internal);
 
   m.def("quant_max", [](const std::string& storage) -> float {
-    switch (*dtype_named(storage, "storage")) {
-      case DType::i8: return detail::Codec<int8_t>::qmax;
-      case DType::f8e4m3: return detail::Codec<fp8_e4m3>::qmax;
-      case DType::f8e5m2: return detail::Codec<fp8_e5m2>::qmax;
-      case DType::f4e2m1: return detail::Codec<fp4_e2m1x2>::qmax;
-      case DType::i4: return detail::Codec<int4x2>::qmax;
-      default:
-        throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4)");
-    }
+    const float qmax = quant_max(*dtype_named(storage, "storage"));
+    if (qmax == 0.0f)
+      throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4)");
+    return qmax;
   }, "storage"_a, "The largest code magnitude of a quantized storage dtype (docs/quantization.md)");
   // For bench/python_overhead.py: the same append as Cache.append, repeated from C++ with the
   // arguments converted once, so that the Python boundary's cost per call can be measured beside it.

@@ -277,4 +277,18 @@ template <class Code, class Scale> KVF_HD KVF_INLINE Scale dynamic_scale(uint32_
 }
 
 }  // namespace detail
+
+// The largest code magnitude of a quantized storage dtype (0 for the others): a dynamic scale is
+// amax / quant_max, and a per-tensor scale s holds values up to s * quant_max.
+constexpr float quant_max(DType t) {
+  switch (t) {
+    case DType::i8: return detail::Codec<int8_t>::qmax;
+    case DType::f8e4m3: return detail::Codec<fp8_e4m3>::qmax;
+    case DType::f8e5m2: return detail::Codec<fp8_e5m2>::qmax;
+    case DType::f4e2m1: return detail::Codec<fp4_e2m1x2>::qmax;
+    case DType::i4: return detail::Codec<int4x2>::qmax;
+    default: return 0.0f;
+  }
+}
+
 }  // namespace kvforge
