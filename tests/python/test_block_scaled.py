@@ -40,12 +40,13 @@ def test_exported_codes_and_group_scales_decode_to_what_gather_returns(d):
     assert GROUPED, "no per_group variant of a small model is registered"
     g = torch.Generator().manual_seed(7)
     tokens, layer = 2 * d.page_size + 3, d.layers - 1
-    pages = torch.tensor([3, 0, 2], dtype=torch.int32)[: -(-tokens // d.page_size)]
-    cache = kvforge.create(d.name, pages=4)
+    used = -(-tokens // d.page_size)
+    pages = torch.arange(used, 0, -1, dtype=torch.int32)  # out of order, page 0 left unused
+    cache = kvforge.create(d.name, pages=used + 1)
     dtype = TORCH_DTYPE[d.input]
     # Heads of different magnitudes and an outlier, so that groups of one row get different scales.
     k = (torch.randn(tokens, d.heads, d.head_dim, generator=g) * torch.logspace(-2, 1, d.heads)[None, :, None]).to(dtype)
-    k[1, 0, d.quant_group + 1] = 300.0
+    k[1, 0, (d.quant_group + 1) % d.head_dim] = 300.0
     v = torch.randn(tokens, d.heads, d.head_dim, generator=g).to(dtype)
     slots = torch.tensor([int(pages[t // d.page_size]) * d.page_size + t % d.page_size for t in range(tokens)])
     cache.append(layer, k, v, slots=slots)
@@ -64,21 +65,25 @@ def test_exported_codes_and_group_scales_decode_to_what_gather_returns(d):
         decoded = (values * decode_scales(scales[at], d.scale_dtype)[..., None]).view(tokens, d.heads, d.head_dim)
         assert torch.equal(decoded.to(dtype).transpose(0, 1), got[side]), side
         # And close to what went in (docs/quantization.md's bound, loosely): half a step of the integer
-        # grids, at most one scale for e2m1 (half its top spacing of 2), 2^-4 relative for e4m3 plus
-        # its subnormal step; and the input dtype's rounding.
+        # grids, at most one scale for e2m1 (half its top spacing of 2), 2^-4 relative for e4m3 and
+        # 2^-3 for e5m2 plus half their smallest subnormal step; and the input dtype's rounding.
         s = decode_scales(scales[at], d.scale_dtype).repeat_interleave(d.quant_group, dim=-1)
         a = x.float().abs()
-        bound = {"int8": 0.5 * s, "int4": 0.5 * s, "fp4_e2m1": s, "fp8_e4m3": a * 2.0 ** -4 + s * 2.0 ** -10}[d.storage]
+        bound = {"int8": 0.5 * s, "int4": 0.5 * s, "fp4_e2m1": s, "fp8_e4m3": a * 2.0 ** -4 + s * 2.0 ** -10,
+                 "fp8_e5m2": a * 2.0 ** -3 + s * 2.0 ** -17}[d.storage]
         assert ((decoded - x.float()).abs() <= bound * 1.001 + a * 2.0 ** -7).all(), side
 
 
 def test_four_bit_storage_is_named_and_sized():
     assert kvforge.quant_max("fp4_e2m1") == 6.0 and kvforge.quant_max("int4") == 7.0
-    fp4 = [d for d in kvforge.variants() if d.storage == "fp4_e2m1"]
-    assert fp4, "no fp4_e2m1 variant is registered"
-    for d in fp4:
-        # Two codes a byte, and a ue8m0 (or other) scale per group, K and V of every layer.
+    four_bit = [d for d in kvforge.variants() if d.storage in ("fp4_e2m1", "int4") and not d.hybrid]
+    assert four_bit, "no 4-bit variant is registered"
+    for d in four_bit:
+        # Two codes a byte, and each token's dynamic scales, K and V of every layer (a per-tensor scale
+        # is per layer, not per token).
+        scales = {"per_tensor": 0, "per_token": 1, "per_token_head": d.heads,
+                  "per_group": d.heads * (d.head_dim // max(d.quant_group, 1))}[d.quant]
         scale_bytes = {"ue8m0": 1, "bf16": 2, "fp32": 4}[d.scale_dtype]
-        assert d.bytes_per_token == 2 * d.layers * d.heads * (d.head_dim // 2 + d.head_dim // d.quant_group * scale_bytes)
+        assert d.bytes_per_token == 2 * d.layers * (d.heads * d.head_dim // 2 + scales * scale_bytes), d.name
     with pytest.raises(kvforge.ArgumentError, match="int4"):
         kvforge.quant_max("int2")

@@ -19,8 +19,6 @@
 
 namespace kvforge::detail {
 
-
-
 // An e4m3 scale rounded up: the smallest e4m3 value >= s (s > 0), at most 448, whose group then
 // saturates. NVFP4's block scales take this.
 KVF_HD KVF_INLINE uint8_t e4m3_scale_up(float s) {
@@ -106,7 +104,7 @@ template <int G, class Scale, class In> KVF_HD KVF_INLINE Scale quantize_int4(co
 }
 template <int G, class Scale, class Out> KVF_HD KVF_INLINE void dequantize_int4(const uint8_t* packed, Scale scale, Out* x) {
   const float s = to_float(scale);
-  for (int i = 0; i < G; ++i) x[i] = from_float<Out>(Codec<int4x2>::decode(int4x2{nibble(packed, i)}, 0) * s);
+  for (int i = 0; i < G; ++i) x[i] = from_float<Out>(Codec<int4x2>::decode_nibble(nibble(packed, i)) * s);
 }
 
 // int4, asymmetric (lmdeploy's): codes 0..15 with a scale (max - min) / 15 and a zero point

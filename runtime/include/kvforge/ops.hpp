@@ -263,7 +263,7 @@ template <class Traits, class Exec> struct Ops {
     if (lane >= lanes) return;
     if constexpr (kQuant == Quant::per_tensor) {
       const float s = to_float(*scale);
-      for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
+      for (int h = 0; h < H; ++h) encode_groups<D, D, Exec>(dst + h * dst_head, src + h * src_head, &s, lane, lanes);
     } else if constexpr (kQuant == Quant::per_token) {
       uint32_t m = 0;
       for (int h = 0; h < H; ++h) {
@@ -273,7 +273,7 @@ template <class Traits, class Exec> struct Ops {
       const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(m));
       if (lane == 0) *scale = stored;
       const float s = to_float(stored);
-      for (int h = 0; h < H; ++h) encode_row<D, Exec>(dst + h * dst_head, src + h * src_head, s, lane, lanes);
+      for (int h = 0; h < H; ++h) encode_groups<D, D, Exec>(dst + h * dst_head, src + h * src_head, &s, lane, lanes);
     } else {  // per_token_head, per_group: a scale per group of a head's row
       // A head's groups go stage by stage (every amax, then every scale, then every group's codes), not
       // group by group: the groups are independent, and a core overlaps them only when no group's

@@ -98,7 +98,6 @@ using E5M2 = Fp8Format<5, 2, 15, 0x7b, 0x7f, true>;
 template <class Code> struct Codec;
 template <> struct Codec<int8_t> {
   static constexpr float qmax = 127.0f;
-  static constexpr int values = 1;  // values a stored code element holds
   // Rounds first and saturates in integers: a float clamp to +-2^22 keeps the rounding trick in range
   // (NaN comes out of it as 2^22), the integer clamp to +-qmax is two vector min/max, and NaN is
   // masked to 0 last. The same codes as clamping to +-qmax in floats (tests/test_quant.cpp checks
@@ -124,7 +123,6 @@ template <> struct Codec<int8_t> {
 // tests/test_fp8_convert.cu checks the two bit-exact over every bf16 input.
 template <> struct Codec<fp8_e4m3> {
   static constexpr float qmax = 448.0f;
-  static constexpr int values = 1;
   KVF_HD static KVF_INLINE fp8_e4m3 encode(float v) {
     if constexpr (target::kOnDevice) return fp8_e4m3{target::device_fp8_e4m3(v)};
     else return fp8_e4m3{E4M3::encode(v)};
@@ -133,7 +131,6 @@ template <> struct Codec<fp8_e4m3> {
 };
 template <> struct Codec<fp8_e5m2> {
   static constexpr float qmax = 57344.0f;
-  static constexpr int values = 1;
   KVF_HD static KVF_INLINE fp8_e5m2 encode(float v) {
     if constexpr (target::kOnDevice) return fp8_e5m2{target::device_fp8_e5m2(v)};
     else return fp8_e5m2{E5M2::encode(v)};
@@ -170,7 +167,6 @@ struct E2M1 {
 // stored as 0, as int8 stores it; +-inf saturate to +-qmax.
 template <> struct Codec<fp4_e2m1x2> {
   static constexpr float qmax = E2M1::qmax;
-  static constexpr int values = 2;
   KVF_HD static KVF_INLINE uint8_t code(float v) { return v == v ? E2M1::encode(v) : uint8_t(0); }
   KVF_HD static KVF_INLINE fp4_e2m1x2 encode(float lo, float hi) { return fp4_e2m1x2{uint8_t(code(lo) | (code(hi) << 4))}; }
   KVF_HD static KVF_INLINE float decode_nibble(uint8_t n) { return E2M1::decode(n); }
@@ -179,7 +175,6 @@ template <> struct Codec<fp4_e2m1x2> {
 // int4: symmetric codes -7..7 (as int8 keeps its grid symmetric), two's complement nibbles.
 template <> struct Codec<int4x2> {
   static constexpr float qmax = 7.0f;
-  static constexpr int values = 2;
   // Clamps before rounding so that the rounding trick stays in range (NaN comes out of the clamp as 8,
   // and is masked to 0 last).
   KVF_HD static KVF_INLINE uint8_t code(float v) {

@@ -32,21 +32,13 @@ template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const
   }
 }
 
-// D values of a row into codes, and back. Packed 4-bit codes go a pair (one stored byte) at a time.
+// D values of a row into codes, and back, for lanes that stride the row (CUDA; a group at a time for
+// encode_groups below, and the CPU's whole rows of one scale). Packed 4-bit codes go a pair (one
+// stored byte) at a time.
 template <int D, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
   const ScaleDivisor divisor(scale);
-  if constexpr (Codec<Code>::values == 2 && Exec::row_step(2) == 1) {
-    // One lane takes the row (the CPU): every value's code, then the pairs packed as 16-bit words,
-    // each loop a vector one.
-    uint8_t code[D];
-    for (int i = 0; i < D; ++i) code[i] = Codec<Code>::code(divisor.divide(to_float(src[i])));
-    for (int p = 0; p < D / 2; ++p) {
-      uint16_t pair;
-      std::memcpy(&pair, code + 2 * p, 2);  // value 2p in the low byte
-      dst[p] = Code{uint8_t((pair & 0xfu) | ((pair >> 4) & 0xf0u))};
-    }
-  } else if constexpr (Codec<Code>::values == 2) {
+  if constexpr (kValuesPerElement<Code> == 2) {
     for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes))
       dst[p] = Codec<Code>::encode(divisor.divide(to_float(src[2 * p])), divisor.divide(to_float(src[2 * p + 1])));
   } else {
@@ -55,17 +47,40 @@ KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lan
   }
 }
 
-// A head's row of D values in groups of G, group g with scale s[g]. Lanes that stride the row (CUDA)
-// take a group at a time. One lane that takes the row whole (the CPU) divides it in one loop by each
-// value's group scale, laid out beside it: a loop of D, which vectorizes whole, where a loop a group
-// of 16 or 32 ran in 128-bit pieces at a third of the speed.
+template <int D, class Exec, class Out, class Code>
+KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int lane, int lanes) {
+  if constexpr (kValuesPerElement<Code> == 2) {
+    for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes)) {
+      dst[2 * p] = from_float<Out>(Codec<Code>::decode(src[p], 0) * scale);
+      dst[2 * p + 1] = from_float<Out>(Codec<Code>::decode(src[p], 1) * scale);
+    }
+  } else {
+    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
+  }
+}
+
+// Whether one lane takes a head's row of D values in groups of G whole (the CPU, Exec::row_step 1) and
+// is better served by one loop over the row than a loop a group: where there are several groups, or
+// 4-bit codes to pack (a pair a step stops the loop vectorizing).
+template <int D, int G, class Exec, class Code> constexpr bool kWholeRowLoop =
+    Exec::row_step(2) == 1 && (G < D || kValuesPerElement<Code> == 2);
+
+// Each value's group scale laid out beside it: broadcasts, where `s[i / G]` would be a scalar loop.
+template <int D, int G> KVF_HD KVF_INLINE void spread_scales(float (&scale)[D], const float* s) {
+  for (int g = 0; g < D / G; ++g)
+    for (int i = 0; i < G; ++i) scale[g * G + i] = s[g];
+}
+
+// A head's row of D values in groups of G, group g with scale s[g]. Lanes that stride the row take a
+// group at a time (encode_row). One lane that takes it whole divides it in one loop by each value's
+// group scale: a loop of D, which vectorizes whole, where a loop a group of 16 or 32 ran in 128-bit
+// pieces at a third of the speed; 4-bit codes are then packed as 16-bit words, a vector loop too.
 template <int D, int G, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_groups(Code* dst, const In* src, const float* s, int lane, int lanes) {
-  if constexpr (Exec::row_step(2) == 1 && G < D) {
+  if constexpr (kWholeRowLoop<D, G, Exec, Code>) {
     float scale[D];
-    for (int g = 0; g < D / G; ++g)
-      for (int i = 0; i < G; ++i) scale[g * G + i] = s[g];  // broadcasts: i / G would be a scalar loop
-    if constexpr (Codec<Code>::values == 2) {
+    spread_scales<D, G>(scale, s);
+    if constexpr (kValuesPerElement<Code> == 2) {
       uint8_t code[D];
       for (int i = 0; i < D; ++i) code[i] = Codec<Code>::code(to_float(src[i]) / scale[i]);
       for (int p = 0; p < D / 2; ++p) {
@@ -77,36 +92,22 @@ KVF_HD KVF_INLINE void encode_groups(Code* dst, const In* src, const float* s, i
       for (int i = 0; i < D; ++i) dst[i] = Codec<Code>::encode(to_float(src[i]) / scale[i]);
     }
   } else {
-    for (int g = 0; g < D / G; ++g) encode_row<G, Exec>(dst + g * (G / Codec<Code>::values), src + g * G, s[g], lane, lanes);
+    for (int g = 0; g < D / G; ++g)
+      encode_row<G, Exec>(dst + g * (G / kValuesPerElement<Code>), src + g * G, s[g], lane, lanes);
   }
 }
 
-template <int D, class Exec, class Out, class Code>
-KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int lane, int lanes) {
-  if constexpr (Codec<Code>::values == 2) {
-    for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes)) {
-      dst[2 * p] = from_float<Out>(Codec<Code>::decode(src[p], 0) * scale);
-      dst[2 * p + 1] = from_float<Out>(Codec<Code>::decode(src[p], 1) * scale);
-    }
-  } else {
-    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes)) dst[i] = from_float<Out>(Codec<Code>::decode(src[i]) * scale);
-  }
-}
-
-// decode_row over a head's row of D values in groups of G, group g with scale s[g]; one lane that takes
-// the row whole (the CPU) decodes it in one loop, each value's group scale laid out beside it, and
-// unpacks 4-bit codes a byte (two values) at a time first, as encode_groups packs them.
+// encode_groups' way back: one loop over a whole row, 4-bit codes unpacked a byte (two values) at a
+// time first.
 template <int D, int G, class Exec, class Out, class Code>
 KVF_HD KVF_INLINE void decode_groups(Out* dst, const Code* src, const float* s, int lane, int lanes) {
-  constexpr bool kPacked = Codec<Code>::values == 2;
-  if constexpr (Exec::row_step(2) == 1 && (G < D || kPacked)) {
+  if constexpr (kWholeRowLoop<D, G, Exec, Code>) {
     float scale[D];
-    for (int g = 0; g < D / G; ++g)
-      for (int i = 0; i < G; ++i) scale[g * G + i] = s[g];
-    if constexpr (kPacked) {
+    spread_scales<D, G>(scale, s);
+    if constexpr (kValuesPerElement<Code> == 2) {
       uint8_t code[D];
       for (int p = 0; p < D / 2; ++p) {
-        const uint16_t b = reinterpret_cast<const uint8_t*>(src)[p];
+        const uint16_t b = src[p].bits;
         const uint16_t pair = uint16_t((b & 0xfu) | ((b & 0xf0u) << 4));  // value 2p in the low byte
         std::memcpy(code + 2 * p, &pair, 2);
       }
@@ -116,7 +117,7 @@ KVF_HD KVF_INLINE void decode_groups(Out* dst, const Code* src, const float* s, 
     }
   } else {
     for (int g = 0; g < D / G; ++g)
-      decode_row<G, Exec>(dst + g * G, src + g * (G / Codec<Code>::values), s[g], lane, lanes);
+      decode_row<G, Exec>(dst + g * G, src + g * (G / kValuesPerElement<Code>), s[g], lane, lanes);
   }
 }
 

@@ -74,7 +74,8 @@ int cpu_level() {
   // refuses a KVFORGE_CPU_LEVEL this CPU cannot run.
   static const int level = chosen();
 #ifdef KVFORGE_CPU_BASE_ONLY
-  return level < kCpuBaseLevel ? level : kCpuBaseLevel;
+  (void)level;
+  return kCpuBaseLevel;
 #else
   return level;
 #endif
