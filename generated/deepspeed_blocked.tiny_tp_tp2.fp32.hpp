@@ -36,6 +36,7 @@ struct deepspeed_blocked__tiny_tp_tp2__fp32_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::none;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<deepspeed_blocked__tiny_tp_tp2__fp32_traits>(); }

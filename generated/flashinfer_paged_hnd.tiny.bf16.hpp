@@ -32,6 +32,7 @@ struct flashinfer_paged_hnd__tiny__bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::none;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<flashinfer_paged_hnd__tiny__bf16_traits>(); }

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // flashinfer_paged_hnd.tiny_tp_tp2.int8_in_bf16: paged addressing, axes [page, kv, head, slot, dim], eager update,
 // 2 layers x 1 KV heads x head dim 16, int8 storage from bf16 input,
-// per_token_head bf16 scales, in_page,
+// quantization: per_token_head bf16 in_page,
 // 72 bytes per token.
 #pragma once
 
@@ -37,6 +37,7 @@ struct flashinfer_paged_hnd__tiny_tp_tp2__int8_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_token_head;
   using scale_t = kvforge::bf16;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::in_page;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<flashinfer_paged_hnd__tiny_tp_tp2__int8_in_bf16_traits>(); }

@@ -34,6 +34,7 @@ struct hybrid_paged__tiny_hybrid__bf16__local_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::none;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__tiny_hybrid__bf16__local_traits>(); }
@@ -63,6 +64,7 @@ struct hybrid_paged__tiny_hybrid__bf16__global_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::none;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__tiny_hybrid__bf16__global_traits>(); }

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // jetstream_contiguous_lazy.llama3_8b.int8_in_bf16: contiguous addressing, axes [row, head, seq, dim], lazy update,
 // 32 layers x 8 KV heads x head dim 128, int8 storage from bf16 input,
-// per_token fp32 scales, separate,
+// quantization: per_token fp32 separate,
 // 65792 bytes per token.
 #pragma once
 
@@ -33,6 +33,7 @@ struct jetstream_contiguous_lazy__llama3_8b__int8_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_contiguous_lazy__llama3_8b__int8_in_bf16_traits>(); }

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // jetstream_stacked_lazy.tiny.int8_in_bf16: contiguous addressing, axes [layer, row, head, seq, dim], lazy update,
 // 2 layers x 2 KV heads x head dim 16, int8 storage from bf16 input,
-// per_token fp32 scales, separate,
+// quantization: per_token fp32 separate,
 // 144 bytes per token.
 #pragma once
 
@@ -33,6 +33,7 @@ struct jetstream_stacked_lazy__tiny__int8_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_token;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<jetstream_stacked_lazy__tiny__int8_in_bf16_traits>(); }

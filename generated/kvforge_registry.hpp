@@ -8,7 +8,7 @@
 
 namespace kvforge {
 
-// The 105 variants of this expansion.
+// The 107 variants of this expansion.
 const kvforge::Registry& registry();
 
 }  // namespace kvforge

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // paged_grouped.mistral_7b.int4_in_bf16: paged addressing, axes [page, slot, kv, head, dim], eager update,
 // 32 layers x 8 KV heads x head dim 128, int4 storage from bf16 input,
-// per_group 16 bf16 scales, in_page,
+// quantization: per_group 16 bf16 in_page,
 // 40960 bytes per token.
 #pragma once
 
@@ -33,6 +33,7 @@ struct paged_grouped__mistral_7b__int4_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_group;
   using scale_t = kvforge::bf16;
   static constexpr int quant_group = 16;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::in_page;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<paged_grouped__mistral_7b__int4_in_bf16_traits>(); }

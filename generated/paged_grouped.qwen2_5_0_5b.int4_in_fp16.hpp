@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // paged_grouped.qwen2_5_0_5b.int4_in_fp16: paged addressing, axes [page, slot, kv, head, dim], eager update,
 // 24 layers x 2 KV heads x head dim 64, int4 storage from fp16 input,
-// per_group 16 bf16 scales, in_page,
+// quantization: per_group 16 bf16 in_page,
 // 3840 bytes per token.
 #pragma once
 
@@ -33,6 +33,7 @@ struct paged_grouped__qwen2_5_0_5b__int4_in_fp16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_group;
   using scale_t = kvforge::bf16;
   static constexpr int quant_group = 16;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::in_page;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<paged_grouped__qwen2_5_0_5b__int4_in_fp16_traits>(); }

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // paged_mx.mistral_7b.fp8_e4m3_in_bf16: paged addressing, axes [kv, page, slot, head, dim], eager update,
 // 32 layers x 8 KV heads x head dim 128, fp8_e4m3 storage from bf16 input,
-// per_group 32 ue8m0 scales, separate,
+// quantization: per_group 32 ue8m0 separate,
 // 67584 bytes per token.
 #pragma once
 
@@ -33,6 +33,7 @@ struct paged_mx__mistral_7b__fp8_e4m3_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_group;
   using scale_t = kvforge::ue8m0;
   static constexpr int quant_group = 32;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<paged_mx__mistral_7b__fp8_e4m3_in_bf16_traits>(); }

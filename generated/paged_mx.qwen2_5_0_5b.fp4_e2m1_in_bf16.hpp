@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // paged_mx.qwen2_5_0_5b.fp4_e2m1_in_bf16: paged addressing, axes [kv, page, slot, head, dim], eager update,
 // 24 layers x 2 KV heads x head dim 64, fp4_e2m1 storage from bf16 input,
-// per_group 32 ue8m0 scales, separate,
+// quantization: per_group 32 ue8m0 separate,
 // 3264 bytes per token.
 #pragma once
 
@@ -33,6 +33,7 @@ struct paged_mx__qwen2_5_0_5b__fp4_e2m1_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_group;
   using scale_t = kvforge::ue8m0;
   static constexpr int quant_group = 32;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<paged_mx__qwen2_5_0_5b__fp4_e2m1_in_bf16_traits>(); }

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // vllm_mla.tiny_mla.fp8_e4m3_in_bf16: paged addressing, axes [page, slot, kv, head, dim], eager update,
 // 2 layers x 1 KV heads x head dim 16, fp8_e4m3 storage from bf16 input,
-// per_tensor fp32 scales, separate,
+// quantization: per_tensor fp32 separate,
 // 64 bytes per token.
 #pragma once
 
@@ -36,6 +36,7 @@ struct vllm_mla__tiny_mla__fp8_e4m3_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_tensor;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<vllm_mla__tiny_mla__fp8_e4m3_in_bf16_traits>(); }

@@ -2,7 +2,7 @@
 // through codegen/templates/variant.hpp.j2. DO NOT EDIT: change the spec or template and rebuild.
 // vllm_paged_nhd.tiny.fp8_e4m3_in_bf16: paged addressing, axes [kv, page, slot, head, dim], eager update,
 // 2 layers x 2 KV heads x head dim 16, fp8_e4m3 storage from bf16 input,
-// per_tensor fp32 scales, separate,
+// quantization: per_tensor fp32 separate,
 // 128 bytes per token.
 #pragma once
 
@@ -33,6 +33,7 @@ struct vllm_paged_nhd__tiny__fp8_e4m3_in_bf16_traits {
   static constexpr kvforge::Quant quant = kvforge::Quant::per_tensor;
   using scale_t = float;
   static constexpr int quant_group = 0;
+  static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<vllm_paged_nhd__tiny__fp8_e4m3_in_bf16_traits>(); }

@@ -78,7 +78,7 @@ void dtypes(MpiTransport& t) {
     } else if (t.rank() == 1) {
       Side side = make_side(b, 1);
       const VariantDescriptor& d = side.d();
-      if (d.quant == Quant::per_tensor)
+      if (d.takes_tensor_scale())
         for (int layer = 0; layer < d.layers; ++layer) side.cache->set_tensor_scale(layer, 0.0625f, 0.125f);
       KvReceiver receiver(*side.cache, 0, t);
       receiver.expect(request, tokens_of(request, tokens), PeerGroup{{0}}, side.manager.get(), 0);

@@ -121,11 +121,21 @@ inline float round_to(DType t, float x) {
   return r;
 }
 
-// A dynamic scale as stored: amax / qmax, or 1 when that is 0; bf16 scales round up, and ue8m0 ones
-// to the next power of two in [2^-127, 2^127] (OCP MX's E8M0).
-inline float ref_scale(DType scale_dtype, float amax, float qmax) {
-  float s = amax / qmax;
+// A dynamic scale as stored: amax / qmax (over a second-level tensor scale, where the layout has one),
+// or 1 when that is 0; bf16 scales round up, ue8m0 ones to the next power of two in [2^-127, 2^127]
+// (OCP MX's E8M0), and e4m3 ones to the next value of its grid within [2^-9, 448] (NVFP4's).
+inline float ref_scale(DType scale_dtype, float amax, float qmax, float tensor = 1.0f) {
+  float s = amax / qmax / tensor;
   if (!(s > 0.0f)) s = 1.0f;
+  if (scale_dtype == DType::f8e4m3) {
+    float up = ref_qmax(DType::f8e4m3);  // a scale past the largest value saturates its group
+    for (int c = 1; c < 0x7f; ++c)
+      if (ref_decode(DType::f8e4m3, uint8_t(c)) >= s) {
+        up = ref_decode(DType::f8e4m3, uint8_t(c));
+        break;
+      }
+    return up;
+  }
   if (scale_dtype == DType::ue8m0) {
     int e;
     const float m = std::frexp(s, &e);  // s = m 2^e, m in [0.5, 1)
@@ -154,6 +164,7 @@ struct RefToken {
   std::vector<float> gathered;  // [heads][dim], in the input dtype's precision
 };
 
+// tensor_scale: a per_tensor layout's scale, or a tensor-scaled per_group layout's second level.
 inline RefToken ref_quantize(const VariantDescriptor& d, const std::vector<float>& x, float tensor_scale) {
   const int H = d.heads, D = d.head_dim;
   const float qmax = ref_qmax(d.storage);
@@ -172,10 +183,12 @@ inline RefToken ref_quantize(const VariantDescriptor& d, const std::vector<float
   };
   for (int h = 0; h < H; ++h)
     for (int g = 0; g < groups; ++g) {
-      float& scale = out.scales[size_t(h) * groups + g];
-      if (d.quant == Quant::per_tensor) scale = tensor_scale;
-      else if (d.quant == Quant::per_token) scale = ref_scale(d.scale, amax_of(0, H, 0, D), qmax);
-      else scale = ref_scale(d.scale, amax_of(h, h + 1, g * width, (g + 1) * width), qmax);
+      float& stored = out.scales[size_t(h) * groups + g];
+      const float under = d.tensor_scaled ? tensor_scale : 1.0f;
+      if (d.quant == Quant::per_tensor) stored = tensor_scale;
+      else if (d.quant == Quant::per_token) stored = ref_scale(d.scale, amax_of(0, H, 0, D), qmax);
+      else stored = ref_scale(d.scale, amax_of(h, h + 1, g * width, (g + 1) * width), qmax, under);
+      const float scale = stored * under;  // the factor the group's codes take
       for (int i = g * width; i < (g + 1) * width; ++i) {
         const size_t at = size_t(h) * D + i;
         out.codes[at] = ref_encode(d.storage, x[at] / scale);
@@ -185,9 +198,10 @@ inline RefToken ref_quantize(const VariantDescriptor& d, const std::vector<float
   return out;
 }
 
-// A stored scale's value; a ue8m0 byte e is 2^(e - 127).
+// A stored scale's value; a ue8m0 byte e is 2^(e - 127), an e4m3 byte its fp8 value.
 inline float load_scale(DType t, const void* src) {
   if (t == DType::ue8m0) return std::ldexp(1.0f, int(*static_cast<const uint8_t*>(src)) - 127);
+  if (t == DType::f8e4m3) return ref_decode(t, *static_cast<const uint8_t*>(src));
   return t == DType::f32 ? load_as(DType::f32, src) : load_as(DType::bf16, src);
 }
 

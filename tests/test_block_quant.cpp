@@ -91,15 +91,23 @@ TEST(UE8M0, EveryCodeAndEveryScaleEdge) {
 
 TEST(E4m3Scale, RoundsUpToTheNextValueForEveryInput) {
   const std::vector<float> t = e4m3_table();
+  // The first code whose value is >= s, searched in the table; 448's where none is.
+  auto next_up = [&t](float s) {
+    for (int c = 1; c < 0x7f; ++c)
+      if (t[size_t(c)] >= s) return c;
+    return 0x7e;
+  };
   for (uint32_t b = 1; b < 0x7f80; ++b) {
     const float s = bf16_value(uint16_t(b));
-    int want = 0x7e;
-    for (int c = 1; c < 0x7f; ++c)
-      if (t[size_t(c)] >= s) {
-        want = c;
-        break;
-      }
+    ASSERT_EQ(int(e4m3_scale_up(s)), next_up(s)) << s;
+  }
+  // fp32 scales whose low mantissa bits (which no bf16 has) alone lift them past a code.
+  std::mt19937 rng(5);
+  for (int i = 0; i < 200000; ++i) {
+    const float s = std::ldexp(std::uniform_real_distribution<float>(1.0f, 2.0f)(rng), int(rng() % 30) - 20);
+    const int want = next_up(s);
     ASSERT_EQ(int(e4m3_scale_up(s)), want) << s;
+    ASSERT_EQ(int(e4m3_scale_up(std::nextafter(t[size_t(want)], 0.0f))), want) << t[size_t(want)];
   }
 }
 

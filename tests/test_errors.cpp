@@ -370,7 +370,7 @@ TEST(Errors, QuantizedAppendAndScalesRefuseBadArguments) {
     expect_error<OutOfRangeError>([&] { f.append(0, 2, rows, pos, slots); },
                                   f.d.paged() ? "targets.slots" : "targets.positions");
     f.expect_unchanged();
-    if (q == Quant::per_tensor) {
+    if (f.d.takes_tensor_scale()) {
       expect_error<ArgumentError>([&] { f.cache->set_tensor_scale(0, 0.0f, 1.0f); }, "k_scale");
       expect_error<ArgumentError>([&] { f.cache->set_tensor_scale(0, 1.0f, NAN); }, "v_scale");
       expect_error<OutOfRangeError>([&] { f.cache->set_tensor_scale(f.d.layers, 1.0f, 1.0f); }, "layer");

@@ -79,7 +79,7 @@ struct Twins {
     c.max_staged_tokens = kRows;
     graphed = e.create(c);
     eager = e.create(c);
-    if (d.quant == Quant::per_tensor)
+    if (d.takes_tensor_scale())
       for (Cache* cache : {graphed.get(), eager.get()})
         for (int l = 0; l < d.layers; ++l) cache->set_tensor_scale(l, 0.5f, 0.25f);
     Backend& b = backend(Device::cuda);
@@ -240,7 +240,7 @@ TEST(DeviceChecks, CudaBadTargetWritesNothingInOneLaunchOrSeveral) {
         c.rows = 2;
         c.pages = (tokens + d.page_size - 1) / std::max(d.page_size, 1) + 1;
         auto cache = e->create(c);
-        if (d.quant == Quant::per_tensor)
+        if (d.takes_tensor_scale())
           for (int l = 0; l < d.layers; ++l) cache->set_tensor_scale(l, 0.5f, 0.25f);
         const std::vector<unsigned char> before = held_bytes(*cache);
         Arena a(Device::cuda);

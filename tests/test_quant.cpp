@@ -148,7 +148,7 @@ class QuantHarness {
   float tensor_scale(int kv) const { return kv == 0 ? 0.03125f : 0.5f; }
 
   std::vector<std::vector<float>> round_trip(int layer, std::vector<std::vector<float>> tokens) {
-    if (d_.quant == Quant::per_tensor) cache_->set_tensor_scale(layer, tensor_scale(0), tensor_scale(1));
+    if (d_.takes_tensor_scale()) cache_->set_tensor_scale(layer, tensor_scale(0), tensor_scale(1));
     const int64_t T = int64_t(tokens.size()) / 2;
     const int es = dtype_size(d_.input);
     std::vector<unsigned char> k(size_t(T * hd() * es)), v(k.size());

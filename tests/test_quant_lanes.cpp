@@ -179,19 +179,22 @@ struct EmulatedCudaExec {
 };
 
 // A quantized layout of any shape, as a spec could give it (ops.hpp reads these members).
-template <class Store, class In, class ScaleT, Quant Q, int H, int D, int G = 0> struct ChunkedTraits {
+template <class Store, class In, class ScaleT, Quant Q, int H, int D, int G = 0, bool TensorScaled = false>
+struct ChunkedTraits {
   using storage_t = Store;
   using input_t = In;
   using scale_t = ScaleT;
   static constexpr int heads = H, head_dim = D, page_size = 0, window = 0, quant_group = G;
+  static constexpr bool tensor_scaled = TensorScaled;
   static constexpr Addressing addressing = Addressing::contiguous;
   static constexpr Axis axes[] = {Axis::row, Axis::seq, Axis::head, Axis::dim};
   static constexpr Quant quant = Q;
 };
 
-// A scale's initial value, to be overwritten; ue8m0 has no from_float.
+// A scale's initial value, to be overwritten; ue8m0 and e4m3 have no from_float.
 template <class Scale> Scale scale_from_float(float x) {
   if constexpr (std::is_same_v<Scale, ue8m0>) return ue8m0{uint8_t(x > 0 ? 127 : 0xff)};
+  else if constexpr (std::is_same_v<Scale, fp8_e4m3>) return fp8_e4m3{detail::E4M3::encode(x)};
   else return from_float<Scale>(x);
 }
 
@@ -208,6 +211,7 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
   VariantDescriptor d{};
   d.heads = H, d.head_dim = D, d.storage = storage, d.input = input, d.quant = Traits::quant, d.scale = scale_dtype;
   d.quant_group = Traits::quant_group;
+  d.tensor_scaled = Traits::tensor_scaled;
   const int groups = ref_groups(d);
   std::mt19937 rng(seed);
   std::vector<In> x(static_cast<size_t>(H) * D);
@@ -218,7 +222,10 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
     x[e] = from_float<In>(e == 3 ? NAN : value);
     xf[e] = to_float(x[e]);
   }
-  const float tensor_scale = 0.03125f;
+  // A per-tensor scale; or a second level so small that the largest heads' group scales pass e4m3's 448
+  // and saturate, while the smallest heads' do not.
+  const float tensor_scale = Traits::tensor_scaled ? 0x1p-12f : 0.03125f;
+  const float under = Traits::tensor_scaled ? tensor_scale : 1.0f;
   constexpr int kValues = kValuesPerElement<Store>;  // 2 for packed 4-bit codes
   std::vector<Store> codes(x.size() / kValues);
   std::vector<Scale> scales(static_cast<size_t>(H) * groups, scale_from_float<Scale>(Traits::quant == Quant::per_tensor ? tensor_scale : -1.0f));
@@ -226,9 +233,9 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
     if constexpr (O::kChunkedQuant) {
       typename O::ChunkRegs regs{};  // chunks past the row stay unread, as on the device
       if constexpr (O::Chunks::kPreload) O::load_chunks(regs, x.data(), D, lane, 0);
-      O::quantize_token_chunked(regs, codes.data(), D, scales.data(), groups, x.data(), D, lane);
+      O::quantize_token_chunked(regs, codes.data(), D, scales.data(), groups, under, x.data(), D, lane);
     } else {
-      O::quantize_token(codes.data(), D / kValues, scales.data(), groups, x.data(), D, lane, O::kTokenLanes);
+      O::quantize_token(codes.data(), D / kValues, scales.data(), groups, under, x.data(), D, lane, O::kTokenLanes);
     }
   });
   ASSERT_TRUE(converged) << "the lanes did not all reach the same reductions";
@@ -248,12 +255,12 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
     const int64_t scale_head = Traits::quant == Quant::per_token ? 0 : groups;
     if constexpr (O::kChunkedQuant) {
       O::dequantize_token_chunked(k_out.data(), D, v_out.data(), D, both.data(), D, int64_t(x.size()), scale, scale,
-                                  scale_head, lane);
+                                  scale_head, under, under, lane);
     } else {
       for (int h = 0; h < H; ++h) {
         const Store* k_row = both.data() + h * (D / kValues);
-        O::decode_head(k_out.data() + h * D, k_row, scale + h * scale_head, lane, O::kTokenLanes);
-        O::decode_head(v_out.data() + h * D, k_row + codes.size(), scale + h * scale_head, lane, O::kTokenLanes);
+        O::decode_head(k_out.data() + h * D, k_row, scale + h * scale_head, under, lane, O::kTokenLanes);
+        O::decode_head(v_out.data() + h * D, k_row + codes.size(), scale + h * scale_head, under, lane, O::kTokenLanes);
       }
     }
   }));
@@ -311,6 +318,17 @@ TEST(ChunkedQuantizer, PackedCodesTakeTheElementPathAcrossEmulatedLanes) {
   check_chunked_token<ChunkedTraits<int4x2, bf16, float, Quant::per_token_head, 3, 96>>(DType::i4, DType::bf16, DType::f32, 33);
   check_chunked_token<ChunkedTraits<fp4_e2m1x2, float, float, Quant::per_token, 5, 16>>(DType::f4e2m1, DType::f32, DType::f32, 34);
   static_assert(!detail::Ops<ChunkedTraits<fp4_e2m1x2, bf16, ue8m0, Quant::per_group, 8, 128, 32>, EmulatedCudaExec>::kChunkedQuant);
+}
+
+TEST(ChunkedQuantizer, TensorScaledGroupsAcrossEmulatedLanesMatchTheReference) {
+  // NVFP4 on llama3-8b's shape: e4m3 scales per 16 under a tensor scale, on the element path; and e4m3
+  // scales under a tensor scale over fp8 codes, which the chunked path takes (2 lanes a group).
+  check_chunked_token<ChunkedTraits<fp4_e2m1x2, bf16, fp8_e4m3, Quant::per_group, 8, 128, 16, true>>(
+      DType::f4e2m1, DType::bf16, DType::f8e4m3, 41);
+  check_chunked_token<ChunkedTraits<fp8_e4m3, bf16, fp8_e4m3, Quant::per_group, 4, 64, 16, true>>(
+      DType::f8e4m3, DType::bf16, DType::f8e4m3, 42);
+  static_assert(detail::Ops<ChunkedTraits<fp8_e4m3, bf16, fp8_e4m3, Quant::per_group, 4, 64, 16, true>,
+                            EmulatedCudaExec>::kChunkedQuant);
 }
 
 }  // namespace

@@ -52,13 +52,17 @@ TEST_P(EveryVariant, BytesPerTokenMatchesAllocation) {
   const CacheConfig& c = drv.cache_->config();
   const int64_t tokens = d.paged() ? c.pages * d.page_size
                                    : c.rows * (d.addressing == Addressing::ring ? d.window : c.max_seq_len);
-  // A per_tensor scale is a fixed cost per layer, not per token.
-  const int64_t tensor_scales = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
-  EXPECT_EQ(drv.cache_->memory().storage_bytes, tokens * d.bytes_per_token + tensor_scales);
   const int64_t scales_per_token = d.quant == Quant::per_group        ? int64_t(d.heads) * (d.head_dim / d.quant_group)
                                    : d.quant == Quant::per_token_head ? d.heads
                                    : d.quant == Quant::per_token      ? 1
                                                                       : 0;
+  // A per_tensor scale is a fixed cost per layer, not per token; so is a tensor-scaled layout's second
+  // level, fp32 after its group scales, which are padded to a whole fp32.
+  const int64_t group_scale_bytes = tokens * 2 * d.layers * scales_per_token * dtype_size(d.scale);
+  const int64_t tensor_scales = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale)
+                                : d.tensor_scaled ? (-group_scale_bytes & 3) + int64_t(2) * d.layers * 4
+                                                  : 0;
+  EXPECT_EQ(drv.cache_->memory().storage_bytes, tokens * d.bytes_per_token + tensor_scales);
   EXPECT_EQ(d.bytes_per_token, int64_t(2) * d.layers * d.heads * (d.head_dim / dtype_values(d.storage)) * dtype_size(d.storage) +
                                    int64_t(2) * d.layers * scales_per_token * dtype_size(d.scale));
   // Runtime overhead: lazy staging is exactly max_staged_tokens input tokens plus their targets per

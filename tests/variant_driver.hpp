@@ -46,7 +46,7 @@ class Driver {
       cfg.max_seq_len = d_.addressing == Addressing::contiguous ? capacity_ : 0;
     }
     cache_ = create(cfg);
-    if (d_.quant == Quant::per_tensor) {
+    if (d_.takes_tensor_scale()) {
       // Scales that differ by layer and by K/V, so that mixing them up shows; with values up to 32
       // some fp8_e4m3 codes saturate, which the reference must predict too.
       for (int l = 0; l < d_.layers; ++l) cache_->set_tensor_scale(l, tensor_scale(l, 0), tensor_scale(l, 1));

@@ -94,22 +94,24 @@ int list(int argc, char** argv) {
   const auto& all = kvforge::registry().variants();
   size_t width = 7;
   for (const auto& e : all) width = std::max(width, std::strlen(e.descriptor->name));
-  std::printf("%-*s  %-10s  %-6s  %-8s  %-28s  %11s\n", int(width), "variant", "addressing", "update", "storage",
+  std::printf("%-*s  %-10s  %-6s  %-8s  %-44s  %11s\n", int(width), "variant", "addressing", "update", "storage",
               "scales", "bytes/token");
   int shown = 0;
   for (const auto* e : kvforge::registry().select(q)) {
     const auto& d = *e->descriptor;
     if (!dtype.empty() && dtype != kvforge::dtype_name(d.storage)) continue;
-    std::string scales = d.quantized() ? std::string(kvforge::name_of(d.quant)) + " " +
-                                             std::string(kvforge::dtype_name(d.scale)) + " " +
-                                             kvforge::name_of(d.scale_placement)
+    // As kvforge-codegen's list says it: "per_group 16 fp8_e4m3 x fp32 tensor separate".
+    std::string scales = d.quantized() ? std::string(kvforge::name_of(d.quant)) +
+                                             (d.quant_group ? " " + std::to_string(d.quant_group) : "") + " " +
+                                             std::string(kvforge::dtype_name(d.scale)) + (d.tensor_scaled ? " x fp32 tensor" : "") +
+                                             " " + kvforge::name_of(d.scale_placement)
                                        : "-";
     if (d.is_hybrid()) {  // the column shows each layer group's layout instead
       scales.clear();
       for (int g = 0; g < d.hybrid->num_groups; ++g)
         scales += std::string(g ? ", " : "") + d.hybrid->groups[g].name + ": " + d.hybrid->groups[g].member->layout;
     }
-    std::printf("%-*s  %-10s  %-6s  %-8s  %-28s  %11lld\n", int(width), d.name,
+    std::printf("%-*s  %-10s  %-6s  %-8s  %-44s  %11lld\n", int(width), d.name,
                 d.is_hybrid() ? "hybrid" : kvforge::name_of(d.addressing),
                 d.update == kvforge::UpdateMode::lazy ? "lazy" : "eager",
                 std::string(kvforge::dtype_name(d.storage)).c_str(), scales.c_str(),
@@ -122,13 +124,13 @@ int list(int argc, char** argv) {
 
 // Float storage must give back exactly what went in. Quantized storage is held to its documented
 // bound for inputs in [-32, 32), at a scale of at most 32 / qmax (a per-tensor one set so, a dynamic
-// one at most so, twice that where ue8m0 rounds it up to a power of two): half a scale step for int8
-// and int4 (plus bf16 rounding of the result), half the float grid's spacing (relative 2^-4 for e4m3,
-// 2^-3 for e5m2, 2^-2 for e2m1, whose subnormal step is half its scale).
+// one at most so, twice that where ue8m0 rounds it up to a power of two, 1.125x where e4m3 does): half
+// a scale step for int8 and int4 (plus bf16 rounding of the result), half the float grid's spacing
+// (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2 for e2m1, whose subnormal step is half its scale).
 float tolerance(const kvforge::VariantDescriptor& d, float want) {
   using kvforge::DType;
   if (!d.quantized()) return 0.0f;
-  const float round_up = d.scale == DType::ue8m0 ? 2.0f : 1.0f;
+  const float round_up = d.scale == DType::ue8m0 ? 2.0f : d.scale == DType::f8e4m3 ? 1.125f : 1.0f;
   if (d.storage == DType::i8) return 0.5f * round_up * 32.0f / 127.0f + 0.0625f;
   if (d.storage == DType::i4) return 0.5f * round_up * 32.0f / 7.0f + 0.0625f;
   if (d.storage == DType::f4e2m1) return std::fabs(want) * 0.25f + 0.25f * round_up * 32.0f / 6.0f + 0.0625f;
@@ -150,9 +152,12 @@ bool demo_one(const kvforge::VariantEntry& e) {
   cfg.pages = d.paged() ? num_rows * per_row + 2 : 0;
   cfg.max_staged_tokens = num_rows * total;
   auto cache = e.create(cfg);
-  if (d.quant == Quant::per_tensor)  // the inputs below lie in [-32, 32): a scale that holds them
-    for (int layer = 0; layer < d.layers; ++layer)
-      cache->set_tensor_scale(layer, 32.0f / quant_max(d.storage), 32.0f / quant_max(d.storage));
+  // The inputs below lie in [-32, 32): a per-tensor scale that holds them, or a second-level one under
+  // which the largest group's scale is e4m3's largest value (NVFP4's calibration).
+  if (d.takes_tensor_scale()) {
+    const float scale = 32.0f / quant_max(d.storage) / (d.tensor_scaled && d.scale == DType::f8e4m3 ? quant_max(d.scale) : 1.0f);
+    for (int layer = 0; layer < d.layers; ++layer) cache->set_tensor_scale(layer, scale, scale);
+  }
   const int H = d.heads, D = d.head_dim, esize = dtype_size(d.input);
   const int readable = d.window ? std::min(total, d.window) : total;
   std::mt19937 rng(7);

@@ -215,14 +215,14 @@ def main(argv: List[str] | None = None) -> int:
         return 0
     if args.command == "list":
         width = max((len(v.name) for v in variants), default=7)
-        print(f"{'variant':<{width}}  {'addressing':<10}  {'update':<6}  {'scales':<28}  {'bytes/token':>11}")
+        print(f"{'variant':<{width}}  {'addressing':<10}  {'update':<6}  {'scales':<44}  {'bytes/token':>11}")
         for v in variants:
             q = v.quantization
-            scales = f"{q.granularity}{f' {q.group_size}' if q.group_size else ''} {q.scale_dtype} {q.scales}" if q else "-"
+            scales = q.summary if q else "-"
             addressing = "hybrid" if v.members else v.layout.addressing
             if v.members:
                 scales = ", ".join(f"{g.name}: {m.layout.name}" for g, m in v.members)
-            print(f"{v.name:<{width}}  {addressing:<10}  {v.layout.update:<6}  {scales:<28}  {v.bytes_per_token:>11}")
+            print(f"{v.name:<{width}}  {addressing:<10}  {v.layout.update:<6}  {scales:<44}  {v.bytes_per_token:>11}")
         print(f"{len(variants)} variants")
         return 0
     if args.command == "outputs":

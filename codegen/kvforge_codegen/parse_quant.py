@@ -30,12 +30,20 @@ def parse_quantization(value: Value, addressing: Optional[str], axes: Optional[T
     if r.has("group_size") and granularity is not None and granularity != "per_group":
         diags.error(r.loc_of("group_size"), "quantization.group_size",
                     f"only per_group quantization has groups, not {granularity}", "granularity: per_group")
-    if scale_dtype == "ue8m0" and granularity == "per_tensor":
+    tensor_scale = r.choice("tensor_scale", vocab.TENSOR_SCALES, default="none")
+    if scale_dtype in vocab.DYNAMIC_ONLY_SCALE_DTYPES and granularity == "per_tensor":
         diags.error(r.loc_of("scale_dtype"), "quantization.scale_dtype",
-                    "a per_tensor scale is set by the user, and ue8m0 holds only powers of two",
-                    ", ".join(d for d in vocab.SCALE_DTYPES if d != "ue8m0"))
+                    f"a per_tensor scale is set by the user, and {scale_dtype} rounds a scale up to its next value",
+                    ", ".join(d for d in vocab.SCALE_DTYPES if d not in vocab.DYNAMIC_ONLY_SCALE_DTYPES))
+    if tensor_scale not in (None, "none") and granularity is not None and granularity != "per_group":
+        diags.error(r.loc_of("tensor_scale"), "quantization.tensor_scale",
+                    f"a second-level tensor scale sits under group scales, and {granularity} has none",
+                    "granularity: per_group")
     if scales == "in_page":
         loc = r.loc_of("scales")
+        if tensor_scale not in (None, "none"):
+            diags.error(loc, "quantization.scales", "a layout's tensor scales live in its separate scale buffer",
+                        "separate")
         if addressing is not None and addressing != "paged":
             diags.error(loc, "quantization.scales", f"in_page scales need paged addressing, not {addressing}",
                         "separate")
@@ -51,4 +59,4 @@ def parse_quantization(value: Value, addressing: Optional[str], axes: Optional[T
                             f"and {', '.join(missing)} come before it", "[..., page, ..., slot, ..., head, ..., dim]")
     if len(diags.errors) != before:
         return None
-    return Quantization(granularity, scale_dtype, scales, value.loc, group_size or 0)
+    return Quantization(granularity, scale_dtype, scales, value.loc, group_size or 0, tensor_scale)

@@ -122,6 +122,14 @@ class Quantization:
     scales: str       # separate or in_page
     loc: Loc
     group_size: int = 0  # per_group: consecutive values of a head's row that share a scale; else 0
+    tensor_scale: str = "none"  # vocab.TENSOR_SCALES: a per_group layout's second-level scale
+
+    @property
+    def summary(self) -> str:
+        """One line for listings and generated comments: "per_group 16 fp8_e4m3 x fp32 tensor separate"."""
+        group = f" {self.group_size}" if self.group_size else ""
+        tensor = f" x {self.tensor_scale} tensor" if self.tensor_scale != "none" else ""
+        return f"{self.granularity}{group} {self.scale_dtype}{tensor} {self.scales}"
 
 
 @dataclass(frozen=True)
@@ -160,5 +168,5 @@ STATE_PART_FIELDS = ("name", "shape", "dtype")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")
-QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size")
+QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size", "tensor_scale")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")

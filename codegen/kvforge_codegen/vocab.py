@@ -42,13 +42,19 @@ QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])
 # shares a scale among `group_size` consecutive values of a head's row (OCP MX: 32).
 GRANULARITIES = ("per_tensor", "per_token", "per_token_head", "per_group")
 GROUP_SIZES = (16, 32, 64, 128)
-# Scale types: bytes and C++ spelling as DTYPES gives them. ue8m0 (OCP MX's power of two) rounds a
-# dynamic scale up to the next power of two; it cannot hold a per_tensor scale a user sets.
+# Scale types: bytes and C++ spelling as DTYPES gives them. ue8m0 (OCP MX's power of two) and fp8_e4m3
+# (NVFP4's block scale, at most 448) round a dynamic scale up to their next value; neither holds a
+# per_tensor scale a user sets.
 SCALE_DTYPES = {
     "fp32": {"bytes": 4, "cpp": "float"},
     "bf16": {"bytes": 2, "cpp": "kvforge::bf16"},
     "ue8m0": {"bytes": 1, "cpp": "kvforge::ue8m0"},
+    "fp8_e4m3": {"bytes": 1, "cpp": "kvforge::fp8_e4m3"},
 }
+DYNAMIC_ONLY_SCALE_DTYPES = ("ue8m0", "fp8_e4m3")
+# A per_group layout's second-level scale: none, or one fp32 scale per layer and K/V that the user sets,
+# under every group scale (NVFP4: value = code * group scale * tensor scale).
+TENSOR_SCALES = ("none", "fp32")
 SCALE_PLACEMENTS = ("separate", "in_page")
 
 # Axes each addressing mode needs and forbids; `layer` and `kv` are optional for all.

@@ -86,8 +86,9 @@ class KvforgeCache(Cache):
     `generate` serves by default (ids 0 .. batch_size - 1). pages: a paged cache's pool (default: every
     one of batch_size sequences can reach the variant's max_seq_len). prefix_caching: paged variants
     share the full pages of prompts added with `add` (token ids known). tensor_scales: per_tensor
-    quantized variants, {layer: (k_scale, v_scale)}; a layer without one is calibrated on its first
-    tokens as vLLM does, to twice their amax over the format's largest code (headroom for later
+    quantized variants, and tensor-scaled ones (NVFP4's second level), {layer: (k_scale, v_scale)}; a
+    layer without one is calibrated on its first tokens as vLLM does, to twice their amax over the
+    format's largest code (times e4m3's largest value under e4m3 group scales: headroom for later
     tokens; larger values saturate). device: where the kvforge cache lives.
 
     A hybrid model's linear layers (_hf_states.py): state_slots, the sequences that hold states at once
@@ -326,7 +327,7 @@ class KvforgeCache(Cache):
         key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
         if d.paged and index == 0:
             self._begin_step(new)
-        if d.quant == "per_tensor" and index not in self.tensor_scales:
+        if (d.quant == "per_tensor" or d.tensor_scaled) and index not in self.tensor_scales:
             self._calibrate(index, key_states, value_states)
         end = self.past_length()
         begin = layer.visible_from(end)
@@ -394,7 +395,9 @@ class KvforgeCache(Cache):
         return out.to(keys.dtype)
 
     def _calibrate(self, layer, key_states, value_states):
-        qmax = kvforge.quant_max(self.descriptor.storage)
+        d = self.descriptor
+        qmax = kvforge.quant_max(d.storage) * (kvforge.quant_max(d.scale_dtype) if d.tensor_scaled and
+                                               d.scale_dtype == "fp8_e4m3" else 1.0)
         scale = lambda x: max(2.0 * float(x.float().abs().amax()) / qmax, 1e-12)  # noqa: E731
         self.tensor_scales[layer] = (scale(key_states), scale(value_states))
         self.kv.set_tensor_scale(layer, *self.tensor_scales[layer])

@@ -70,6 +70,8 @@ NB_MODULE(_native, m) {
       }, "rank"_a, "The heads [begin, end) of the whole model that tensor-parallel `rank` holds.")
       .def_prop_ro("quant", [](const VariantDescriptor& d) { return name_of(d.quant); })
       .def_ro("quant_group", &VariantDescriptor::quant_group, "per_group: values of a head's row that share a scale; else 0")
+      .def_ro("tensor_scaled", &VariantDescriptor::tensor_scaled,
+              "per_group scales under a second-level fp32 scale per layer and K/V (NVFP4), set with set_tensor_scale")
       .def_prop_ro("scale_dtype", [](const VariantDescriptor& d) {
         return d.quantized() ? std::optional<std::string>(name(d.scale)) : std::nullopt;
       })

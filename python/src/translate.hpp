@@ -338,6 +338,8 @@ nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
     if (v.quant == Quant::per_group) scale_shape.push_back(size_t(v.scale_groups)), scale_strides.push_back(1);
     out["k_scales"] = export_array(v.k_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
     out["v_scales"] = export_array(v.v_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
+    if (v.tensor_scales)  // [2]: K's and V's second-level scale, which every group scale of the layer sits on
+      out["tensor_scales"] = export_array(v.tensor_scales, DType::f32, v.device, {2}, {1}, owner);
   }
   return out;
 }

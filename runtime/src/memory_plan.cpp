@@ -25,7 +25,7 @@ MemoryPlan plan_memory(const VariantDescriptor& d, const MemoryRequest& r) {
   MemoryPlan p;
   p.page_size = d.page_size;
   p.page_bytes = d.bytes_per_token * d.page_size;
-  const int64_t scales = d.quant == Quant::per_tensor ? int64_t(2) * d.layers * dtype_size(d.scale) : 0;
+  const int64_t scales = d.tensor_scale_bytes();
   const std::pair<const char*, int64_t> state_fields[] = {
       {"state_slot_bytes", r.state_slot_bytes}, {"state_slots", r.state_slots}, {"state_checkpoints", r.state_checkpoints}};
   for (const auto& [name, value] : state_fields)

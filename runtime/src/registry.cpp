@@ -108,6 +108,7 @@ std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q, std
   d.mla_rope_dim = by_model->mla_rope_dim;
   d.quant = Quant::none;  // the layout's other variants may be quantized; this one stores floats
   d.quant_group = 0;
+  d.tensor_scaled = false;
   d.scale = DType::f32;
   d.scale_placement = ScalePlacement::separate;
   d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale, 1);

@@ -211,7 +211,8 @@ class Quantization(unittest.TestCase):
         self.assertEqual(errors_of(text), [
             "layouts/bad.yaml:7: quantization.granularity: unknown value 'per_channel' "
             "(allowed: per_tensor, per_token, per_token_head, per_group)",
-            "layouts/bad.yaml:8: quantization.scale_dtype: unknown value 'fp8' (allowed: fp32, bf16, ue8m0)"])
+            "layouts/bad.yaml:8: quantization.scale_dtype: unknown value 'fp8' (allowed: fp32, bf16, ue8m0, "
+            "fp8_e4m3)"])
 
     def test_in_page_scales_that_cannot_be(self):
         per_tensor = QUANT_LAYOUT.format(name="bad").replace("granularity: per_token", "granularity: per_tensor")

@@ -1,6 +1,7 @@
 """Block-scaled storage seen from Python: the codes and group scales that `Cache.view` exports, decoded
 here from the formats' public definitions (OCP e2m1, two's complement int4 nibbles low first, OCP
-ue8m0), equal what `gather` returns, value for value."""
+ue8m0, NVFP4's e4m3 group scales over an fp32 tensor scale), equal what `gather` returns, value for
+value."""
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ def decode_codes(codes, storage):
 def decode_scales(scales, scale_dtype):
     if scale_dtype == "ue8m0":
         return torch.pow(2.0, scales.to(torch.float64) - 127).float()  # 2^(e - 127)
+    if scale_dtype == "fp8_e4m3":
+        return scales.view(torch.float8_e4m3fn).float()  # exported as bytes, as fp8 codes are
     return scales.float()
 
 
@@ -43,6 +46,11 @@ def test_exported_codes_and_group_scales_decode_to_what_gather_returns(d):
     used = -(-tokens // d.page_size)
     pages = torch.arange(used, 0, -1, dtype=torch.int32)  # out of order, page 0 left unused
     cache = kvforge.create(d.name, pages=used + 1)
+    # A second-level scale under every group scale of the layer (NVFP4): K's holds the outlier below
+    # within e4m3's 448 (300 / 6 / 0.25 = 200), V's is far from 1.
+    tensor = {"k": 0.25, "v": 2.0 ** -6} if d.tensor_scaled else {"k": 1.0, "v": 1.0}
+    if d.tensor_scaled:
+        cache.set_tensor_scale(layer, tensor["k"], tensor["v"])
     dtype = TORCH_DTYPE[d.input]
     # Heads of different magnitudes and an outlier, so that groups of one row get different scales.
     k = (torch.randn(tokens, d.heads, d.head_dim, generator=g) * torch.logspace(-2, 1, d.heads)[None, :, None]).to(dtype)
@@ -53,6 +61,9 @@ def test_exported_codes_and_group_scales_decode_to_what_gather_returns(d):
     got = {side: torch.empty(d.heads, tokens, d.head_dim, dtype=dtype) for side in "kv"}
     cache.gather(layer, got["k"], got["v"], pages=pages, begin=0, end=tokens)
     view = cache.view(layer)
+    assert ("tensor_scales" in view) == d.tensor_scaled
+    if d.tensor_scaled:
+        assert torch.from_dlpack(view["tensor_scales"]).tolist() == [tensor["k"], tensor["v"]]
     groups = d.head_dim // d.quant_group
     for side, x in (("k", k), ("v", v)):
         codes = torch.from_dlpack(view[side])
@@ -62,12 +73,13 @@ def test_exported_codes_and_group_scales_decode_to_what_gather_returns(d):
         assert scales.shape[2:] == (d.heads, groups)
         at = (slots // d.page_size, slots % d.page_size)  # (physical page, slot) of each token
         values = decode_codes(codes[at], d.storage).view(tokens, d.heads, groups, d.quant_group)
-        decoded = (values * decode_scales(scales[at], d.scale_dtype)[..., None]).view(tokens, d.heads, d.head_dim)
+        group_scales = decode_scales(scales[at], d.scale_dtype) * tensor[side]
+        decoded = (values * group_scales[..., None]).view(tokens, d.heads, d.head_dim)
         assert torch.equal(decoded.to(dtype).transpose(0, 1), got[side]), side
         # And close to what went in (docs/quantization.md's bound, loosely): half a step of the integer
         # grids, at most one scale for e2m1 (half its top spacing of 2), 2^-4 relative for e4m3 and
         # 2^-3 for e5m2 plus half their smallest subnormal step; and the input dtype's rounding.
-        s = decode_scales(scales[at], d.scale_dtype).repeat_interleave(d.quant_group, dim=-1)
+        s = group_scales.repeat_interleave(d.quant_group, dim=-1)
         a = x.float().abs()
         bound = {"int8": 0.5 * s, "int4": 0.5 * s, "fp4_e2m1": s, "fp8_e4m3": a * 2.0 ** -4 + s * 2.0 ** -10,
                  "fp8_e5m2": a * 2.0 ** -3 + s * 2.0 ** -17}[d.storage]
@@ -83,7 +95,7 @@ def test_four_bit_storage_is_named_and_sized():
         # is per layer, not per token).
         scales = {"per_tensor": 0, "per_token": 1, "per_token_head": d.heads,
                   "per_group": d.heads * (d.head_dim // max(d.quant_group, 1))}[d.quant]
-        scale_bytes = {"ue8m0": 1, "bf16": 2, "fp32": 4}[d.scale_dtype]
+        scale_bytes = {"ue8m0": 1, "fp8_e4m3": 1, "bf16": 2, "fp32": 4}[d.scale_dtype]
         assert d.bytes_per_token == 2 * d.layers * (d.heads * d.head_dim // 2 + scales * scale_bytes), d.name
     with pytest.raises(kvforge.ArgumentError, match="int4"):
         kvforge.quant_max("int2")

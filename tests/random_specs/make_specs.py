@@ -88,12 +88,15 @@ def layout_yaml(rng: random.Random, name: str, models: dict) -> str:
     if addressing == "ring":
         lines.append(f"window: {rng.choice(['model', rng.randint(1, 40)])}")
     if quantized:
-        # ue8m0 holds dynamic scales only.
-        scale_dtypes = tuple(d for d in vocab.SCALE_DTYPES if d != "ue8m0" or granularity != "per_tensor")
+        # ue8m0 and e4m3 hold dynamic scales only.
+        scale_dtypes = tuple(d for d in vocab.SCALE_DTYPES
+                             if d not in vocab.DYNAMIC_ONLY_SCALE_DTYPES or granularity != "per_tensor")
         lines += ["quantization:", f"  granularity: {granularity}",
                   f"  scale_dtype: {rng.choice(scale_dtypes)}", f"  scales: {scales}"]
         if granularity == "per_group":
             lines.append(f"  group_size: {rng.choice(group_sizes)}")
+            if scales == "separate" and rng.random() < 0.5:  # a second level (NVFP4's), kept beside the scales
+                lines.append(f"  tensor_scale: {rng.choice(vocab.TENSOR_SCALES)}")
     lines += ["expand:", f"  - models: [{', '.join(chosen)}]", f"    dtypes: [{storage}]"]
     if quantized or rng.random() < 0.3:
         lines.append(f"    input_dtypes: [{rng.choice(vocab.INPUT_DTYPES)}]")

@@ -19,15 +19,6 @@
 
 namespace kvforge::detail {
 
-// An e4m3 scale rounded up: the smallest e4m3 value >= s (s > 0), at most 448, whose group then
-// saturates. NVFP4's block scales take this.
-KVF_HD KVF_INLINE uint8_t e4m3_scale_up(float s) {
-  uint8_t c = E4M3::encode(s);
-  if (c >= 0x7e) return 0x7e;
-  if (E4M3::decode(c) < s) ++c;  // the next code up is the next larger value
-  return c == 0 ? uint8_t(1) : c;  // a scale of 0 would lose the group: the smallest subnormal
-}
-
 // 4-bit codes two to a byte: element 2i in the low nibble of byte i, 2i + 1 in the high nibble (PyTorch's
 // float4_e2m1fn_x2, NVFP4 and MXFP4 as NVIDIA and AMD store them).
 KVF_HD KVF_INLINE uint8_t nibble(const uint8_t* packed, int i) { return uint8_t((packed[i >> 1] >> ((i & 1) * 4)) & 0xfu); }

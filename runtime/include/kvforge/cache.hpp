@@ -57,6 +57,7 @@ struct LayerView {
   DType scale_dtype = DType::f32;
   Strides scale_strides;
   int scale_groups = 1;  // per_group: scales of a head's row, adjacent (group g of head h at h * head + g)
+  const float* tensor_scales = nullptr;  // tensor-scaled: this layer's second-level scales, [2] (K, V) fp32
   Device device = Device::cpu;
   Strides strides;  // element strides: row_or_page, seq_or_slot, head (dim is contiguous)
   int64_t rows_or_pages = 0;
@@ -145,8 +146,10 @@ class Cache {
   //   packed: n * packed_page_bytes() bytes of the cache's device's memory. One launch each. Paged only.
   virtual void pack_pages(const IndexView& pages, void* packed) = 0;
   virtual void unpack_pages(const void* packed, const IndexView& pages) = 0;
-  // per_tensor quantized layouts: the static scales of one layer (layer in [0, L)), held in device
-  // memory so a captured graph picks up new values; both finite and > 0. Others: UnsupportedError.
+  // per_tensor quantized layouts: the static scales of one layer (layer in [0, L)); tensor-scaled
+  // per_group layouts (NVFP4): the second-level scale under that layer's group scales, which codes
+  // already written are read with too. Held in device memory so a captured graph picks up new values;
+  // both finite and > 0. Others: UnsupportedError.
   virtual void set_tensor_scale(int layer, float k_scale, float v_scale) = 0;
   // The highest position written to a row (row in [0, rows)), plus one; 0 after reset. Contiguous and
   // ring only. Synchronizes on CUDA.
@@ -158,6 +161,9 @@ class Cache {
   virtual const void* storage() const = 0;
   // The scale buffer beside the pool (separate or per_tensor scales), else null.
   virtual const void* scale_storage() const = 0;
+  // A tensor-scaled layout's second-level scales, [layers, 2] fp32 (K then V of each layer) in the
+  // cache's device memory, for an attention kernel to read; else null.
+  virtual const float* tensor_scale_storage() const = 0;
 
   // The stream every later operation is queued on: a cudaStream_t on CUDA (a graph captured on it
   // records the operations captured there), ignored on the CPU. The caller orders the switch: work

@@ -81,6 +81,7 @@ template <class Traits> class TypedCache final : public Cache {
   MemoryReport memory() const override;
   const void* storage() const override { return pool_.data(); }
   const void* scale_storage() const override { return scales_.data(); }
+  const float* tensor_scale_storage() const override { return tensor_scales(); }
 
  private:
   const VariantDescriptor& desc() const {
@@ -119,7 +120,17 @@ template <class Traits> class TypedCache final : public Cache {
   bool pool_dwarfs_cache_ = false;  // cpu_streams_pool(): a CPU pool far larger than the caches
   Backend* backend_;
   Buffer pool_;
-  Buffer scales_;      // separate dynamic scales, or the per-tensor scales
+  // Separate dynamic scales, or the per-tensor scales; a tensor-scaled layout's second-level scales,
+  // [layers, 2] fp32, follow its group scales at tensor_scale_offset().
+  Buffer scales_;
+  int64_t tensor_scale_offset() const {
+    return (geometry_.scale_elems * int64_t(sizeof(scale_t)) + int64_t(alignof(float)) - 1) / int64_t(alignof(float)) *
+           int64_t(alignof(float));
+  }
+  float* tensor_scales() const {
+    return desc().tensor_scaled ? reinterpret_cast<float*>(static_cast<char*>(scales_.data()) + tensor_scale_offset())
+                                : nullptr;
+  }
   Buffer row_length_;  // int32 per row: contiguous and ring
   Buffer status_;
   // Lazy staging: [layers, staged, heads, dim] K and V in the input dtype, and their targets.
@@ -151,11 +162,18 @@ TypedCache<Traits>::TypedCache(const CacheConfig& config, Traits traits) : trait
   pool_ = Buffer(*backend_, geometry_.total_elems * int64_t(sizeof(storage_t)));
   pool_dwarfs_cache_ = on_cpu() && cpu_streams_pool(geometry_.total_elems * int64_t(sizeof(storage_t)));
   if (geometry_.scale_elems > 0) {
-    scales_ = Buffer(*backend_, geometry_.scale_elems * int64_t(sizeof(scale_t)));
+    const int64_t tensor_bytes = d.tensor_scaled ? int64_t(2) * layers() * int64_t(sizeof(float)) : 0;
+    scales_ = Buffer(*backend_, (tensor_bytes ? tensor_scale_offset() : geometry_.scale_elems * int64_t(sizeof(scale_t))) +
+                                    tensor_bytes);
     if constexpr (quant == Quant::per_tensor) {
       // Until calibrated scales are set, a scale of 1 stores values as they are (saturating).
       const std::vector<scale_t> ones(size_t(geometry_.scale_elems), detail::store_scale<scale_t>(1.0f));
       backend_->from_host(scales_.data(), ones.data(), scales_.bytes(), config_.stream);
+    }
+    if (tensor_bytes) {
+      // Until calibrated scales are set, the group scales alone scale the codes.
+      const std::vector<float> ones(size_t(2 * layers()), 1.0f);
+      backend_->from_host(tensor_scales(), ones.data(), tensor_bytes, config_.stream);
     }
   }
   if (!d.paged()) row_length_ = Buffer(*backend_, capacity_.rows * int64_t(sizeof(int32_t)));
@@ -194,7 +212,7 @@ template <class Traits> detail::ScaleRef TypedCache<Traits>::scale_ref() const {
   void* base = desc().scales_in_page()
                    ? static_cast<void*>(static_cast<char*>(const_cast<void*>(pool_.data())) + geometry_.scale_offset_bytes)
                    : const_cast<void*>(scales_.data());
-  return {base, geometry_.scale_strides};
+  return {base, geometry_.scale_strides, tensor_scales()};
 }
 
 template <class Traits> detail::WriteArgs<typename Traits::storage_t, typename Traits::input_t> TypedCache<Traits>::write_args() {
@@ -405,6 +423,7 @@ template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
     v.scale_dtype = dtype_of<scale_t>::value;
     v.scale_strides = r.s;
     v.scale_groups = desc().scale_groups();
+    if (r.tensor) v.tensor_scales = r.tensor + 2 * layer;
   }
   v.strides = geometry_.strides;
   v.rows_or_pages = desc().paged() ? capacity_.pages : capacity_.rows;
@@ -415,22 +434,22 @@ template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
 }
 
 template <class Traits> void TypedCache<Traits>::set_tensor_scale(int layer, float k_scale, float v_scale) {
-  if constexpr (quant != Quant::per_tensor) {
-    (void)layer;
-    (void)k_scale;
-    (void)v_scale;
-    throw UnsupportedError(std::string(desc().name) + ": set_tensor_scale is for per_tensor quantized "
-                           "layouts; this one is " + name_of(quant));
-  } else {
-    detail::check_layer(layer, layers());
-    const float given[2] = {k_scale, v_scale};
-    const char* names[2] = {"k_scale", "v_scale"};
-    for (int kv = 0; kv < 2; ++kv)
-      if (!(given[kv] > 0.0f && std::isfinite(given[kv])))
-        throw ArgumentError(names[kv], "must be finite and positive, got " + std::to_string(given[kv]));
+  if (!desc().takes_tensor_scale())
+    throw UnsupportedError(std::string(desc().name) + ": set_tensor_scale is for per_tensor quantized and "
+                           "tensor-scaled per_group layouts; this one is " + name_of(quant));
+  detail::check_layer(layer, layers());
+  const float given[2] = {k_scale, v_scale};
+  const char* names[2] = {"k_scale", "v_scale"};
+  for (int kv = 0; kv < 2; ++kv)
+    if (!(given[kv] > 0.0f && std::isfinite(given[kv])))
+      throw ArgumentError(names[kv], "must be finite and positive, got " + std::to_string(given[kv]));
+  if constexpr (quant == Quant::per_tensor) {
     const scale_t stored[2] = {detail::store_scale<scale_t>(k_scale), detail::store_scale<scale_t>(v_scale)};
     backend_->from_host(scales_.as<scale_t>() + geometry_.scale_strides.layer * layer, stored, sizeof(stored),
                         config_.stream);
+  } else {
+    // The group scales already stored stay as they are: tokens written before take the new scale too.
+    backend_->from_host(tensor_scales() + 2 * layer, given, sizeof(given), config_.stream);
   }
 }
 

@@ -6,7 +6,9 @@ namespace kvforge {
 
 template <class Traits> void TypedCache<Traits>::reset() {
   backend_->fill(pool_.data(), 0, pool_.bytes(), config_.stream);
-  if (quant != Quant::per_tensor && scales_.data()) backend_->fill(scales_.data(), 0, scales_.bytes(), config_.stream);
+  // Dynamic scales only: per-tensor and second-level scales are the user's calibration, kept.
+  if (quant != Quant::per_tensor && scales_.data())
+    backend_->fill(scales_.data(), 0, geometry_.scale_elems * int64_t(sizeof(scale_t)), config_.stream);
   if (row_length_.data()) backend_->fill(row_length_.data(), 0, row_length_.bytes(), config_.stream);
 }
 

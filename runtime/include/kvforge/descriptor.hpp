@@ -53,6 +53,7 @@ struct VariantDescriptor {
   int64_t bytes_per_token;  // K and V of all layers for one token, scales included (bytes_per_token())
   Quant quant = Quant::none;  // quantized storage only
   int quant_group = 0;        // per_group: values of a head's row that share a scale; else 0
+  bool tensor_scaled = false; // per_group under a second-level fp32 scale per layer and K/V (NVFP4)
   DType scale = DType::f32;
   ScalePlacement scale_placement = ScalePlacement::separate;
   const HybridDescriptor* hybrid = nullptr;  // hybrid variants: one member per layer group
@@ -83,6 +84,15 @@ struct VariantDescriptor {
   constexpr bool lazy() const { return update == UpdateMode::lazy; }
   constexpr bool is_hybrid() const { return hybrid != nullptr; }
   constexpr bool mla() const { return mla_kv_lora_rank > 0; }
+  // Whether set_tensor_scale applies: a per_tensor layout's scales, or a tensor-scaled one's second level.
+  constexpr bool takes_tensor_scale() const { return quant == Quant::per_tensor || tensor_scaled; }
+  // Those scales' bytes, a fixed cost beside the tokens' (at most: a tensor-scaled layout's fp32 scales
+  // follow its group scales on a 4-byte boundary, up to 3 bytes after them).
+  constexpr int64_t tensor_scale_bytes() const {
+    return quant == Quant::per_tensor ? int64_t(2) * layers * dtype_size(scale)
+           : tensor_scaled            ? int64_t(2) * layers * 4 + 3
+                                      : 0;
+  }
   constexpr bool scales_in_page() const { return quantized() && scale_placement == ScalePlacement::in_page; }
   // Scales of one head's row: head_dim / quant_group for per_group, else 1. A head's groups are adjacent
   // in the scales, as its values are in the pool (`dim` is every layout's last axis).
@@ -104,6 +114,10 @@ template <class T, class = void> struct quant_group_of {
 template <class T> struct quant_group_of<T, std::void_t<decltype(T::quant_group)>> {
   static constexpr int value = T::quant_group;
 };
+
+// A tensor-scaled layout's traits say so (variant.hpp.j2); others may say nothing.
+template <class T, class = void> struct tensor_scaled_of : std::false_type {};
+template <class T> struct tensor_scaled_of<T, std::void_t<decltype(T::tensor_scaled)>> : std::bool_constant<T::tensor_scaled> {};
 
 // A shard's traits state its degree (variant.hpp.j2); a whole model's say nothing.
 template <class T, class = void> struct shard_traits {
@@ -173,6 +187,7 @@ template <class T> constexpr VariantDescriptor describe() {
   d.quant = T::quant;
   d.scale = d.quant == Quant::none ? DType::f32 : dtype_of<typename T::scale_t>::value;
   d.quant_group = quant_group_of<T>::value;
+  d.tensor_scaled = tensor_scaled_of<T>::value;
   d.scale_placement = T::scale_placement;
   d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale, d.scale_groups());
   return d;

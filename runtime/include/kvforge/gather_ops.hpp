@@ -31,6 +31,7 @@ template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
   using O::scale_at;
   using O::side_rows_aligned;
   using Store = typename O::Store;
+  using O::tensor_scale;
   using O::walk_heads_outside;
 
   static void gather(const Exec& ex, const GatherArgs<Store, In>& a) {
@@ -64,6 +65,7 @@ template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
           const int n = int(a.count - first < tile_items ? a.count - first : tile_items);
           const Store* src[kTile];
           const Scale* scale[2][kTile];
+          const float tensor[2] = {tensor_scale(a.scales, a.layer, 0), tensor_scale(a.scales, a.layer, 1)};
           for (int j = 0; j < n; ++j) {
             int64_t unit, slot;
             locate_position(a.ext, a.row, a.pages, a.begin + first + j, unit, slot);
@@ -80,7 +82,7 @@ template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
                 In* o = out[kv].data + (first + j) * out[kv].token_stride + h * out[kv].head_stride;
                 const Store* row = src[j] + kv * a.s.kv + h * a.s.head;
                 if constexpr (kQuantized) {
-                  O::decode_head(o, row, scale[kv][j] + h * a.scales.s.head, 0, 1);
+                  O::decode_head(o, row, scale[kv][j] + h * a.scales.s.head, tensor[kv], 0, 1);
                 } else {
                   Exec::copy_row(o, row, head_dim(a.ext));
                 }
@@ -113,7 +115,8 @@ template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
                              Chunks::aligned_codes(src + a.s.kv, a.s.head, v_out.data, v_out.head_stride))) {
           dequantize_token_chunked(k_out.data, k_out.head_stride, v_out.data, v_out.head_stride, src, a.s.head, a.s.kv,
                                    scale_at(a.scales, a.layer, 0, unit, slot), scale_at(a.scales, a.layer, 1, unit, slot),
-                                   a.scales.s.head, lane);
+                                   a.scales.s.head, tensor_scale(a.scales, a.layer, 0), tensor_scale(a.scales, a.layer, 1),
+                                   lane);
           return;
         }
       }
@@ -122,9 +125,10 @@ template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
           const TokenHeads<In> out[2] = {k_out, v_out};
           for (int kv = 0; kv < 2; ++kv) {
             const Scale* scale = scale_at(a.scales, a.layer, kv, unit, slot);
+            const float tensor = tensor_scale(a.scales, a.layer, kv);
             for (int h = 0; h < H; ++h)
               O::decode_head(out[kv].data + h * out[kv].head_stride, src + kv * a.s.kv + h * a.s.head,
-                             scale + h * a.scales.s.head, lane, lanes);
+                             scale + h * a.scales.s.head, tensor, lane, lanes);
           }
         }
       } else if constexpr (std::is_same_v<Store, In>) {

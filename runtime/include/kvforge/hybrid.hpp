@@ -80,6 +80,7 @@ class HybridCache final : public Cache {
   MemoryReport memory() const override;
   const void* storage() const override { return members_[0]->storage(); }
   const void* scale_storage() const override { return members_[0]->scale_storage(); }
+  const float* tensor_scale_storage() const override { return members_[0]->tensor_scale_storage(); }
   void set_stream(void* stream) override {
     config_.stream = stream;
     for (auto& m : members_) m->set_stream(stream);

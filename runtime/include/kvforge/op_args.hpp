@@ -82,6 +82,7 @@ template <class T> struct TokenHeads {
 struct ScaleRef {
   void* base;
   Strides s;
+  const float* tensor = nullptr;  // [layers, 2]: a tensor-scaled layout's second-level scales, else null
 };
 
 // append (one layer) and commit (every layer's staged tokens) are one operation.

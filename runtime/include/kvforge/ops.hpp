@@ -109,6 +109,10 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kGroup = kQuant == Quant::per_group ? quant_group_of<Traits>::value : D;
   static_assert(kQuant != Quant::per_group || (kGroup > 0 && D % kGroup == 0), "groups tile a head's row");
   static constexpr int kGroups = kQuant == Quant::per_group ? D / kGroup : 1;
+  // A per_group layout may scale its groups under a second-level fp32 scale per layer and K/V (NVFP4):
+  // a value is code * group scale * tensor scale.
+  static constexpr bool kTensorScaled = tensor_scaled_of<Traits>::value;
+  static_assert(!kTensorScaled || kQuant == Quant::per_group, "a tensor scale sits under group scales");
   // Dynamic scales one token holds per K or V: kScaleHeads heads of kGroups each.
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H, kGroups);
   static constexpr int kScaleHeads = kScalesPerToken / kGroups;
@@ -249,6 +253,14 @@ template <class Traits, class Exec> struct Ops {
   KVF_HD static KVF_INLINE Scale* scale_at(const ScaleRef& r, int64_t layer, int64_t kv, int64_t unit, int64_t slot) {
     return static_cast<Scale*>(r.base) + element_offset(r.s, layer, kv, unit, slot);
   }
+  // The second-level scale of (layer, K or V): 1, a constant, where the layout has none.
+  KVF_HD static KVF_INLINE float tensor_scale(const ScaleRef& r, int64_t layer, int64_t kv) {
+    if constexpr (kTensorScaled) return r.tensor[2 * layer + kv]; else return 1.0f;
+  }
+  // A group scale as stored and the tensor scale under it, as the one factor its codes take.
+  KVF_HD static KVF_INLINE float scale_value(Scale stored, float tensor) {
+    if constexpr (kTensorScaled) return to_float(stored) * tensor; else return to_float(stored);
+  }
 
   // The lanes of an item that quantize a token element by element: at most a warp, so that each amax
   // is one warp's shuffle. An item wider than that (a chunked token of any granularity) leaves it to
@@ -258,7 +270,8 @@ template <class Traits, class Exec> struct Ops {
   // One token's K or V (all heads) into codes, computing and storing its dynamic scales; a
   // per-tensor scale is only read.
   KVF_HD static KVF_INLINE void quantize_token(Store* dst, int64_t dst_head, Scale* scale, int64_t scale_head,
-                                               const In* src, int64_t src_head, int lane, int token_lanes) {
+                                               float tensor, const In* src, int64_t src_head, int lane,
+                                               int token_lanes) {
     const int lanes = token_lanes < kElementLanes ? token_lanes : kElementLanes;
     if (lane >= lanes) return;
     if constexpr (kQuant == Quant::per_tensor) {
@@ -284,9 +297,9 @@ template <class Traits, class Exec> struct Ops {
         for (int g = 0; g < kGroups; ++g) amax[g] = row_amax<kGroup, Exec>(row + g * kGroup, lane, lanes);
         float s[kGroups];
         for (int g = 0; g < kGroups; ++g) {
-          const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(amax[g]));
+          const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(amax[g]), tensor);
           if (lane == 0) scale[h * scale_head + g] = stored;
-          s[g] = to_float(stored);
+          s[g] = scale_value(stored, tensor);
         }
         encode_groups<D, kGroup, Exec>(dst + h * dst_head, row, s, lane, lanes);
       }
@@ -313,7 +326,8 @@ template <class Traits, class Exec> struct Ops {
   // then packed code stores. With Chunks::kPreload the caller has loaded `regs` (K's and V's both,
   // before either is stored); otherwise each pass loads its own (a per-token scale reads twice).
   KVF_HD static KVF_INLINE void quantize_token_chunked(ChunkRegs& regs, Store* dst, int64_t dst_head, Scale* scale,
-                                                       int64_t scale_head, const In* src, int64_t src_head, int lane) {
+                                                       int64_t scale_head, float tensor, const In* src,
+                                                       int64_t src_head, int lane) {
     float token_scale = 1.0f;
     if constexpr (kQuant == Quant::per_tensor) {
       token_scale = to_float(*scale);
@@ -346,10 +360,10 @@ template <class Traits, class Exec> struct Ops {
           // kWholeGroups: this lane holds chunk c of head h, and its group's chunks are the aligned run of
           // kGroupChunks lanes around it.
           const uint32_t m = Exec::template lane_max<Chunks::L, kGroupChunks>(chunks_amax(regs, lane, first, r));
-          const Scale stored = dynamic_scale<Store, Scale>(m);
+          const Scale stored = dynamic_scale<Store, Scale>(m, tensor);
           const int h = (first + r) * Chunks::P + lane / Chunks::Lh, c = lane % Chunks::Lh;
           if (c % kGroupChunks == 0 && h < H) scale[h * scale_head + chunk_group(c)] = stored;
-          s = to_float(stored);
+          s = scale_value(stored, tensor);
         }
         const ScaleDivisor divisor(s);
         Chunks::template for_each_chunk<1>(lane, first + r, [&](int, int k, int h, int c) {
@@ -365,7 +379,7 @@ template <class Traits, class Exec> struct Ops {
   KVF_HD static KVF_INLINE void dequantize_token_chunked(In* k_out, int64_t k_head, In* v_out, int64_t v_head,
                                                          const Store* codes, int64_t code_head, int64_t code_kv,
                                                          const Scale* k_scale, const Scale* v_scale, int64_t scale_head,
-                                                         int lane) {
+                                                         float k_tensor, float v_tensor, int lane) {
     using Codes = typename Chunks::Codes;
     for (int first = 0; first < Chunks::Q; first += kGatherPasses) {
       Codes held[2][kGatherPasses][Chunks::K];
@@ -375,8 +389,8 @@ template <class Traits, class Exec> struct Ops {
       });
       Chunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
         const int64_t at = h * scale_head + chunk_group(c);
-        Chunks::decode(k_out, k_head, h, c, held[0][r][k], to_float(k_scale[at]));
-        Chunks::decode(v_out, v_head, h, c, held[1][r][k], to_float(v_scale[at]));
+        Chunks::decode(k_out, k_head, h, c, held[0][r][k], scale_value(k_scale[at], k_tensor));
+        Chunks::decode(v_out, v_head, h, c, held[1][r][k], scale_value(v_scale[at], v_tensor));
       });
     }
   }
@@ -390,11 +404,12 @@ template <class Traits, class Exec> struct Ops {
       for (int g = 0; g < kGroups; ++g) dst[h * dst_head + g] = src[h * src_head + g];
   }
 
-  // A row of one head decoded with its scales: group g of the row with scale[g].
+  // A row of one head decoded with its scales: group g of the row with scale[g] (under `tensor`).
   template <class Out>
-  KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, int lane, int lanes) {
+  KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, float tensor, int lane,
+                                            int lanes) {
     float s[kGroups];
-    for (int g = 0; g < kGroups; ++g) s[g] = to_float(scale[g]);
+    for (int g = 0; g < kGroups; ++g) s[g] = scale_value(scale[g], tensor);
     decode_groups<D, kGroup, Exec>(dst, src, s, lane, lanes);
   }
 

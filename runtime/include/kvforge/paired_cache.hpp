@@ -49,6 +49,7 @@ class PairedCache final : public Cache {
   MemoryReport memory() const override;
   const void* storage() const override { return main_->storage(); }
   const void* scale_storage() const override { return main_->scale_storage(); }
+  const float* tensor_scale_storage() const override { return main_->tensor_scale_storage(); }
   void set_stream(void* stream) override;
   Tuning tuning() const override { return main_->tuning(); }
   void set_tuning(const Tuning& t) override;

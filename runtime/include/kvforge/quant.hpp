@@ -256,6 +256,25 @@ struct UE8M0 {
   }
 };
 
+// An e4m3 scale rounded up: the smallest e4m3 value >= s (s > 0), at most 448, whose group then
+// saturates. NVFP4's block scales take this.
+// In bits, with no decode: e4m3 codes ascend with their values, so a normal s takes the code of its
+// exponent and top 3 mantissa bits, plus one where any bit below them is set; a subnormal one (below
+// 2^-6) the next multiple of 2^-9, at least 1 (a scale of 0 would lose the group). A group's scales
+// are computed a few at a time in an append's inner loop, where a decode and compare cost 1.7x.
+KVF_HD KVF_INLINE uint8_t e4m3_scale_up(float s) {
+  const uint32_t u = float_bits(s);
+  if (u >= 0x43e00000u) return 0x7e;  // 448 and above (and infinity): saturate
+  if (u < 0x3c800000u) {              // below 2^-6
+    const float steps = s * 512.0f;   // exact: a power-of-two scaling of a value far from underflow
+    const uint32_t whole = uint32_t(steps);
+    const uint32_t up = whole + (float(whole) < steps ? 1u : 0u);
+    return uint8_t(up > 1u ? up : 1u);
+  }
+  const uint32_t code = ((u >> 20) - ((127u - 7u) << 3)) + ((u & 0xfffffu) ? 1u : 0u);
+  return uint8_t(code > 0x7eu ? 0x7eu : code);
+}
+
 // A scale as stored, rounded up in magnitude so that amax / stored <= qmax.
 template <class Scale> KVF_HD KVF_INLINE Scale store_scale(float s);
 template <> KVF_HD KVF_INLINE float store_scale<float>(float s) { return s; }
@@ -264,14 +283,20 @@ template <> KVF_HD KVF_INLINE bf16 store_scale<bf16>(float s) {
   return bf16{uint16_t((u >> 16) + ((u & 0xffffu) ? 1u : 0u))};
 }
 template <> KVF_HD KVF_INLINE ue8m0 store_scale<ue8m0>(float s) { return ue8m0{UE8M0::encode_up(s)}; }
+template <> KVF_HD KVF_INLINE fp8_e4m3 store_scale<fp8_e4m3>(float s) { return fp8_e4m3{e4m3_scale_up(s)}; }
 
-// The stored scale for a group whose amax has magnitude bits `amax_bits`.
-template <class Code, class Scale> KVF_HD KVF_INLINE Scale dynamic_scale(uint32_t amax_bits) {
-  const float s = bits_float(amax_bits) / Codec<Code>::qmax;
+// The stored scale for a group whose amax has magnitude bits `amax_bits`, relative to a second-level
+// per-tensor scale `tensor` (NVFP4's; 1 where a layout has none): the group's values are then
+// code * stored * tensor.
+template <class Code, class Scale> KVF_HD KVF_INLINE Scale dynamic_scale(uint32_t amax_bits, float tensor = 1.0f) {
+  const float s = bits_float(amax_bits) / Codec<Code>::qmax / tensor;
   return store_scale<Scale>(s > 0.0f ? s : 1.0f);
 }
 
 }  // namespace detail
+
+// An e4m3 value as a scale (NVFP4's block scales); codes of fp8 storage decode through Codec.
+KVF_HD KVF_INLINE float to_float(fp8_e4m3 x) { return detail::E4M3::decode(x.bits); }
 
 // The largest code magnitude of a quantized storage dtype (0 for the others): a dynamic scale is
 // amax / quant_max, and a per-tensor scale s holds values up to s * quant_max.

@@ -36,9 +36,11 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
   using O::quantize_token_chunked;
   using Scale = typename O::Scale;
   using O::scale_at;
+  using O::scale_value;
   using O::side_rows_aligned;
   template <bool kAlignedRows> using StagedToken = typename O::template StagedToken<kAlignedRows>;
   using Store = typename O::Store;
+  using O::tensor_scale;
   using O::W;
   using O::walk_heads_outside;
   using O::window;
@@ -82,6 +84,7 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
           Store* dst[kTile];
           const In* src[2][kTile];
           Scale* scale[2][kTile];
+          float tensor[2][kTile];
           int n = 0;
           for (int64_t i = tile * tile_items; i < items && i < (tile + 1) * tile_items; ++i) {
             WritePlace w = write_source(a, i);
@@ -94,13 +97,15 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
             if constexpr (kQuantized) {
               scale[0][n] = scale_at(a.scales, w.layer, 0, w.unit, w.slot);
               scale[1][n] = scale_at(a.scales, w.layer, 1, w.unit, w.slot);
+              tensor[0][n] = tensor_scale(a.scales, w.layer, 0);
+              tensor[1][n] = tensor_scale(a.scales, w.layer, 1);
             }
             ++n;
           }
           for (int kv = 0; kv < 2; ++kv) {
             const int64_t in_head = kv ? a.v.head_stride : a.k.head_stride;
             if constexpr (kQuantized) {
-              quantize_tile(dst, kv * a.s.kv, a.s.head, scale[kv], a.scales.s.head, src[kv], in_head, n);
+              quantize_tile(dst, kv * a.s.kv, a.s.head, scale[kv], a.scales.s.head, tensor[kv], src[kv], in_head, n);
             } else {
               for (int h = 0; h < H; ++h)
                 for (int j = 0; j < n; ++j)
@@ -158,19 +163,19 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
         const bool loaded = !Chunks::kPreload || chunks_held;
         if (kAlignedRows || (loaded && Chunks::aligned(k, a.k.head_stride, dst, a.s.head) &&
                              Chunks::aligned(v, a.v.head_stride, dst + a.s.kv, a.s.head))) {
-          quantize_token_chunked(k_regs, dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k,
-                                 a.k.head_stride, lane);
+          quantize_token_chunked(k_regs, dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head,
+                                 tensor_scale(a.scales, layer, 0), k, a.k.head_stride, lane);
           quantize_token_chunked(v_regs, dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot),
-                                 a.scales.s.head, v, a.v.head_stride, lane);
+                                 a.scales.s.head, tensor_scale(a.scales, layer, 1), v, a.v.head_stride, lane);
           return;
         }
       }
       if constexpr (kQuantized) {
         if constexpr (!(kChunkedQuant && kAlignedRows)) {  // the element path
-          quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head, k, a.k.head_stride,
-                         lane, lanes);
-          quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head, v,
-                         a.v.head_stride, lane, lanes);
+          quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head,
+                         tensor_scale(a.scales, layer, 0), k, a.k.head_stride, lane, lanes);
+          quantize_token(dst + a.s.kv, a.s.head, scale_at(a.scales, layer, 1, unit, slot), a.scales.s.head,
+                         tensor_scale(a.scales, layer, 1), v, a.v.head_stride, lane, lanes);
         }
       } else {
         token.store(TokenHeads<Store>{dst, a.s.head}, TokenHeads<Store>{dst + a.s.kv, a.s.head}, k_in, v_in, a.ext, lane,
@@ -264,7 +269,7 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
   // K or V of n tokens into codes, head by head (the tile path of write): each token's scale first
   // where one scale covers all its heads, then every head's row of every token.
   static void quantize_tile(Store* const* dst, int64_t dst_kv, int64_t dst_head, Scale* const* scale,
-                            int64_t scale_head, const In* const* src, int64_t src_head, int n) {
+                            int64_t scale_head, const float* tensor, const In* const* src, int64_t src_head, int n) {
     float token_scale[kTile > 1 ? kTile : 1];
     for (int j = 0; j < n; ++j) {
       if constexpr (kQuant == Quant::per_tensor) {
@@ -287,9 +292,9 @@ template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
         for (int g = 0; g < kGroups; ++g) {  // every group's scale before any group's codes (quantize_token)
           s[g] = token_scale[j];
           if constexpr (kQuant == Quant::per_token_head || kQuant == Quant::per_group) {
-            const Scale stored = dynamic_scale<Store, Scale>(row_amax<kGroup, Exec>(row + g * kGroup, 0, 1));
+            const Scale stored = dynamic_scale<Store, Scale>(row_amax<kGroup, Exec>(row + g * kGroup, 0, 1), tensor[j]);
             scale[j][h * scale_head + g] = stored;
-            s[g] = to_float(stored);
+            s[g] = scale_value(stored, tensor[j]);
           }
         }
         encode_groups<D, kGroup, Exec>(dst[j] + dst_kv + h * dst_head, row, s, 0, 1);
