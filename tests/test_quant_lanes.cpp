@@ -318,6 +318,10 @@ TEST(ChunkedQuantizer, PackedCodesTakeTheElementPathAcrossEmulatedLanes) {
   check_chunked_token<ChunkedTraits<int4x2, bf16, float, Quant::per_token_head, 3, 96>>(DType::i4, DType::bf16, DType::f32, 33);
   check_chunked_token<ChunkedTraits<fp4_e2m1x2, float, float, Quant::per_token, 5, 16>>(DType::f4e2m1, DType::f32, DType::f32, 34);
   static_assert(!detail::Ops<ChunkedTraits<fp4_e2m1x2, bf16, ue8m0, Quant::per_group, 8, 128, 32>, EmulatedCudaExec>::kChunkedQuant);
+  // Groups as wide as the warp's pass (int4 per 64: 32 bytes), and wider (fp4 per 128: two passes).
+  check_chunked_token<ChunkedTraits<int4x2, bf16, bf16, Quant::per_group, 3, 64, 64>>(DType::i4, DType::bf16, DType::bf16, 35);
+  check_chunked_token<ChunkedTraits<fp4_e2m1x2, bf16, float, Quant::per_group, 2, 256, 128>>(DType::f4e2m1, DType::bf16,
+                                                                                             DType::f32, 36);
 }
 
 TEST(ChunkedQuantizer, TensorScaledGroupsAcrossEmulatedLanesMatchTheReference) {

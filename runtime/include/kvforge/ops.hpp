@@ -287,7 +287,10 @@ template <class Traits, class Exec> struct Ops {
       if (lane == 0) *scale = stored;
       const float s = to_float(stored);
       for (int h = 0; h < H; ++h) encode_groups<D, D, Exec>(dst + h * dst_head, src + h * src_head, &s, lane, lanes);
-    } else {  // per_token_head, per_group: a scale per group of a head's row
+    } else if constexpr (kQuant == Quant::per_group && kLanesStrideRows) {
+      for (int h = 0; h < H; ++h)
+        quantize_groups_striding(dst + h * dst_head, scale + h * scale_head, tensor, src + h * src_head, lane);
+    } else {  // per_token_head, and per_group on one lane: a scale per group of a head's row
       // A head's groups go stage by stage (every amax, then every scale, then every group's codes), not
       // group by group: the groups are independent, and a core overlaps them only when no group's
       // reduction, scale and division chain stands between the next one's loads (3x on a 32-value group).
@@ -373,6 +376,55 @@ template <class Traits, class Exec> struct Ops {
     }
   }
 
+  // Whether an item's lanes stride a head's row (CUDA's element path), not one lane taking it whole.
+  static constexpr bool kLanesStrideRows = Exec::row_step(2) != 1;
+  static constexpr int kGroupElems = kGroup / kValues;  // stored elements of a group
+  // The largest finite magnitude's bits of stored element e's values, and their codes.
+  KVF_HD static KVF_INLINE uint32_t element_amax(const In* row, int e) {
+    uint32_t m = magnitude_bits(to_float(row[e * kValues]));
+    if constexpr (kValues == 2) {
+      const uint32_t b = magnitude_bits(to_float(row[2 * e + 1]));
+      m = m > b ? m : b;
+    }
+    return m;
+  }
+  KVF_HD static KVF_INLINE Store encode_element(const In* row, int e, const ScaleDivisor& d) {
+    if constexpr (kValues == 2) return Codec<Store>::encode(d.divide(to_float(row[2 * e])), d.divide(to_float(row[2 * e + 1])));
+    else return Codec<Store>::encode(d.divide(to_float(row[e])));
+  }
+
+  // One head's row of a per_group token on lanes that stride it: lane l takes stored element
+  // pass * lanes + l, so a pass holds whole groups in aligned runs of kGroupElems lanes, and a group's
+  // amax is one reduction over its run (a group wider than a pass takes its passes first). A lane holds
+  // only its own element's group, where holding every group's amax and scale (8 a head for NVFP4)
+  // spilled 56 bytes.
+  KVF_HD static KVF_INLINE void quantize_groups_striding(Store* dst, Scale* scale, float tensor, const In* row, int lane) {
+    constexpr int L = kElementLanes;
+    if constexpr (kGroupElems <= L) {
+      for (int first = 0; first < kStoredDim; first += L) {
+        const int e = first + lane;
+        const bool inside = e < kStoredDim;  // the same for a whole run: the row is whole groups
+        const uint32_t m = Exec::template lane_max<L, kGroupElems>(inside ? element_amax(row, e) : 0u);
+        if (!inside) continue;
+        const Scale stored = dynamic_scale<Store, Scale>(m, tensor);
+        if (e % kGroupElems == 0) scale[e / kGroupElems] = stored;
+        dst[e] = encode_element(row, e, ScaleDivisor(scale_value(stored, tensor)));
+      }
+    } else {
+      for (int g = 0; g < kGroups; ++g) {
+        uint32_t m = 0;
+        for (int e = g * kGroupElems + lane; e < (g + 1) * kGroupElems; e += L) {
+          const uint32_t b = element_amax(row, e);
+          m = m > b ? m : b;
+        }
+        const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<L>(m), tensor);
+        if (lane == 0) scale[g] = stored;
+        const ScaleDivisor divisor(scale_value(stored, tensor));
+        for (int e = g * kGroupElems + lane; e < (g + 1) * kGroupElems; e += L) dst[e] = encode_element(row, e, divisor);
+      }
+    }
+  }
+
   // A token's K and V codes back to values in 16-byte chunks (the CUDA gather): every code chunk of K
   // and of V this lane holds is loaded before any value is stored, a pass at a time where they do not
   // all fit.
@@ -408,6 +460,18 @@ template <class Traits, class Exec> struct Ops {
   template <class Out>
   KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, float tensor, int lane,
                                             int lanes) {
+    if constexpr (kQuant == Quant::per_group && kLanesStrideRows) {  // each lane its own elements' group
+      for (int e = Exec::row_begin(lane); e < kStoredDim; e += Exec::row_step(lanes)) {
+        const float s = scale_value(scale[e / kGroupElems], tensor);
+        if constexpr (kValues == 2) {
+          dst[2 * e] = from_float<Out>(Codec<Store>::decode(src[e], 0) * s);
+          dst[2 * e + 1] = from_float<Out>(Codec<Store>::decode(src[e], 1) * s);
+        } else {
+          dst[e] = from_float<Out>(Codec<Store>::decode(src[e]) * s);
+        }
+      }
+      return;
+    }
     float s[kGroups];
     for (int g = 0; g < kGroups; ++g) s[g] = scale_value(scale[g], tensor);
     decode_groups<D, kGroup, Exec>(dst, src, s, lane, lanes);
