@@ -25,7 +25,8 @@ const char* kUsage =
     "        drive one variant (default: every tiny bf16 and quantized variant; --all: every\n"
     "        registered variant) through prefill,\n"
     "        decode steps, commit and gather on the CPU backend, and check what comes back against\n"
-    "        the input: exactly for float storage, within the documented bound for int8 and fp8\n"
+    "        the input: exactly for float storage, within the documented bound for quantized\n"
+    "        storage (int8, fp8, fp4, int4)\n"
     "  cpu   the x86-64 level the CPU kernels run at, and the widest this CPU supports; the\n"
     "        environment variable KVFORGE_CPU_LEVEL=2|3|4 runs a narrower one\n"
     "  help  this text\n";
