@@ -367,6 +367,16 @@ NB_MODULE(_native, m) {
       .def_prop_ro("num_groups", &HybridSequenceManager::num_groups)
       .def("group", &HybridSequenceManager::group, "g"_a, nb::rv_policy::reference_internal);
 
+  // The rows of runtime/include/kvforge/cache_ops.hpp as (name, route, python), for the test that holds
+  // kvforge.Cache and kvforge.ops to them (tests/python/test_cache_ops.py).
+  m.def("_cache_ops", [] {
+    nb::list rows;
+#define KVFORGE_CACHE_OP_ROW(route, python, result, name, params, args, qualifier) \
+  rows.append(nb::make_tuple(#name, #route, #python));
+    KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_ROW)
+#undef KVFORGE_CACHE_OP_ROW
+    return rows;
+  });
   m.def("quant_max", [](const std::string& storage) -> float {
     const float qmax = quant_max(*dtype_named(storage, "storage"));
     if (qmax == 0.0f)

@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 namespace kvforge {
 
-HybridCache::HybridCache(const VariantDescriptor& d, const CacheConfig& config) : d_(d), config_(config) {
+HybridCache::HybridCache(const VariantDescriptor& d, const CacheConfig& config) : d_(d) {
   group_of_.assign(size_t(d.layers), -1);
   index_in_group_.assign(size_t(d.layers), -1);
   for (int g = 0; g < d.hybrid->num_groups; ++g) {
@@ -36,41 +37,37 @@ void HybridCache::per_group(const char* what) const {
                          " works on page ids, and a hybrid cache's pages are per layer group; call it on group(g)");
 }
 
-void HybridCache::append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) {
-  members_[size_t(group_of(layer))]->append(group_layer(layer), k, v, targets);
-}
-void HybridCache::commit() {
-  for (auto& m : members_) m->commit();
-}
-void HybridCache::gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) {
-  members_[size_t(group_of(layer))]->gather(group_layer(layer), range, k_out, v_out);
-}
-void HybridCache::reset() {
-  for (auto& m : members_) m->reset();
-}
-void HybridCache::reset_row(int64_t row) { members_[0]->reset_row(row); }
-void HybridCache::reorder(const IndexView& beam) { members_[0]->reorder(beam); }
-void HybridCache::copy_blocks(const IndexView&) { per_group("copy_blocks"); }
-LayerView HybridCache::view(int layer) const { return members_[size_t(group_of(layer))]->view(group_layer(layer)); }
-int64_t HybridCache::packed_page_bytes() const { return 0; }
-void HybridCache::pack_pages(const IndexView&, void*) { per_group("pack_pages"); }
-void HybridCache::unpack_pages(const void*, const IndexView&) { per_group("unpack_pages"); }
-void HybridCache::set_tensor_scale(int layer, float k_scale, float v_scale) {
-  members_[size_t(group_of(layer))]->set_tensor_scale(group_layer(layer), k_scale, v_scale);
-}
-int64_t HybridCache::row_length(int64_t row) const { return members_[0]->row_length(row); }
-void HybridCache::synchronize() {
-  for (auto& m : members_) m->synchronize();
-}
+// The ops of cache_ops.hpp, each by its route; the `own` rows follow.
+namespace {
+template <class... A> void ignore(const A&...) {}
+}  // namespace
+#define HYBRID_ROUTE(route, python, result, name, params, args, qualifier) \
+  HYBRID_##route(result, name, params, args, qualifier)
+#define HYBRID_layer(result, name, params, args, qualifier)                                   \
+  result HybridCache::name params qualifier {                                                 \
+    return at_layer(layer, [&](Cache& member, int layer) -> result { return member.name args; }); \
+  }
+#define HYBRID_whole(result, name, params, args, qualifier) \
+  result HybridCache::name params qualifier {               \
+    static_assert(std::is_void_v<result>);                  \
+    for (auto& m : members_) m->name args;                  \
+  }
+#define HYBRID_first(result, name, params, args, qualifier) \
+  result HybridCache::name params qualifier { return members_[0]->name args; }
+#define HYBRID_pages(result, name, params, args, qualifier) \
+  result HybridCache::name params qualifier {               \
+    ignore args;                                            \
+    per_group(#name);                                       \
+  }
+#define HYBRID_packed HYBRID_pages
+#define HYBRID_own(result, name, params, args, qualifier)
+KVFORGE_CACHE_OPS(HYBRID_ROUTE)
+
+const VariantDescriptor& HybridCache::descriptor() const { return d_; }
+
 MemoryReport HybridCache::memory() const {
   MemoryReport r;
-  for (const auto& m : members_) {
-    const MemoryReport x = m->memory();
-    r.storage_bytes += x.storage_bytes;
-    r.scale_bytes += x.scale_bytes;
-    r.staging_bytes += x.staging_bytes;
-    r.bookkeeping_bytes += x.bookkeeping_bytes;
-  }
+  for (const auto& m : members_) r += m->memory();
   return r;
 }
 

@@ -1,6 +1,7 @@
 #include "kvforge/paired_cache.hpp"
 
 #include <string>
+#include <type_traits>
 
 namespace kvforge {
 namespace {
@@ -36,21 +37,6 @@ PairedCache::PairedCache(std::unique_ptr<Cache> main, std::unique_ptr<Cache> com
                                          " (allowed: two paged, non-hybrid caches of one page size, page count and device)");
 }
 
-void PairedCache::commit() {
-  main_->commit();
-  companion_->commit();
-}
-
-void PairedCache::reset() {
-  main_->reset();
-  companion_->reset();
-}
-
-void PairedCache::copy_blocks(const IndexView& pairs) {
-  main_->copy_blocks(pairs);  // checks every pair first, so a refused call reaches neither
-  companion_->copy_blocks(pairs);
-}
-
 void PairedCache::pack_pages(const IndexView& pages, void* packed) {
   const int64_t first = main_->packed_page_bytes();
   per_page(pages, static_cast<char*>(packed), first, packed_page_bytes(), [&](const IndexView& one, char* a, char* b) {
@@ -68,27 +54,32 @@ void PairedCache::unpack_pages(const void* packed, const IndexView& pages) {
            });
 }
 
-void PairedCache::synchronize() {
-  main_->synchronize();
-  companion_->synchronize();
-}
-
 MemoryReport PairedCache::memory() const {
-  MemoryReport a = main_->memory();
-  const MemoryReport b = companion_->memory();
-  a.storage_bytes += b.storage_bytes, a.scale_bytes += b.scale_bytes, a.staging_bytes += b.staging_bytes;
-  a.bookkeeping_bytes += b.bookkeeping_bytes;
-  return a;
+  MemoryReport r = main_->memory();
+  return r += companion_->memory();
 }
 
-void PairedCache::set_stream(void* stream) {
-  main_->set_stream(stream);
-  companion_->set_stream(stream);
-}
+int64_t PairedCache::packed_page_bytes() const { return main_->packed_page_bytes() + companion_->packed_page_bytes(); }
 
-void PairedCache::set_tuning(const Tuning& t) {
-  main_->set_tuning(t);
-  companion_->set_tuning(t);
-}
+const VariantDescriptor& PairedCache::descriptor() const { return main_->descriptor(); }
+
+// The ops of cache_ops.hpp, each by its route; the `own` and `packed` rows are above. An op on the
+// whole cache or on pages runs on the main cache first, which checks every argument, so a refused call
+// reaches neither.
+#define PAIRED_ROUTE(route, python, result, name, params, args, qualifier) \
+  PAIRED_##route(result, name, params, args, qualifier)
+#define PAIRED_layer(result, name, params, args, qualifier) \
+  result PairedCache::name params qualifier { return main_->name args; }
+#define PAIRED_first PAIRED_layer
+#define PAIRED_whole(result, name, params, args, qualifier) \
+  result PairedCache::name params qualifier {               \
+    static_assert(std::is_void_v<result>);                  \
+    main_->name args;                                       \
+    companion_->name args;                                  \
+  }
+#define PAIRED_pages PAIRED_whole
+#define PAIRED_packed(result, name, params, args, qualifier)
+#define PAIRED_own(result, name, params, args, qualifier)
+KVFORGE_CACHE_OPS(PAIRED_ROUTE)
 
 }  // namespace kvforge

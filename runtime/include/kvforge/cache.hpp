@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "kvforge/cache_ops.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/geometry.hpp"
 #include "kvforge/tensor.hpp"
@@ -73,15 +74,15 @@ struct MemoryReport {
   int64_t staging_bytes = 0;   // lazy staging of appended tokens and their targets
   int64_t bookkeeping_bytes = 0;  // row lengths, error flag, reorder scratch once used
   int64_t overhead_bytes() const { return staging_bytes + bookkeeping_bytes; }
+  MemoryReport& operator+=(const MemoryReport& o) {  // a cache made of members holds their sum
+    storage_bytes += o.storage_bytes;
+    scale_bytes += o.scale_bytes;
+    staging_bytes += o.staging_bytes;
+    bookkeeping_bytes += o.bookkeeping_bytes;
+    return *this;
+  }
 };
 
-// Every variant implements this interface (TypedCache<Traits> in cache_impl.hpp; the generic path and
-// hybrid caches too). Notation below: H = descriptor().heads, D = descriptor().head_dim,
-// L = descriptor().layers, P = descriptor().page_size; "on the cache's device" means memory of
-// config().device. Tensors may have any token and head stride; the last axis must be contiguous
-// (stride 1). Every argument is checked before anything is written, and a refused call raises a typed
-// error (errors.hpp) naming the argument: the cache is then unchanged. On CUDA, index arrays are
-// checked on the device and a failure raises at synchronize() (docs/contract.md).
 // An MLA record's two halves as the K and V views a cache takes: the last axis of `latent` (R + P
 // wide, contiguous) split in two, the other axes as they are. ShapeError naming `arg` where the record
 // is not the variant's; UnsupportedError where the variant is not an MLA one.
@@ -90,34 +91,19 @@ struct LatentHalves {
 };
 LatentHalves latent_halves(const VariantDescriptor& d, const TensorView& latent, const char* arg);
 
+// Every variant implements this interface (TypedCache<Traits> in cache_impl.hpp; the generic path too),
+// and so do the caches made of member caches (HybridCache, PairedCache). Its operations are the rows of
+// cache_ops.hpp. Tensors may have any token and head stride; the last axis must be contiguous
+// (stride 1). Every argument is checked before anything is written, and a refused call raises a typed
+// error (errors.hpp) naming the argument: the cache is then unchanged. On CUDA, index arrays are
+// checked on the device and a failure raises at synchronize() (docs/contract.md).
 class Cache {
  public:
   virtual ~Cache() = default;
 
-  virtual const VariantDescriptor& descriptor() const = 0;
-  virtual const CacheConfig& config() const = 0;
-  virtual const Geometry& geometry() const = 0;
+  // The operations, each documented on its row of the table.
+  KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_PURE)
 
-  // Writes T new tokens of one layer.
-  //   layer:   [0, L)
-  //   k, v:    [T, H, D], the input dtype (descriptor().input), on the cache's device; T >= 0
-  //   targets: one entry per token, on the cache's device, -1 = padding (skipped):
-  //            contiguous and ring: rows int32 [T] in [0, config().rows), positions int32 [T] in
-  //            [0, max_seq_len) (contiguous) or >= 0 (ring: cell = position mod window; a position below
-  //            row_length - window is dropped); paged: slots int64 [T] in [0, pages * P),
-  //            slot = page * P + offset in page.
-  // Lazy variants stage the tokens (at most max_staged_tokens per layer between commits).
-  virtual void append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) = 0;
-  // Lazy variants: writes every layer's staged tokens in one launch. Eager variants: nothing to do.
-  virtual void commit() = 0;
-  // Reads positions [range.begin, range.end) of one sequence of one layer, dequantized.
-  //   layer:        [0, L)
-  //   range:        begin >= 0, end >= begin; contiguous: range.row in [0, rows), end <= max_seq_len;
-  //                 ring: end <= row_length(row) and begin >= row_length(row) - window; paged:
-  //                 range.pages int32 [>= ceil(end / P)] on the cache's device, the sequence's page list
-  //                 (only the entries the range touches must be valid pages)
-  //   k_out, v_out: [H, end - begin, D], the input dtype, on the cache's device
-  virtual void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) = 0;
   // MLA variants (descriptor().mla()): a token's latent record, R = mla_kv_lora_rank values then
   // P = mla_rope_dim, is K then V of the variant's one head (head_dim = (R + P) / 2), so these are
   // append and gather of the record's two halves; every check and error is theirs. Other variants:
@@ -126,54 +112,6 @@ class Cache {
   //   latent_out: [1, end - begin, R + P], as gather's k_out
   void append_latent(int layer, const TensorView& latent, const TokenTargets& targets);
   void gather_latent(int layer, const GatherRange& range, const TensorView& latent_out);
-  // Zeros every layer, scales and row lengths (per-tensor scales are kept).
-  virtual void reset() = 0;
-  // Zeros one row of every layer; row in [0, rows). Contiguous and ring only (else UnsupportedError).
-  virtual void reset_row(int64_t row) = 0;
-  // New row i takes old row beam[i]: beam int32 [rows], each in [0, rows), on the cache's device.
-  // Contiguous and ring only.
-  virtual void reorder(const IndexView& beam) = 0;
-  // For each pair (src, dst), page dst of every layer becomes a copy of page src: pairs int32 [2n],
-  // pages in [0, config().pages), no page a destination twice or both source and destination.
-  // Paged only.
-  virtual void copy_blocks(const IndexView& pairs) = 0;
-  // Raw pointers and element strides of one layer (layer in [0, L)), for attention kernels.
-  virtual LayerView view(int layer) const = 0;
-  // Paged layouts: bytes one page of every layer takes packed, codes and scales (offload moves these).
-  virtual int64_t packed_page_bytes() const = 0;
-  // Page pages[i] of every layer goes to packed + i * packed_page_bytes(), or comes back from there.
-  //   pages:  int32 [n] in [0, config().pages), on the cache's device
-  //   packed: n * packed_page_bytes() bytes of the cache's device's memory. One launch each. Paged only.
-  virtual void pack_pages(const IndexView& pages, void* packed) = 0;
-  virtual void unpack_pages(const void* packed, const IndexView& pages) = 0;
-  // per_tensor quantized layouts: the static scales of one layer (layer in [0, L)); tensor-scaled
-  // per_group layouts (NVFP4): the second-level scale under that layer's group scales, which codes
-  // already written are read with too. Held in device memory so a captured graph picks up new values;
-  // both finite and > 0. Others: UnsupportedError.
-  virtual void set_tensor_scale(int layer, float k_scale, float v_scale) = 0;
-  // The highest position written to a row (row in [0, rows)), plus one; 0 after reset. Contiguous and
-  // ring only. Synchronizes on CUDA.
-  virtual int64_t row_length(int64_t row) const = 0;
-  // Waits for queued work and raises any error a device-side check found (CUDA only).
-  virtual void synchronize() = 0;
-  virtual MemoryReport memory() const = 0;
-  // Raw storage pool; for tests and tools that read physical bytes.
-  virtual const void* storage() const = 0;
-  // The scale buffer beside the pool (separate or per_tensor scales), else null.
-  virtual const void* scale_storage() const = 0;
-  // A tensor-scaled layout's second-level scales, [layers, 2] fp32 (K then V of each layer) in the
-  // cache's device memory, for an attention kernel to read; else null.
-  virtual const float* tensor_scale_storage() const = 0;
-
-  // The stream every later operation is queued on: a cudaStream_t on CUDA (a graph captured on it
-  // records the operations captured there), ignored on the CPU. The caller orders the switch: work
-  // queued on the old stream is not waited for.
-  virtual void set_stream(void* stream) = 0;
-
-  // Launch parameters now in force. set_tuning checks each against the range a tuning file is held to
-  // (vocab.hpp's tunables; OutOfRangeError or ArgumentError naming the field) before changing anything.
-  virtual Tuning tuning() const = 0;
-  virtual void set_tuning(const Tuning& t) = 0;
 
   // Hybrid variants keep one member cache per layer group; every other cache is its own only group.
   // g in [0, num_groups()); layer in [0, L).

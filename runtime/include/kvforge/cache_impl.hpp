@@ -40,17 +40,14 @@ template <class Traits> class TypedCache final : public Cache {
   // passed in with their descriptor and sizes.
   explicit TypedCache(const CacheConfig& config, Traits traits = {});
 
-  const VariantDescriptor& descriptor() const override { return desc(); }
+  KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_OVERRIDE)
+
   // Sizes: compile-time constants for generated traits (desc() is then a constexpr object).
   int layers() const { return desc().layers; }
   int heads() const { return desc().heads; }
   int head_dim() const { return desc().head_dim; }
   int page_size() const { return desc().page_size; }
   int window() const { return desc().window; }
-  const CacheConfig& config() const override { return config_; }
-  const Geometry& geometry() const override { return geometry_; }
-
-  void append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) override;
   // Typed convenience: k and v are [tokens, heads, head_dim] contiguous on the cache's device.
   void append(int layer, const input_t* k, const input_t* v, int64_t tokens, const TokenTargets& targets) {
     append(layer, TensorView::contiguous(const_cast<input_t*>(k), dtype_of<input_t>::value, config_.device, tokens,
@@ -59,29 +56,6 @@ template <class Traits> class TypedCache final : public Cache {
                                   head_dim()),
            targets);
   }
-  void commit() override;
-  void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) override;
-  void reset() override;
-  void reset_row(int64_t row) override;
-  void reorder(const IndexView& beam) override;
-  void copy_blocks(const IndexView& pairs) override;
-  LayerView view(int layer) const override;
-  int64_t packed_page_bytes() const override;
-  void pack_pages(const IndexView& pages, void* packed) override;
-  void unpack_pages(const void* packed, const IndexView& pages) override;
-  void set_tensor_scale(int layer, float k_scale, float v_scale) override;
-  void set_stream(void* stream) override { config_.stream = stream; }
-  Tuning tuning() const override { return tuning_; }
-  void set_tuning(const Tuning& t) override {
-    detail::check_tuning(t);
-    tuning_ = t;
-  }
-  int64_t row_length(int64_t row) const override;
-  void synchronize() override;
-  MemoryReport memory() const override;
-  const void* storage() const override { return pool_.data(); }
-  const void* scale_storage() const override { return scales_.data(); }
-  const float* tensor_scale_storage() const override { return tensor_scales(); }
 
  private:
   const VariantDescriptor& desc() const {
@@ -483,6 +457,19 @@ template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
                         length_scratch_.bytes();
   return m;
 }
+
+template <class Traits> const VariantDescriptor& TypedCache<Traits>::descriptor() const { return desc(); }
+template <class Traits> const CacheConfig& TypedCache<Traits>::config() const { return config_; }
+template <class Traits> const Geometry& TypedCache<Traits>::geometry() const { return geometry_; }
+template <class Traits> void TypedCache<Traits>::set_stream(void* stream) { config_.stream = stream; }
+template <class Traits> Tuning TypedCache<Traits>::tuning() const { return tuning_; }
+template <class Traits> void TypedCache<Traits>::set_tuning(const Tuning& t) {
+  detail::check_tuning(t);
+  tuning_ = t;
+}
+template <class Traits> const void* TypedCache<Traits>::storage() const { return pool_.data(); }
+template <class Traits> const void* TypedCache<Traits>::scale_storage() const { return scales_.data(); }
+template <class Traits> const float* TypedCache<Traits>::tensor_scale_storage() const { return tensor_scales(); }
 
 template <class Traits> std::unique_ptr<Cache> make_cache(const CacheConfig& config) {
   return std::make_unique<TypedCache<Traits>>(config);

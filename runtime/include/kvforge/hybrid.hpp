@@ -54,41 +54,14 @@ template <class T> constexpr VariantDescriptor describe_hybrid() {
   return d;
 }
 
-// Routes each layer to its group's member cache (with the layer renumbered within the group). Each
-// member has `config.pages` pages of its own: page ids, and so targets and page lists, are per group.
+// Routes each layer to its group's member cache (with the layer renumbered within the group), and every
+// other op by its row of cache_ops.hpp. Each member has `config.pages` pages of its own: page ids, and so
+// targets and page lists, are per group.
 class HybridCache final : public Cache {
  public:
   HybridCache(const VariantDescriptor& d, const CacheConfig& config);
 
-  const VariantDescriptor& descriptor() const override { return d_; }
-  const CacheConfig& config() const override { return config_; }
-  const Geometry& geometry() const override { return members_[0]->geometry(); }
-  void append(int layer, const TensorView& k, const TensorView& v, const TokenTargets& targets) override;
-  void commit() override;
-  void gather(int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out) override;
-  void reset() override;
-  void reset_row(int64_t row) override;
-  void reorder(const IndexView& beam) override;
-  void copy_blocks(const IndexView& pairs) override;
-  LayerView view(int layer) const override;
-  int64_t packed_page_bytes() const override;
-  void pack_pages(const IndexView& pages, void* packed) override;
-  void unpack_pages(const void* packed, const IndexView& pages) override;
-  void set_tensor_scale(int layer, float k_scale, float v_scale) override;
-  int64_t row_length(int64_t row) const override;
-  void synchronize() override;
-  MemoryReport memory() const override;
-  const void* storage() const override { return members_[0]->storage(); }
-  const void* scale_storage() const override { return members_[0]->scale_storage(); }
-  const float* tensor_scale_storage() const override { return members_[0]->tensor_scale_storage(); }
-  void set_stream(void* stream) override {
-    config_.stream = stream;
-    for (auto& m : members_) m->set_stream(stream);
-  }
-  Tuning tuning() const override { return members_[0]->tuning(); }
-  void set_tuning(const Tuning& t) override {
-    for (auto& m : members_) m->set_tuning(t);
-  }
+  KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_OVERRIDE)
 
   int num_groups() const override { return int(members_.size()); }
   Cache& group(int g) override;
@@ -97,8 +70,11 @@ class HybridCache final : public Cache {
 
  private:
   [[noreturn]] void per_group(const char* what) const;
+  // Runs f(member, layer within the member) on the member cache holding `layer`.
+  template <class F> decltype(auto) at_layer(int layer, F f) const {
+    return f(*members_[size_t(group_of(layer))], group_layer(layer));
+  }
   const VariantDescriptor& d_;
-  CacheConfig config_;
   std::vector<std::unique_ptr<Cache>> members_;
   std::vector<int> group_of_, index_in_group_;
 };

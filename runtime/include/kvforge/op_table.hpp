@@ -25,19 +25,29 @@ struct Launch {
   bool stream_stores = false;
 };
 
+// The kernels every backend's table holds, one row each: X(name, job, argument block). `job` names the
+// struct of the one source whose static `name` is the body (WriteOps in write_ops.hpp, GatherOps in
+// gather_ops.hpp, UpkeepOps in upkeep_ops.hpp); Store and In are the traits' storage and input types.
+// OpTable's members and make_op_table's entries (upkeep_ops.hpp) both expand it.
+#define KVFORGE_KERNELS(X)                    \
+  X(write, WriteOps, WriteArgs<Store, In>)    \
+  X(stage, WriteOps, StageArgs<In>)           \
+  X(gather, GatherOps, GatherArgs<Store, In>) \
+  X(zero_row, UpkeepOps, ZeroRowArgs<Store>)  \
+  X(reorder_layer, UpkeepOps, ReorderArgs<Store>)   \
+  X(reorder_lengths, UpkeepOps, ReorderArgs<Store>) \
+  X(copy_pages, UpkeepOps, CopyPagesArgs<Store>)    \
+  X(move_pages, UpkeepOps, MovePagesArgs<Store>)
+
 template <class Traits> struct OpTable {
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
-  void (*write)(const Launch&, const WriteArgs<Store, In>&);
-  void (*stage)(const Launch&, const StageArgs<In>&);
-  void (*gather)(const Launch&, const GatherArgs<Store, In>&);
-  void (*zero_row)(const Launch&, const ZeroRowArgs<Store>&);
-  void (*reorder_layer)(const Launch&, const ReorderArgs<Store>&);
-  void (*reorder_lengths)(const Launch&, const ReorderArgs<Store>&);
-  void (*copy_pages)(const Launch&, const CopyPagesArgs<Store>&);
-  void (*move_pages)(const Launch&, const MovePagesArgs<Store>&);
+#define KVFORGE_KERNEL_ENTRY(name, job, ...) void (*name)(const Launch&, const __VA_ARGS__&);
+  KVFORGE_KERNELS(KVFORGE_KERNEL_ENTRY)
+#undef KVFORGE_KERNEL_ENTRY
   // Bounds of an index array: the CPU throws at once; CUDA records a failure in the device status word
   // for synchronize() to raise, so that nothing is read back on the host (graph capture stays legal).
+  // The backend's own, not the one source's.
   void (*check_indices)(const Launch&, const IndexChecks&);  // all of them in one pass (CUDA: one launch)
 };
 

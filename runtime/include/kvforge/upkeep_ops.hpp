@@ -208,20 +208,13 @@ template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
 template <class Traits, class Exec>
 OpTable<Traits> make_op_table(void (*check_indices)(const Launch&, const IndexChecks&)) {
   static_assert(check_executor<Exec>());
-  using O = UpkeepOps<Traits, Exec>;
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
   OpTable<Traits> t{};
-  using W = WriteOps<Traits, Exec>;
-  using G = GatherOps<Traits, Exec>;
-  t.write = [](const Launch& l, const WriteArgs<Store, In>& a) { W::write(Exec::from(l), a); };
-  t.stage = [](const Launch& l, const StageArgs<In>& a) { W::stage(Exec::from(l), a); };
-  t.gather = [](const Launch& l, const GatherArgs<Store, In>& a) { G::gather(Exec::from(l), a); };
-  t.zero_row = [](const Launch& l, const ZeroRowArgs<Store>& a) { O::zero_row(Exec::from(l), a); };
-  t.reorder_layer = [](const Launch& l, const ReorderArgs<Store>& a) { O::reorder_layer(Exec::from(l), a); };
-  t.reorder_lengths = [](const Launch& l, const ReorderArgs<Store>& a) { O::reorder_lengths(Exec::from(l), a); };
-  t.copy_pages = [](const Launch& l, const CopyPagesArgs<Store>& a) { O::copy_pages(Exec::from(l), a); };
-  t.move_pages = [](const Launch& l, const MovePagesArgs<Store>& a) { O::move_pages(Exec::from(l), a); };
+#define KVFORGE_KERNEL_FILL(name, job, ...) \
+  t.name = [](const Launch& l, const __VA_ARGS__& a) { job<Traits, Exec>::name(Exec::from(l), a); };
+  KVFORGE_KERNELS(KVFORGE_KERNEL_FILL)
+#undef KVFORGE_KERNEL_FILL
   t.check_indices = check_indices;
   return t;
 }
