@@ -38,36 +38,9 @@ class EveryGenericTwin : public testing::TestWithParam<Case> {};
 
 TEST_P(EveryGenericTwin, RandomTrafficMatchesReference) {
   const VariantDescriptor& d = *GetParam().entry->descriptor;
-  auto generic = [&d](const CacheConfig& c) { return make_generic_cache(d, c); };
-  for (uint32_t seed : {1u, 2u}) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    Driver drv(d, generic, Device::cpu, seed);
-    ASSERT_TRUE(drv.cache_->descriptor().generic);
-    for (int i = 0; i < 6; ++i) {
-      drv.step(i);
-      drv.verify("generic, after step " + std::to_string(i));
-      if (testing::Test::HasFailure()) return;
-    }
-    drv.verify_storage();
-    if (d.paged()) {
-      drv.copy_blocks();
-      drv.verify("generic, after copy_blocks");
-    } else {
-      drv.reorder();
-      drv.verify("generic, after reorder");
-      drv.reset_row(0);
-      drv.verify("generic, after reset_row");
-    }
-  }
+  twin_traffic_matches_reference(d, [&d](const CacheConfig& c) { return make_generic_cache(d, c); }, {1u, 2u}, "generic");
 }
 
-std::vector<Case> generic_cases() {
-  std::vector<Case> out;
-  for (const Case& c : all_cases())
-    if (c.device == Device::cpu && generic_unsupported_reason(*c.entry->descriptor, CacheConfig{}).empty())
-      out.push_back(c);
-  return out;
-}
 INSTANTIATE_TEST_SUITE_P(Registry, EveryGenericTwin, testing::ValuesIn(generic_cases()), case_name);
 
 // A combination that was not generated, but whose layout and model are, is served by the generic path

@@ -381,5 +381,41 @@ class Driver {
   std::vector<Pending> pending_;
 };
 
+// Another implementation of a variant's descriptor (the generic path; the same on another executor)
+// meets the reference: random traffic over `seeds`, its storage read through strides, then the upkeep
+// its addressing has.
+inline void twin_traffic_matches_reference(const VariantDescriptor& d, const Driver::Factory& create,
+                                           std::initializer_list<uint32_t> seeds, const std::string& what) {
+  for (uint32_t seed : seeds) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Driver drv(d, create, Device::cpu, seed);
+    ASSERT_TRUE(drv.cache_->descriptor().generic);
+    for (int i = 0; i < 6; ++i) {
+      drv.step(i);
+      drv.verify(what + ", after step " + std::to_string(i));
+      if (testing::Test::HasFailure()) return;
+    }
+    drv.verify_storage();
+    if (d.paged()) {
+      drv.copy_blocks();
+      drv.verify(what + ", after copy_blocks");
+    } else {
+      drv.reorder();
+      drv.verify(what + ", after reorder");
+      drv.reset_row(0);
+      drv.verify(what + ", after reset_row");
+    }
+  }
+}
+
+// The registry's variants whose descriptor the generic path serves.
+inline std::vector<Case> generic_cases() {
+  std::vector<Case> out;
+  for (const Case& c : all_cases())
+    if (c.device == Device::cpu && generic_unsupported_reason(*c.entry->descriptor, CacheConfig{}).empty())
+      out.push_back(c);
+  return out;
+}
+
 }  // namespace
 }  // namespace kvtest

@@ -25,13 +25,7 @@ std::string generic_unsupported_reason(const VariantDescriptor& d, const CacheCo
 std::unique_ptr<Cache> make_generic_cache(const VariantDescriptor& d, const CacheConfig& config) {
   const std::string why = generic_unsupported_reason(d, config);
   if (!why.empty()) throw UnsupportedError(std::string(d.name) + ": no generic path: " + why);
-  using namespace generic_path;
-  auto owned = std::make_shared<const OwnedDescriptor>(d);
-  switch (d.storage) {
-    case DType::f32: return generic_cache_of<float>(std::move(owned), config);
-    case DType::f16: return generic_cache_of<fp16>(std::move(owned), config);
-    default: return generic_cache_of<bf16>(std::move(owned), config);
-  }
+  return generic_path::generic_cache_with<generic_path::CpuBaseTables>(d, config);
 }
 
 }  // namespace kvforge

@@ -23,7 +23,20 @@ struct OwnedDescriptor {
   VariantDescriptor d;
 };
 
-template <class Store, class In, Addressing A> struct RuntimeTraits {
+// Where a runtime-sized cache's kernels come from: the op tables of a backend's executor for the given
+// traits, one per Device. The generic path's are the CPU's, built for the base x86-64 level (it is the
+// fallback); an executor built elsewhere (the tests' serial one, tests/serial_exec.hpp) brings its own
+// the same way, and every check and body above it stays the same.
+struct CpuBaseTables {
+  template <class T> static detail::OpTables<T> of() {
+    static const detail::OpTable<T> cpu = detail::cpu_kernels<T, kCpuBaseLevel>();
+    detail::OpTables<T> tables{};
+    tables[size_t(Device::cpu)] = &cpu;
+    return tables;
+  }
+};
+
+template <class Store, class In, Addressing A, class Tables = CpuBaseTables> struct RuntimeTraits {
   static constexpr bool runtime_extents = true;  // sizes come from the descriptor (ops.hpp: Extents)
   using storage_t = Store;
   using input_t = In;
@@ -35,26 +48,22 @@ template <class Store, class In, Addressing A> struct RuntimeTraits {
   std::shared_ptr<const OwnedDescriptor> owned;
   const VariantDescriptor& descriptor() const { return owned->d; }
 
-  // The CPU's table only, built for the base x86-64 level: the generic path is the fallback.
-  static detail::OpTables<RuntimeTraits> op_tables() {
-    static const detail::OpTable<RuntimeTraits> cpu = detail::cpu_kernels<RuntimeTraits, kCpuBaseLevel>();
-    return {&cpu, nullptr};
-  }
+  static detail::OpTables<RuntimeTraits> op_tables() { return Tables::template of<RuntimeTraits>(); }
 };
 
-template <class Store, class In>
+template <class Store, class In, class Tables = CpuBaseTables>
 std::unique_ptr<Cache> with_addressing(std::shared_ptr<const OwnedDescriptor> d, const CacheConfig& c) {
   switch (d->d.addressing) {
     case Addressing::contiguous: {
-      using T = RuntimeTraits<Store, In, Addressing::contiguous>;
+      using T = RuntimeTraits<Store, In, Addressing::contiguous, Tables>;
       return std::make_unique<TypedCache<T>>(c, T{std::move(d)});
     }
     case Addressing::ring: {
-      using T = RuntimeTraits<Store, In, Addressing::ring>;
+      using T = RuntimeTraits<Store, In, Addressing::ring, Tables>;
       return std::make_unique<TypedCache<T>>(c, T{std::move(d)});
     }
     default: {
-      using T = RuntimeTraits<Store, In, Addressing::paged>;
+      using T = RuntimeTraits<Store, In, Addressing::paged, Tables>;
       return std::make_unique<TypedCache<T>>(c, T{std::move(d)});
     }
   }
@@ -62,12 +71,23 @@ std::unique_ptr<Cache> with_addressing(std::shared_ptr<const OwnedDescriptor> d,
 
 // A generic cache of storage `Store`, for any float input and addressing. Instantiated in a file per
 // storage dtype (generic_f32.cpp, ...): 9 TypedCaches each, which compile side by side.
-template <class Store>
+template <class Store, class Tables = CpuBaseTables>
 std::unique_ptr<Cache> generic_cache_of(std::shared_ptr<const OwnedDescriptor> d, const CacheConfig& c) {
   switch (d->d.input) {
-    case DType::f32: return with_addressing<Store, float>(std::move(d), c);
-    case DType::f16: return with_addressing<Store, fp16>(std::move(d), c);
-    default: return with_addressing<Store, bf16>(std::move(d), c);
+    case DType::f32: return with_addressing<Store, float, Tables>(std::move(d), c);
+    case DType::f16: return with_addressing<Store, fp16, Tables>(std::move(d), c);
+    default: return with_addressing<Store, bf16, Tables>(std::move(d), c);
+  }
+}
+
+// A generic cache of `d`'s storage dtype, its kernels from Tables. `d` must be one the generic path
+// serves (generic_unsupported_reason).
+template <class Tables> std::unique_ptr<Cache> generic_cache_with(const VariantDescriptor& d, const CacheConfig& c) {
+  auto owned = std::make_shared<const OwnedDescriptor>(d);
+  switch (d.storage) {
+    case DType::f32: return generic_cache_of<float, Tables>(std::move(owned), c);
+    case DType::f16: return generic_cache_of<fp16, Tables>(std::move(owned), c);
+    default: return generic_cache_of<bf16, Tables>(std::move(owned), c);
   }
 }
 
