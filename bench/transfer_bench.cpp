@@ -2,7 +2,7 @@
 // the same transport in the same run.
 //
 //   mpirun -np 2 [--oversubscribe --allow-run-as-root] ./build/kvforge_transfer_bench
-//       [--tokens 4096,32768] [--pairs prefill:decode,...] [--repeat 3]
+//       [--tokens 4096,32768] [--pairs prefill:decode,...] [--repeat 3] [--staged 1]
 //
 // For each layout pair and request length, rank 0 sends one sequence of every layer of a
 // llama3-8b cache (KvSender), rank 1 receives it into the other layout (KvReceiver), and the time
@@ -11,6 +11,8 @@
 // int). Figures are medians; "÷ contiguous" is the baseline's time over the transfer's. The sender and
 // receiver live across the repeats, as in a server, so their staging buffers are reused; "wire" says
 // which format the receiver chose (physical: straight into its pool; logical: gather and append).
+// --staged 1 sends the physical format through host staging on both sides (TransferOptions::
+// stage_physical): the path a device pool takes, here on host pools.
 #include <mpi.h>
 
 #include <algorithm>
@@ -62,11 +64,13 @@ int main(int argc, char** argv) {
       "vllm_paged_nhd.llama3_8b.bf16:jetstream_contiguous.llama3_8b.bf16,"
       "flashinfer_paged_hnd.llama3_8b.bf16:flashinfer_paged_hnd.llama3_8b.int8_in_bf16";
   int repeat = 3;
+  TransferOptions transfer_options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--tokens") tokens_arg = argv[i + 1];
     else if (flag == "--pairs") pairs_arg = argv[i + 1];
     else if (flag == "--repeat") repeat = std::max(1, std::atoi(argv[i + 1]));
+    else if (flag == "--staged") transfer_options.stage_physical = std::atoi(argv[i + 1]) != 0;
   }
   {  // the transport goes before MPI_Finalize
   MpiTransport transport;
@@ -107,8 +111,8 @@ int main(int argc, char** argv) {
       const int64_t bytes = 2 * int64_t(d.layers) * d.heads * d.head_dim * tokens * dtype_size(d.input);
       std::vector<double> transfer_s, contiguous_s;
       int64_t messages = 0, physical = 0;
-      KvSender sender(*cache, 0, transport);
-      KvReceiver receiver(*cache, 0, transport);
+      KvSender sender(*cache, 0, transport, transfer_options);
+      KvReceiver receiver(*cache, 0, transport, transfer_options);
       for (int r = 0; r < repeat; ++r, ++request) {
         if (me == 1 && !manager) cache->reset_row(0);  // a row receives into an empty row
         MPI_Barrier(MPI_COMM_WORLD);
@@ -150,7 +154,7 @@ int main(int argc, char** argv) {
         char line[512];
         std::snprintf(line, sizeof line, "| %s | %s | %lld | %lld | %s | %.1f | %.2f | %.1f | %.2f | %lld |\n",
                       sides[0].c_str(), sides[1].c_str(), (long long)tokens, (long long)bytes,
-                      physical ? "physical" : "logical", ts * 1e3, double(bytes) / ts / 1e9, cs * 1e3,
+                      physical ? (transfer_options.stage_physical ? "physical, staged" : "physical") : "logical", ts * 1e3, double(bytes) / ts / 1e9, cs * 1e3,
                       cs / ts, (long long)messages);
         MPI_Send(line, int(std::strlen(line)) + 1, MPI_CHAR, 0, 97, MPI_COMM_WORLD);
       }

@@ -1,5 +1,6 @@
 // Transfers between processes, under mpirun (tests/CMakeLists.txt runs each scenario):
-//   layouts            np 2: every ordered pair of the tiny model's default float layouts, bitwise
+//   layouts            np 2: every ordered pair of the tiny model's default float layouts, bitwise, in
+//                      the physical format (into the pool, and through host staging) and the logical
 //   tp S R             np S+R: a prefill group of degree S feeds a decode group of degree R, bitwise
 //   dtypes             np 2: bf16 sent, int8 and fp8 stored on arrival, equal to the reference quantizer
 //   inflight N         np 2: N requests of random lengths in flight at once, interleaved; no mixing
@@ -21,11 +22,19 @@ void layouts(MpiTransport& t) {
   const std::vector<std::string> names = tiny_float_variants();
   require(names.size() >= 4, "fewer than 4 float layouts of the tiny model");
   int64_t request = 1;
-  // Every pair twice: in the format the receiver picks (the physical one, straight into its pool,
-  // wherever its pages are dense blocks), and with the physical format turned off (gather, append).
-  for (const bool physical : {true, false}) {
+  // Every pair three times: in the format the receiver picks (the physical one, straight into its
+  // pool, wherever its pages are dense blocks); in it again through host staging on both sides, the
+  // path a device pool takes (the sender writes from a gathered copy, the receiver copies runs into its
+  // pool); and with the physical format turned off (gather, append).
+  struct Mode {
+    bool physical, staged;
+    const char* label;
+  };
+  for (const Mode mode : {Mode{true, false, ""}, Mode{true, true, " (physical, staged)"}, Mode{false, false, " (logical)"}}) {
+    const bool physical = mode.physical;
     TransferOptions options;
     options.physical = physical;
+    options.stage_physical = mode.staged;
     const auto before = pieces_sent();
     for (const std::string& a : names)
       for (const std::string& b : names) {
@@ -35,7 +44,7 @@ void layouts(MpiTransport& t) {
         const bool ring = da.addressing == Addressing::ring || db.addressing == Addressing::ring;
         const int64_t tokens = ring ? std::max(1, std::min(da.window ? da.window : 64, db.window ? db.window : 64) - 3) : 45;
         transfer(t, a, b, PeerGroup{{0}}, PeerGroup{{1}}, {request, request + 1}, {tokens, std::max<int64_t>(1, tokens - 7)},
-                 a + " -> " + b + (physical ? "" : " (logical)"), options);
+                 a + " -> " + b + mode.label, options);
         request += 2;
       }
     const auto after = pieces_sent();
@@ -44,7 +53,7 @@ void layouts(MpiTransport& t) {
             physical ? "layouts: no pair used the physical format" : "layouts: the physical format was used while off");
     if (t.rank() == 0)
       std::printf("layouts: %zu x %zu layout pairs, bitwise: %lld pieces physical, %lld logical%s\n", names.size(),
-                  names.size(), (long long)physical_count, (long long)logical_count, physical ? "" : " (physical off)");
+                  names.size(), (long long)physical_count, (long long)logical_count, mode.label);
   }
 }
 

@@ -172,6 +172,8 @@ NB_MODULE(_native, m) {
         const IndexView p = optional_index(pages, "pages");
         if (tokens < 1) throw OutOfRangeError("tokens", tokens, 1, int64_t(1) << 40);
         check_physical_range(c, GatherRange{row, p, 0, tokens}, tokens);
+        // kvforge.nixl registers host memory: a device cache's placement would name memory it cannot reach.
+        if (c.config().device != Device::cpu) return placement_dict(std::nullopt);
         return placement_dict(physical_placement(c, static_cast<const int32_t*>(p.data), row, tokens));
       }, "tokens"_a, "pages"_a = nb::none(), "row"_a = 0)
       .def("write_physical", [](const Cache& c, int64_t layer, int64_t tokens, const nb::dict& placement, nb::handle out,

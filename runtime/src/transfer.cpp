@@ -4,23 +4,40 @@
 
 namespace kvforge {
 
+namespace {
+template <class Spare> Staging take_spare(Spare& spare, Device device, bool host, int64_t bytes) {
+  auto best = spare.end();
+  for (auto it = spare.begin(); it != spare.end(); ++it)
+    if (it->on == device && it->host == host && it->device.bytes() >= bytes &&
+        (best == spare.end() || it->device.bytes() < best->device.bytes()))
+      best = it;
+  if (best == spare.end()) return {};
+  Staging s = std::move(*best);
+  spare.erase(best);
+  return s;
+}
+}  // namespace
+
 Staging StagingPool::take(Transport& transport, Device device, int64_t bytes) {
   bytes = std::max<int64_t>(bytes, 1);
-  auto best = spare_.end();
-  for (auto it = spare_.begin(); it != spare_.end(); ++it)
-    if (it->on == device && it->device.bytes() >= bytes && (best == spare_.end() || it->device.bytes() < best->device.bytes()))
-      best = it;
-  if (best != spare_.end()) {
-    Staging s = std::move(*best);
-    spare_.erase(best);
-    return s;
-  }
+  if (Staging s = take_spare(spare_, device, false, bytes); s.device.data()) return s;
   Backend& b = backend(device);
   Staging s;
   s.on = device;
   s.device = Buffer(b, bytes);
   if (!transport.takes_memory_of(device)) s.wire = Buffer(b.host(), bytes);
   transport.register_memory(s.wire_data(), bytes);
+  return s;
+}
+
+Staging StagingPool::take_host(Transport& transport, Device device, int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 1);
+  if (Staging s = take_spare(spare_, device, true, bytes); s.device.data()) return s;
+  Staging s;
+  s.on = device;
+  s.host = true;
+  s.device = Buffer(backend(device).host(), bytes);
+  transport.register_memory(s.device.data(), bytes);
   return s;
 }
 

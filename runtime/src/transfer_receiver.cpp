@@ -23,8 +23,8 @@ struct KvReceiver::Incoming {
   std::vector<std::vector<int64_t>> answers;  // per piece, while being sent
   std::vector<Transport::Handle> answer_sends;
   std::optional<Placement> placement;  // the physical format (one piece); else logical
-  std::vector<std::vector<Transport::Handle>> layer_recvs;  // physical: every layer's, posted at once
-  std::vector<Slot> ring;  // logical
+  std::vector<std::vector<Transport::Handle>> layer_recvs;  // physical into the pool: every layer's, posted at once
+  std::vector<Slot> ring;  // logical, and physical through host staging
   int next_post = 0;  // logical: the next layer whose receives are to be posted
   int ready = 0;      // layers written into the cache
   std::vector<int64_t> slots;
@@ -188,7 +188,10 @@ void KvReceiver::fail(int64_t request_id, const std::string& field, const std::s
   cancel_receives(transport_, *in);
   if (in->manager) in->manager->free(in->seq_or_row);
   else cache_.reset_row(in->seq_or_row);
-  for (Slot& s : in->ring) spare_.give(std::move(s.logical));
+  for (Slot& s : in->ring) {
+    spare_.give(std::move(s.logical));
+    for (Staging& w : s.physical) spare_.give(std::move(w));
+  }
   if (!drain(transport_, in->answer_sends)) retired_.push_back(std::move(in));  // its answers are still being read
   throw TransferError(field, "request " + std::to_string(request_id) + ": " + message + "; nothing was committed");
 }
@@ -245,7 +248,7 @@ void KvReceiver::progress(Incoming& in) {
       in.placement = physical_placement(cache_, transport_, in.headers[0], in.pieces, mine.count,
                                       in.manager ? in.pages.data() : nullptr, in.seq_or_row, T);
     for (size_t i = 0; i < in.pieces.size(); ++i) answer(in, i, nullptr);
-    if (in.placement) {
+    if (in.placement && !staged_physical()) {
       // Straight into the pool: every layer's receives go up now, one per run of consecutive pages.
       const int sender = in.senders.ranks[size_t(in.pieces[0].sender)];
       in.layer_recvs.resize(size_t(d.layers));
@@ -259,13 +262,14 @@ void KvReceiver::progress(Incoming& in) {
     } else {
       for (int i = 0; i < std::min(options_.ring_layers, d.layers); ++i) {
         Slot slot;
-        slot.logical = spare_.take(transport_, device, int64_t(mine.count) * unit);
+        if (in.placement) slot.physical.push_back(spare_.take_host(transport_, device, in.placement->wire_bytes));
+        else slot.logical = spare_.take(transport_, device, int64_t(mine.count) * unit);
         in.ring.push_back(std::move(slot));
       }
     }
     in.headers_checked = moved = true;
   }
-  if (in.headers_checked && in.placement) {
+  if (in.headers_checked && !in.layer_recvs.empty()) {
     while (in.ready < d.layers && drain(transport_, in.layer_recvs[size_t(in.ready)])) ++in.ready, moved = true;
   } else if (in.headers_checked) {
     // Post the receives of the next layers into free buffers; write completed layers in order.
@@ -277,18 +281,39 @@ void KvReceiver::progress(Incoming& in) {
         if (s.layer < 0 && in.next_post < d.layers) {
           s.layer = in.next_post++;
           const int tag = layer_tag(transport_, in.request_id, s.layer, in.epoch);
-          for (const ShardPiece& p : in.pieces) {
-            auto* at = static_cast<char*>(s.logical.wire_data()) + (p.heads.begin - mine.begin) * unit;
-            s.pending.push_back(transport_.post_recv(at, p.heads.count * unit, in.senders.ranks[size_t(p.sender)], tag));
+          if (in.placement) {
+            // The layer's runs back to back, as the sender writes them.
+            auto* at = static_cast<char*>(s.physical[0].device.data());
+            const int sender = in.senders.ranks[size_t(in.pieces[0].sender)];
+            for (int64_t bytes : in.placement->runs) {
+              s.pending.push_back(transport_.post_recv(at, bytes, sender, tag));
+              at += bytes;
+            }
+          } else {
+            for (const ShardPiece& p : in.pieces) {
+              auto* at = static_cast<char*>(s.logical.wire_data()) + (p.heads.begin - mine.begin) * unit;
+              s.pending.push_back(transport_.post_recv(at, p.heads.count * unit, in.senders.ranks[size_t(p.sender)], tag));
+            }
           }
         }
         if (s.layer == in.ready && drain(transport_, s.pending)) {
-          void* staging = s.logical.device.data();
-          if (s.logical.staged())
-            backend(device).from_host(staging, s.logical.wire.data(), s.logical.device.bytes(), cache_.config().stream);
-          cache_.append(s.layer, staging_view(staging, d, device, mine.count, T, 0, true),
-                        staging_view(staging, d, device, mine.count, T, 1, true), in.targets);
-          cache_.commit();
+          if (in.placement) {
+            // Each run to where it goes in the pool, then wait: the buffer takes the next layer.
+            auto* pool = const_cast<char*>(static_cast<const char*>(cache_.view(s.layer).k));
+            const auto* at = static_cast<const char*>(s.physical[0].device.data());
+            for (size_t r = 0; r < in.placement->runs.size(); ++r) {
+              backend(device).from_host(pool + in.placement->run_at[r], at, in.placement->runs[r], cache_.config().stream);
+              at += in.placement->runs[r];
+            }
+            backend(device).synchronize(cache_.config().stream);
+          } else {
+            void* staging = s.logical.device.data();
+            if (s.logical.staged())
+              backend(device).from_host(staging, s.logical.wire.data(), s.logical.device.bytes(), cache_.config().stream);
+            cache_.append(s.layer, staging_view(staging, d, device, mine.count, T, 0, true),
+                          staging_view(staging, d, device, mine.count, T, 1, true), in.targets);
+            cache_.commit();
+          }
           ++in.ready;
           s.layer = -1;
           moved = again = true;
@@ -299,25 +324,36 @@ void KvReceiver::progress(Incoming& in) {
   if (in.ready == d.layers) {
     if (in.placement && !in.manager) {
       // A row written straight into the pool: its length is the cache's to keep, so the last position
-      // of each layer goes through the cache once more, with the values it already holds.
+      // of each layer goes through the cache once more, with the values it already holds (copied
+      // within the cache's device, which the pool may be).
+      Backend& b = backend(device);
       const int64_t es = dtype_size(d.input), row_bytes = d.head_dim * es;
-      std::vector<unsigned char> k(size_t(mine.count * row_bytes)), v(k.size());
-      const TokenTargets target = TokenTargets::row_positions(IndexView::of(in.rows.data() + T - 1, 1),
-                                                              IndexView::of(in.positions.data() + T - 1, 1));
+      Buffer last(b, 2 * mine.count * row_bytes);
+      char* k = last.as<char>();
+      char* v = k + mine.count * row_bytes;
+      auto entry = [&](const IndexView& all) {
+        return IndexView{static_cast<const int32_t*>(all.data) + T - 1, DType::i32, all.device, 1};
+      };
+      const TokenTargets target = TokenTargets::row_positions(entry(in.targets.rows), entry(in.targets.positions));
       for (int layer = 0; layer < d.layers; ++layer) {
         const LayerView view = cache_.view(layer);
         const int64_t at = in.seq_or_row * view.strides.row_or_page + (T - 1) * view.strides.seq_or_slot;
         for (int h = 0; h < mine.count; ++h) {
-          std::memcpy(&k[size_t(h * row_bytes)], static_cast<const char*>(view.k) + (at + h * view.strides.head) * es, size_t(row_bytes));
-          std::memcpy(&v[size_t(h * row_bytes)], static_cast<const char*>(view.v) + (at + h * view.strides.head) * es, size_t(row_bytes));
+          const int64_t from = (at + h * view.strides.head) * es;
+          b.copy(k + h * row_bytes, static_cast<const char*>(view.k) + from, row_bytes, cache_.config().stream);
+          b.copy(v + h * row_bytes, static_cast<const char*>(view.v) + from, row_bytes, cache_.config().stream);
         }
-        cache_.append(layer, TensorView::contiguous(k.data(), d.input, device, 1, mine.count, d.head_dim),
-                      TensorView::contiguous(v.data(), d.input, device, 1, mine.count, d.head_dim), target);
+        cache_.append(layer, TensorView::contiguous(k, d.input, device, 1, mine.count, d.head_dim),
+                      TensorView::contiguous(v, d.input, device, 1, mine.count, d.head_dim), target);
       }
       cache_.commit();
+      cache_.synchronize();  // `last` goes when this scope ends
     }
     if (in.manager) in.manager->step({in.seq_or_row});  // written: from now on its full blocks may be shared
-    for (Slot& s : in.ring) spare_.give(std::move(s.logical));
+    for (Slot& s : in.ring) {
+      spare_.give(std::move(s.logical));
+      for (Staging& w : s.physical) spare_.give(std::move(w));
+    }
     in.ring.clear();
     return;
   }

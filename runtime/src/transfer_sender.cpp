@@ -56,10 +56,13 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   const VariantDescriptor& d = cache_.descriptor();
   const Device device = cache_.config().device;
   check_request(transport_, outgoing_, request_id, receivers, "receivers");
-  // The physical format reads the pool with plain loops: host memory, one value per element.
+  // The physical format writes the wire with plain loops on the host, one value per element: from the
+  // pool where it is host memory, else from a host copy of each gathered layer (staged_physical()),
+  // which holds the input dtype, so only where that is the storage dtype. A device pool that the
+  // transport takes as it is goes logical: its staging has no host copy to write from.
   const int64_t T = int64_t(tokens.size());
-  bool physical = options_.physical && d.quant == Quant::none && !d.is_hybrid() && device == Device::cpu &&
-                  transport_.takes_memory_of(Device::cpu);
+  bool physical = options_.physical && d.quant == Quant::none && !d.is_hybrid() && transport_.takes_memory_of(Device::cpu) &&
+                  (!staged_physical() || (d.storage == d.input && (device == Device::cpu || !transport_.takes_memory_of(device))));
   if (physical) check_physical_range(cache_, range, T);
   if (physical && d.addressing == Addressing::ring) {
     // A ring holds position p in cell p mod window: [0, T) is in place while no position has wrapped.
@@ -212,11 +215,13 @@ bool KvSender::progress(Outgoing& o) {
     o.answers.clear();
     o.answered = true;
     const bool any_logical = std::any_of(o.placements.begin(), o.placements.end(), [](const auto& p) { return !p; });
+    const bool any_physical = std::any_of(o.placements.begin(), o.placements.end(), [](const auto& p) { return bool(p); });
+    const bool gathers = any_logical || (staged_physical() && any_physical);
     for (int i = 0; i < std::min(options_.ring_layers, d.layers); ++i) {
       Slot slot;
-      if (any_logical) slot.logical = spare_.take(transport_, device, int64_t(mine.count) * unit);
+      if (gathers) slot.logical = spare_.take(transport_, device, int64_t(mine.count) * unit);
       for (const auto& p : o.placements)
-        slot.physical.push_back(p ? spare_.take(transport_, device, p->wire_bytes) : Staging{});
+        slot.physical.push_back(p ? spare_.take_host(transport_, device, p->wire_bytes) : Staging{});
       o.ring.push_back(std::move(slot));
     }
   }
@@ -239,7 +244,10 @@ bool KvSender::progress(Outgoing& o) {
         backend(device).to_host(s.logical.wire.data(), s.logical.device.data(), s.logical.device.bytes(), cache_.config().stream);
       cache_.synchronize();
     }
-    const LayerView view = cache_.view(layer);
+    // Where the physical wire is written from: the pool, or the host copy of the layer just gathered,
+    // [heads, K|V, tokens, head_dim] (one row of T positions).
+    const bool from_pool = !staged_physical();
+    const LayerView view = from_pool ? cache_.view(layer) : gathered_view(s.logical, d, mine.count, T);
     for (size_t i = 0; i < o.pieces.size(); ++i) {
       const ShardPiece& p = o.pieces[i];
       const int peer = o.receivers.ranks[size_t(p.receiver)];
@@ -252,8 +260,11 @@ bool KvSender::progress(Outgoing& o) {
       }
       const Placement& place = *o.placements[i];
       auto* wire = static_cast<char*>(s.physical[i].device.data());
-      write_physical(view, d.paged() ? o.pages.as<const int32_t>() : nullptr, d.page_size, o.range.row,
-                     p.heads.begin - mine.begin, p.heads.count, T, d.head_dim, place, wire);
+      if (from_pool)
+        write_physical(view, d.paged() ? o.pages.as<const int32_t>() : nullptr, d.page_size, o.range.row,
+                       p.heads.begin - mine.begin, p.heads.count, T, d.head_dim, place, wire);
+      else
+        write_physical(view, nullptr, T, 0, p.heads.begin - mine.begin, p.heads.count, T, d.head_dim, place, wire);
       for (int64_t bytes : place.runs) {
         s.pending.push_back(transport_.post_send(wire, bytes, peer, tag));
         wire += bytes;

@@ -74,6 +74,21 @@ inline TensorView staging_view(void* base, const VariantDescriptor& d, Device de
   return t;
 }
 
+// A host view of a gathered layer in logical staging ([heads, K|V, tokens, head_dim], the input dtype):
+// one row of `tokens` positions, which the physical wire's writer reads as it reads a pool.
+inline LayerView gathered_view(const Staging& s, const VariantDescriptor& d, int heads, int64_t tokens) {
+  const char* host = static_cast<const char*>(s.staged() ? s.wire.data() : s.device.data());
+  LayerView v;
+  v.k = host;
+  v.v = host + tokens * d.head_dim * dtype_size(d.input);
+  v.dtype = d.input;
+  v.device = Device::cpu;
+  v.strides.seq_or_slot = d.head_dim;
+  v.strides.head = 2 * tokens * d.head_dim;
+  v.rows_or_pages = 1, v.seq_or_slots = tokens, v.heads = heads, v.head_dim = d.head_dim;
+  return v;
+}
+
 template <size_t N> void copy_name(char (&out)[N], const char* name) {
   std::memset(out, 0, N);
   std::strncpy(out, name, N - 1);

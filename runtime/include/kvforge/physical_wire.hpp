@@ -30,11 +30,12 @@ struct PhysicalPlacement {
   }
 };
 
-// The receiver's side: the placement of positions [0, tokens) of a sequence on `pages` (paged; null
-// for row `row` of a contiguous or ring cache), when the cache is an unquantized host cache whose
-// pages' slots and dims (and maybe heads) are dense, the same way in every layer. Empty otherwise: the
-// caller then moves values (gather and append). Every layer's runs start at the same offsets from its
-// own K element 0.
+// The receiver's side: the placement of positions [0, tokens) of a sequence on `pages` (paged, a host
+// array; null for row `row` of a contiguous or ring cache), when the cache is unquantized and its pages'
+// slots and dims (and maybe heads) are dense, the same way in every layer. The cache may be on any
+// device: run_at counts bytes within its memory, which a transport reaches directly or through host
+// staging (TransferOptions::stage_physical). Empty otherwise: the caller then moves values (gather and
+// append). Every layer's runs start at the same offsets from its own K element 0.
 std::optional<PhysicalPlacement> physical_placement(const Cache& receiver, const int32_t* pages, int64_t row, int64_t tokens);
 
 // Whether the placement's page count covers `tokens` positions (no arithmetic of it wraps).

@@ -90,6 +90,7 @@ struct TransferHeader {
 // allocate (and fault in) its ring for every request.
 struct Staging {
   Device on = Device::cpu;
+  bool host = false;    // `device` is host memory paired with `on` (pinned for CUDA), never given a twin
   Buffer device, wire;  // wire: a host twin, where the transport cannot take the cache's device memory
   bool staged() const { return wire.data() != nullptr; }
   void* wire_data() const { return staged() ? wire.data() : device.data(); }
@@ -99,6 +100,9 @@ class StagingPool {
  public:
   // A buffer of at least `bytes` bytes of `device` memory (with a host twin where `transport` needs one).
   Staging take(Transport& transport, Device device, int64_t bytes);
+  // A buffer of host memory that pairs with `device` (Backend::host(): pinned for CUDA), which the
+  // transport takes as it is.
+  Staging take_host(Transport& transport, Device device, int64_t bytes);
   void give(Staging s);  // keeps at most `keep` of them, the largest
   int keep = 8;
 
@@ -117,6 +121,11 @@ struct TransferOptions {
   int ring_layers = 4;  // staging buffers per side: layers in flight at once
   std::chrono::milliseconds timeout{30000};  // a receiver gives up after this long without progress
   bool physical = true;  // false: this side never uses the physical format (both sides must allow it)
+  // The physical format through host staging on this side even where the transport reaches the pool:
+  // the receiver takes each layer into a host buffer and copies its runs into the pool, and the sender
+  // gathers each layer and writes the wire from a host copy. A device pool the transport cannot reach
+  // always goes this way; on a host pool this runs that same path (the tests use it so).
+  bool stage_physical = false;
 };
 
 // The prefill side. `cache` is this rank's shard (descriptor().tensor_parallel ranks in its group,
@@ -148,6 +157,8 @@ class KvSender {
  private:
   struct Outgoing;
   bool progress(Outgoing& o);
+  // The physical wire comes from a host copy of each gathered layer, not from the pool.
+  bool staged_physical() const { return options_.stage_physical || cache_.config().device != Device::cpu; }
   void fail(int64_t request_id, const std::string& field, const std::string& message);
   Cache& cache_;
   int tp_rank_;
@@ -183,6 +194,10 @@ class KvReceiver {
  private:
   struct Incoming;
   void progress(Incoming& in);
+  // The physical format lands in host buffers and is copied into the pool, not received into it.
+  bool staged_physical() const {
+    return options_.stage_physical || !transport_.takes_memory_of(cache_.config().device);
+  }
   bool take_header(Incoming& in, size_t piece);
   void answer(Incoming& in, size_t piece, const char* refused_field);
   void fail(int64_t request_id, const std::string& field, const std::string& message);
