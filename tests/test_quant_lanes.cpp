@@ -7,7 +7,7 @@
 #include <random>
 #include <thread>
 
-#include "kvforge/ops.hpp"
+#include "kvforge/quant_ops.hpp"
 #include "kvforge/quant_chunks.hpp"
 #include "quant_reference.hpp"
 
@@ -198,12 +198,12 @@ template <class Scale> Scale scale_from_float(float x) {
   else return from_float<Scale>(x);
 }
 
-// One token through the CUDA write's quantizer (Ops::quantize_token_chunked, as its item body calls
+// One token through the CUDA write's quantizer (QuantOps::quantize_token_chunked, as its item body calls
 // it; or, for a shape that takes it, the element path quantize_token) and back through its gather
 // (dequantize_token_chunked, or decode_head per head), its lanes emulated, against the reference
 // quantizer: codes, every stored scale, and the values read back.
 template <class Traits> void check_chunked_token(DType storage, DType input, DType scale_dtype, uint32_t seed) {
-  using O = detail::Ops<Traits, EmulatedCudaExec>;
+  using O = detail::QuantOps<Traits, EmulatedCudaExec>;
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
   using Scale = typename Traits::scale_t;

@@ -1,14 +1,14 @@
 // The read path from the one source every backend runs: a gather reads positions of a row or a page table
-// into [heads, positions, head_dim] outputs, dequantizing codes. Ops (ops.hpp) holds what it shares with
+// into [heads, positions, head_dim] outputs, dequantizing codes. Ops (ops.hpp) and QuantOps (quant_ops.hpp) hold what it shares with
 // the write path and upkeep.
 #pragma once
 
-#include "kvforge/ops.hpp"
+#include "kvforge/quant_ops.hpp"
 
 namespace kvforge::detail {
 
-template <class Traits, class Exec> struct GatherOps : Ops<Traits, Exec> {
-  using O = Ops<Traits, Exec>;
+template <class Traits, class Exec> struct GatherOps : QuantOps<Traits, Exec> {
+  using O = QuantOps<Traits, Exec>;
   using Chunks = typename O::Chunks;
   using O::D;
   using O::dequantize_token_chunked;

@@ -1,6 +1,7 @@
 // Row and page upkeep from the one source every backend runs: zeroing a row, reordering rows for beam
 // search, copying pages (copy-on-write) and moving pages to and from their packed form (offload). Ops
-// (ops.hpp) holds what they share with the write and read paths: sizes, addressing, scales. Also
+// (ops.hpp) and QuantOps (quant_ops.hpp) hold what they share with the write and read paths: sizes,
+// addressing, scales. Also
 // make_op_table, which fills a backend's table from both.
 #pragma once
 
@@ -10,8 +11,8 @@
 
 namespace kvforge::detail {
 
-template <class Traits, class Exec> struct UpkeepOps : Ops<Traits, Exec> {
-  using O = Ops<Traits, Exec>;
+template <class Traits, class Exec> struct UpkeepOps : QuantOps<Traits, Exec> {
+  using O = QuantOps<Traits, Exec>;
   using typename O::Scale;
   using typename O::Store;
   using O::copy_scales;

@@ -1,14 +1,15 @@
 // The write path from the one source every backend runs: an append or commit writes tokens into their
 // slots (quantizing where the layout stores codes), and a lazy layout's append stages them first. Ops
-// (ops.hpp) holds the sizes, addressing and quantizers it shares with the read path and upkeep.
+// (ops.hpp) holds the sizes and addressing, QuantOps (quant_ops.hpp) the quantizers, it shares with the
+// read path and upkeep.
 #pragma once
 
-#include "kvforge/ops.hpp"
+#include "kvforge/quant_ops.hpp"
 
 namespace kvforge::detail {
 
-template <class Traits, class Exec> struct WriteOps : Ops<Traits, Exec> {
-  using O = Ops<Traits, Exec>;
+template <class Traits, class Exec> struct WriteOps : QuantOps<Traits, Exec> {
+  using O = QuantOps<Traits, Exec>;
   using ChunkRegs = typename O::ChunkRegs;
   using Chunks = typename O::Chunks;
   using O::D;

@@ -87,7 +87,7 @@ template <int Level> struct CpuExec {
   // An item is one thread here, so its lanes' maximum is its own value.
   template <int Lanes, int Group = Lanes> static uint32_t lane_max(uint32_t value) { return value; }
   template <int Lanes> static uint32_t item_max(uint32_t value) { return value; }
-  // Rows are quantized whole (ops.hpp), not in CUDA's 16-byte chunks, and an item copies its token once
+  // Rows are quantized whole (quant_ops.hpp), not in CUDA's 16-byte chunks, and an item copies its token once
   // it knows where it goes: a core's out-of-order window already overlaps the loads that CUDA's lanes
   // must issue up front.
   static constexpr bool kChunkedQuant = false;

@@ -1,0 +1,257 @@
+// Quantization in the one source: a token's K or V into codes and its dynamic scales, and back, on the
+// lanes the executor gives an item. Ops (ops.hpp) holds the sizes and addressing these read; the write,
+// gather and upkeep paths build on both. The rules are in quant.hpp and row_codecs.hpp.
+#pragma once
+
+#include "kvforge/ops.hpp"
+
+namespace kvforge::detail {
+
+template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
+  using O = Ops<Traits, Exec>;
+  using typename O::Store;
+  using typename O::In;
+  using typename O::Scale;
+  using typename O::Chunks;
+  using typename O::ChunkRegs;
+  using O::D;
+  using O::H;
+  using O::kChunkPasses;
+  using O::kGatherPasses;
+  using O::kGroup;
+  using O::kGroupChunks;
+  using O::kGroups;
+  using O::kQuant;
+  using O::kScaleHeads;
+  using O::kStoredDim;
+  using O::kTensorScaled;
+  using O::kTokenLanes;
+  using O::kValues;
+  using O::chunk_group;
+
+  // The second-level scale of (layer, K or V): 1, a constant, where the layout has none.
+  KVF_HD static KVF_INLINE float tensor_scale(const ScaleRef& r, int64_t layer, int64_t kv) {
+    if constexpr (kTensorScaled) return r.tensor[2 * layer + kv]; else return 1.0f;
+  }
+  // A group scale as stored and the tensor scale under it, as the one factor its codes take.
+  KVF_HD static KVF_INLINE float scale_value(Scale stored, float tensor) {
+    if constexpr (kTensorScaled) return to_float(stored) * tensor; else return to_float(stored);
+  }
+
+  // The lanes of an item that quantize a token element by element: at most a warp, so that each amax
+  // is one warp's shuffle. An item wider than that (a chunked token of any granularity) leaves it to
+  // its first warp; its other warps, each whole, return at once.
+  static constexpr int kElementLanes = kTokenLanes < 32 ? kTokenLanes : 32;
+
+  // One token's K or V (all heads) into codes, computing and storing its dynamic scales; a
+  // per-tensor scale is only read.
+  KVF_HD static KVF_INLINE void quantize_token(Store* dst, int64_t dst_head, Scale* scale, int64_t scale_head,
+                                               float tensor, const In* src, int64_t src_head, int lane,
+                                               int token_lanes) {
+    const int lanes = token_lanes < kElementLanes ? token_lanes : kElementLanes;
+    if (lane >= lanes) return;
+    if constexpr (kQuant == Quant::per_tensor) {
+      const float s = to_float(*scale);
+      for (int h = 0; h < H; ++h) encode_groups<D, D, Exec>(dst + h * dst_head, src + h * src_head, &s, lane, lanes);
+    } else if constexpr (kQuant == Quant::per_token) {
+      uint32_t m = 0;
+      for (int h = 0; h < H; ++h) {
+        const uint32_t b = row_amax<D, Exec>(src + h * src_head, lane, lanes);
+        m = m > b ? m : b;
+      }
+      const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(m));
+      if (lane == 0) *scale = stored;
+      const float s = to_float(stored);
+      for (int h = 0; h < H; ++h) encode_groups<D, D, Exec>(dst + h * dst_head, src + h * src_head, &s, lane, lanes);
+    } else if constexpr (kQuant == Quant::per_group && kLanesStrideRows) {
+      for (int h = 0; h < H; ++h)
+        quantize_groups_striding(dst + h * dst_head, scale + h * scale_head, tensor, src + h * src_head, lane);
+    } else {  // per_token_head, and per_group on one lane: a scale per group of a head's row
+      // A head's groups go stage by stage (every amax, then every scale, then every group's codes), not
+      // group by group: the groups are independent, and a core overlaps them only when no group's
+      // reduction, scale and division chain stands between the next one's loads (3x on a 32-value group).
+      for (int h = 0; h < H; ++h) {
+        const In* row = src + h * src_head;
+        uint32_t amax[kGroups];
+        for (int g = 0; g < kGroups; ++g) amax[g] = row_amax<kGroup, Exec>(row + g * kGroup, lane, lanes);
+        float s[kGroups];
+        for (int g = 0; g < kGroups; ++g) {
+          const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<kElementLanes>(amax[g]), tensor);
+          if (lane == 0) scale[h * scale_head + g] = stored;
+          s[g] = scale_value(stored, tensor);
+        }
+        encode_groups<D, kGroup, Exec>(dst + h * dst_head, row, s, lane, lanes);
+      }
+    }
+  }
+
+  // A lane's chunks of passes [first, first + kChunkPasses) of one token's K or V.
+  KVF_HD static KVF_INLINE void load_chunks(ChunkRegs& regs, const In* src, int64_t src_head, int lane, int first) {
+    Chunks::template for_each_chunk<kChunkPasses>(
+        lane, first, [&](int r, int k, int h, int c) { regs[r][k] = Chunks::load(src, src_head, h, c); });
+  }
+
+  // The largest magnitude among a lane's chunks of pass `first + r`.
+  KVF_HD static KVF_INLINE uint32_t chunks_amax(const ChunkRegs& regs, int lane, int first, int r) {
+    uint32_t m = 0;
+    Chunks::template for_each_chunk<1>(lane, first + r, [&](int, int k, int, int) {
+      const uint32_t b = Chunks::amax(regs[r][k]);
+      m = m > b ? m : b;
+    });
+    return m;
+  }
+
+  // quantize_token in 16-byte chunks: loads, a reduction per scale over the lanes that hold its group,
+  // then packed code stores. With Chunks::kPreload the caller has loaded `regs` (K's and V's both,
+  // before either is stored); otherwise each pass loads its own (a per-token scale reads twice).
+  KVF_HD static KVF_INLINE void quantize_token_chunked(ChunkRegs& regs, Store* dst, int64_t dst_head, Scale* scale,
+                                                       int64_t scale_head, float tensor, const In* src,
+                                                       int64_t src_head, int lane) {
+    float token_scale = 1.0f;
+    if constexpr (kQuant == Quant::per_tensor) {
+      token_scale = to_float(*scale);
+    } else if constexpr (kQuant == Quant::per_token) {
+      uint32_t m = 0;
+      for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
+        if constexpr (!Chunks::kPreload) load_chunks(regs, src, src_head, lane, first);
+        KVF_UNROLL
+        for (int r = 0; r < kChunkPasses; ++r) {
+          const uint32_t b = chunks_amax(regs, lane, first, r);
+          m = m > b ? m : b;
+        }
+      }
+      const Scale stored = dynamic_scale<Store, Scale>(Exec::template item_max<Chunks::L>(m));
+      if (lane == 0) *scale = stored;
+      token_scale = to_float(stored);
+    }
+    for (int first = 0; first < Chunks::Q; first += kChunkPasses) {
+      if constexpr (!Chunks::kPreload) load_chunks(regs, src, src_head, lane, first);
+      KVF_UNROLL
+      for (int r = 0; r < kChunkPasses; ++r) {
+        float s = token_scale;
+        if constexpr (kQuant == Quant::per_token_head) {
+          const uint32_t m = Exec::template lane_max<Chunks::L, Chunks::Lh>(chunks_amax(regs, lane, first, r));
+          const Scale stored = dynamic_scale<Store, Scale>(m);
+          const int h = (first + r) * Chunks::P + lane / Chunks::Lh;
+          if (lane % Chunks::Lh == 0 && h < H) scale[h * scale_head] = stored;
+          s = to_float(stored);
+        } else if constexpr (kQuant == Quant::per_group) {
+          // kWholeGroups: this lane holds chunk c of head h, and its group's chunks are the aligned run of
+          // kGroupChunks lanes around it.
+          const uint32_t m = Exec::template lane_max<Chunks::L, kGroupChunks>(chunks_amax(regs, lane, first, r));
+          const Scale stored = dynamic_scale<Store, Scale>(m, tensor);
+          const int h = (first + r) * Chunks::P + lane / Chunks::Lh, c = lane % Chunks::Lh;
+          if (c % kGroupChunks == 0 && h < H) scale[h * scale_head + chunk_group(c)] = stored;
+          s = scale_value(stored, tensor);
+        }
+        const ScaleDivisor divisor(s);
+        Chunks::template for_each_chunk<1>(lane, first + r, [&](int, int k, int h, int c) {
+          Chunks::encode(dst, dst_head, h, c, regs[r][k], divisor);
+        });
+      }
+    }
+  }
+
+  // Whether an item's lanes stride a head's row (CUDA's element path), not one lane taking it whole.
+  static constexpr bool kLanesStrideRows = Exec::row_step(2) != 1;
+  static constexpr int kGroupElems = kGroup / kValues;  // stored elements of a group
+  // The largest finite magnitude's bits of stored element e's values, and their codes.
+  KVF_HD static KVF_INLINE uint32_t element_amax(const In* row, int e) {
+    uint32_t m = magnitude_bits(to_float(row[e * kValues]));
+    if constexpr (kValues == 2) {
+      const uint32_t b = magnitude_bits(to_float(row[2 * e + 1]));
+      m = m > b ? m : b;
+    }
+    return m;
+  }
+  KVF_HD static KVF_INLINE Store encode_element(const In* row, int e, const ScaleDivisor& d) {
+    if constexpr (kValues == 2) return Codec<Store>::encode(d.divide(to_float(row[2 * e])), d.divide(to_float(row[2 * e + 1])));
+    else return Codec<Store>::encode(d.divide(to_float(row[e])));
+  }
+
+  // One head's row of a per_group token on lanes that stride it: lane l takes stored element
+  // pass * lanes + l, so a pass holds whole groups in aligned runs of kGroupElems lanes, and a group's
+  // amax is one reduction over its run (a group wider than a pass takes its passes first). A lane holds
+  // only its own element's group, where holding every group's amax and scale (8 a head for NVFP4)
+  // spilled 56 bytes.
+  KVF_HD static KVF_INLINE void quantize_groups_striding(Store* dst, Scale* scale, float tensor, const In* row, int lane) {
+    constexpr int L = kElementLanes;
+    if constexpr (kGroupElems <= L) {
+      for (int first = 0; first < kStoredDim; first += L) {
+        const int e = first + lane;
+        const bool inside = e < kStoredDim;  // the same for a whole run: the row is whole groups
+        const uint32_t m = Exec::template lane_max<L, kGroupElems>(inside ? element_amax(row, e) : 0u);
+        if (!inside) continue;
+        const Scale stored = dynamic_scale<Store, Scale>(m, tensor);
+        if (e % kGroupElems == 0) scale[e / kGroupElems] = stored;
+        dst[e] = encode_element(row, e, ScaleDivisor(scale_value(stored, tensor)));
+      }
+    } else {
+      for (int g = 0; g < kGroups; ++g) {
+        uint32_t m = 0;
+        for (int e = g * kGroupElems + lane; e < (g + 1) * kGroupElems; e += L) {
+          const uint32_t b = element_amax(row, e);
+          m = m > b ? m : b;
+        }
+        const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<L>(m), tensor);
+        if (lane == 0) scale[g] = stored;
+        const ScaleDivisor divisor(scale_value(stored, tensor));
+        for (int e = g * kGroupElems + lane; e < (g + 1) * kGroupElems; e += L) dst[e] = encode_element(row, e, divisor);
+      }
+    }
+  }
+
+  // A token's K and V codes back to values in 16-byte chunks (the CUDA gather): every code chunk of K
+  // and of V this lane holds is loaded before any value is stored, a pass at a time where they do not
+  // all fit.
+  KVF_HD static KVF_INLINE void dequantize_token_chunked(In* k_out, int64_t k_head, In* v_out, int64_t v_head,
+                                                         const Store* codes, int64_t code_head, int64_t code_kv,
+                                                         const Scale* k_scale, const Scale* v_scale, int64_t scale_head,
+                                                         float k_tensor, float v_tensor, int lane) {
+    using Codes = typename Chunks::Codes;
+    for (int first = 0; first < Chunks::Q; first += kGatherPasses) {
+      Codes held[2][kGatherPasses][Chunks::K];
+      Chunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
+        held[0][r][k] = Chunks::load_codes(codes, code_head, h, c);
+        held[1][r][k] = Chunks::load_codes(codes + code_kv, code_head, h, c);
+      });
+      Chunks::template for_each_chunk<kGatherPasses>(lane, first, [&](int r, int k, int h, int c) {
+        const int64_t at = h * scale_head + chunk_group(c);
+        Chunks::decode(k_out, k_head, h, c, held[0][r][k], scale_value(k_scale[at], k_tensor));
+        Chunks::decode(v_out, v_head, h, c, held[1][r][k], scale_value(v_scale[at], v_tensor));
+      });
+    }
+  }
+
+  // Moves a token's dynamic scales (K or V), for copies that keep codes as they are. A packed copy's
+  // scales are dense: head stride kGroups (kPackedScaleHead).
+  static constexpr int64_t kPackedScaleHead = kGroups;
+  KVF_HD static KVF_INLINE void copy_scales(Scale* dst, int64_t dst_head, const Scale* src, int64_t src_head, int lane) {
+    if (lane != 0) return;
+    for (int h = 0; h < kScaleHeads; ++h)
+      for (int g = 0; g < kGroups; ++g) dst[h * dst_head + g] = src[h * src_head + g];
+  }
+
+  // A row of one head decoded with its scales: group g of the row with scale[g] (under `tensor`).
+  template <class Out>
+  KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, float tensor, int lane,
+                                            int lanes) {
+    if constexpr (kQuant == Quant::per_group && kLanesStrideRows) {  // each lane its own elements' group
+      for (int e = Exec::row_begin(lane); e < kStoredDim; e += Exec::row_step(lanes)) {
+        const float s = scale_value(scale[e / kGroupElems], tensor);
+        if constexpr (kValues == 2) {
+          dst[2 * e] = from_float<Out>(Codec<Store>::decode(src[e], 0) * s);
+          dst[2 * e + 1] = from_float<Out>(Codec<Store>::decode(src[e], 1) * s);
+        } else {
+          dst[e] = from_float<Out>(Codec<Store>::decode(src[e]) * s);
+        }
+      }
+      return;
+    }
+    float s[kGroups];
+    for (int g = 0; g < kGroups; ++g) s[g] = scale_value(scale[g], tensor);
+    decode_groups<D, kGroup, Exec>(dst, src, s, lane, lanes);
+  }
+};
+
+}  // namespace kvforge::detail
