@@ -5,7 +5,7 @@
 // 256 bytes per token.
 #pragma once
 
-#include "kvforge/cache_impl.hpp"
+#include "kvforge/detail/cache_impl.hpp"
 
 namespace kvforge::variants {
 

@@ -6,7 +6,7 @@
 // 72 bytes per token.
 #pragma once
 
-#include "kvforge/cache_impl.hpp"
+#include "kvforge/detail/cache_impl.hpp"
 
 namespace kvforge::variants {
 

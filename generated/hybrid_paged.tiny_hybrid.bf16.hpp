@@ -6,7 +6,7 @@
 // 512 bytes per token in all.
 #pragma once
 
-#include "kvforge/cache_impl.hpp"
+#include "kvforge/detail/cache_impl.hpp"
 #include "kvforge/hybrid.hpp"
 
 namespace kvforge::variants {

@@ -6,7 +6,7 @@
 // 3840 bytes per token.
 #pragma once
 
-#include "kvforge/cache_impl.hpp"
+#include "kvforge/detail/cache_impl.hpp"
 
 namespace kvforge::variants {
 

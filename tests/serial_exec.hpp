@@ -9,11 +9,11 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kvforge/checks.hpp"
-#include "kvforge/executor.hpp"
-#include "kvforge/op_args.hpp"
-#include "kvforge/op_table.hpp"
-#include "kvforge/upkeep_ops.hpp"
+#include "kvforge/detail/checks.hpp"
+#include "kvforge/detail/executor.hpp"
+#include "kvforge/detail/op_args.hpp"
+#include "kvforge/detail/op_table.hpp"
+#include "kvforge/detail/upkeep_ops.hpp"
 
 namespace kvtest {
 

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "kvforge/flashmla_record.hpp"
+#include "kvforge/detail/flashmla_record.hpp"
 
 namespace kvforge::detail {
 namespace {

@@ -2,7 +2,7 @@
 // byte and the rounding edges, and ue8m0 scales against the reference's rounding up to a power of two.
 #include <random>
 
-#include "kvforge/ops.hpp"
+#include "kvforge/detail/ops.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {

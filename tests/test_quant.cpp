@@ -3,7 +3,7 @@
 // saturation limit, non-finite values) and on random tokens against the documented accuracy bound.
 #include <random>
 
-#include "kvforge/ops.hpp"
+#include "kvforge/detail/ops.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {

@@ -7,8 +7,8 @@
 #include <random>
 #include <thread>
 
-#include "kvforge/quant_ops.hpp"
-#include "kvforge/quant_chunks.hpp"
+#include "kvforge/detail/quant_ops.hpp"
+#include "kvforge/detail/quant_chunks.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {

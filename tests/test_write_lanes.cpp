@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kvforge/backends/cpu/exec_cpu.hpp"
-#include "kvforge/upkeep_ops.hpp"
+#include "kvforge/detail/upkeep_ops.hpp"
 
 namespace kvtest {
 namespace {

@@ -4,7 +4,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "kvforge/cache_impl.hpp"
+#include "kvforge/detail/cache_impl.hpp"
 
 namespace kvforge::detail {
 

@@ -1,4 +1,4 @@
-#include "kvforge/device_status.hpp"
+#include "kvforge/detail/device_status.hpp"
 
 #include "kvforge/errors.hpp"
 

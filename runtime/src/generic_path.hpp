@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "kvforge/cache_impl.hpp"
+#include "kvforge/detail/cache_impl.hpp"
 #include "kvforge/backends/cpu/cpu_ops.hpp"
 
 namespace kvforge::generic_path {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kvforge/checks.hpp"
+#include "kvforge/detail/checks.hpp"
 
 namespace kvforge {
 namespace {

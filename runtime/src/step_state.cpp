@@ -4,7 +4,7 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/errors.hpp"
-#include "kvforge/step_build.hpp"
+#include "kvforge/detail/step_build.hpp"
 
 namespace kvforge {
 DeviceStepState::DeviceStepState(Device device, void* stream, int32_t page_size)

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "kvforge/config.hpp"
+#include "kvforge/detail/config.hpp"
 
 namespace kvforge {
 

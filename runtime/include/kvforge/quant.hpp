@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kvforge/config.hpp"
+#include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/vocab.hpp"
 

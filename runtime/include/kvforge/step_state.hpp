@@ -11,7 +11,7 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/cache.hpp"  // TokenTargets
-#include "kvforge/step_build.hpp"
+#include "kvforge/detail/step_build.hpp"
 #include "kvforge/tensor.hpp"
 
 namespace kvforge {

@@ -1,7 +1,7 @@
 // The CPU's instantiation of step_build.hpp: a step's batch arrays built by the CPU executor, for
 // every backend whose memory is host memory (host_backend.hpp).
 #include "kvforge/backends/cpu/exec_cpu.hpp"
-#include "kvforge/step_build.hpp"
+#include "kvforge/detail/step_build.hpp"
 #include "kvforge/vocab.hpp"
 #include "../../host_backend.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <cub/device/device_scan.cuh>
 
-#include "kvforge/step_build.hpp"
+#include "kvforge/detail/step_build.hpp"
 #include "step_cuda.hpp"
 
 namespace kvforge::detail {

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "kvforge/step_build.hpp"
+#include "kvforge/detail/step_build.hpp"
 
 namespace kvforge::detail {
 

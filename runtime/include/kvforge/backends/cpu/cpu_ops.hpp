@@ -4,10 +4,10 @@
 // instantiated in <variant>.cpu_v<level>.cpp, compiled with that level's -march.
 #pragma once
 
-#include "kvforge/checks.hpp"
+#include "kvforge/detail/checks.hpp"
 #include "kvforge/cpu_level.hpp"
 #include "kvforge/backends/cpu/exec_cpu.hpp"
-#include "kvforge/upkeep_ops.hpp"
+#include "kvforge/detail/upkeep_ops.hpp"
 #include "kvforge/vocab.hpp"
 
 namespace kvforge::detail {

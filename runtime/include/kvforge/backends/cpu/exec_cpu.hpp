@@ -13,10 +13,10 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kvforge/checks.hpp"
+#include "kvforge/detail/checks.hpp"
 #include "kvforge/cpu_level.hpp"
-#include "kvforge/op_args.hpp"
-#include "kvforge/op_table.hpp"
+#include "kvforge/detail/op_args.hpp"
+#include "kvforge/detail/op_table.hpp"
 
 namespace kvforge::detail {
 

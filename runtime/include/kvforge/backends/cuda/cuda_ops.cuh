@@ -3,7 +3,7 @@
 #pragma once
 
 #include "kvforge/backends/cuda/exec_cuda.cuh"
-#include "kvforge/upkeep_ops.hpp"
+#include "kvforge/detail/upkeep_ops.hpp"
 
 namespace kvforge::detail {
 

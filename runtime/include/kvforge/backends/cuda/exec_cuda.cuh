@@ -12,9 +12,9 @@
 #include "kvforge/dtype.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/backends/cuda/gate.cuh"
-#include "kvforge/item_gate.hpp"
-#include "kvforge/op_args.hpp"
-#include "kvforge/op_table.hpp"
+#include "kvforge/detail/item_gate.hpp"
+#include "kvforge/detail/op_args.hpp"
+#include "kvforge/detail/op_table.hpp"
 #include "kvforge/vocab.hpp"
 
 namespace kvforge::detail {

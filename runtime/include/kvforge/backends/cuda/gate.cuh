@@ -3,8 +3,8 @@
 #pragma once
 
 #include "kvforge/backends/cuda/target.cuh"
-#include "kvforge/device_status.hpp"
-#include "kvforge/op_args.hpp"
+#include "kvforge/detail/device_status.hpp"
+#include "kvforge/detail/op_args.hpp"
 
 namespace kvforge::detail {
 

@@ -3,7 +3,7 @@
 // the write path and upkeep.
 #pragma once
 
-#include "kvforge/quant_ops.hpp"
+#include "kvforge/detail/quant_ops.hpp"
 
 namespace kvforge::detail {
 

@@ -8,8 +8,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "kvforge/op_args.hpp"
-#include "kvforge/op_table.hpp"
+#include "kvforge/detail/op_args.hpp"
+#include "kvforge/detail/op_table.hpp"
 
 namespace kvforge::detail {
 

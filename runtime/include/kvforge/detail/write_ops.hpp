@@ -4,7 +4,7 @@
 // read path and upkeep.
 #pragma once
 
-#include "kvforge/quant_ops.hpp"
+#include "kvforge/detail/quant_ops.hpp"
 
 namespace kvforge::detail {
 

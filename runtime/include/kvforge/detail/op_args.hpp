@@ -3,8 +3,8 @@
 
 #include <cstdint>
 
-#include "kvforge/config.hpp"
-#include "kvforge/device_status.hpp"
+#include "kvforge/detail/config.hpp"
+#include "kvforge/detail/device_status.hpp"
 #include "kvforge/geometry.hpp"
 
 namespace kvforge::detail {

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "kvforge/cache.hpp"
-#include "kvforge/op_args.hpp"
+#include "kvforge/detail/op_args.hpp"
 
 namespace kvforge::detail {
 

@@ -14,9 +14,9 @@
 #include "kvforge/backend.hpp"
 #include "kvforge/cache.hpp"
 #include "kvforge/cpu_level.hpp"
-#include "kvforge/checks.hpp"
-#include "kvforge/op_table.hpp"
-#include "kvforge/ops.hpp"
+#include "kvforge/detail/checks.hpp"
+#include "kvforge/detail/op_table.hpp"
+#include "kvforge/detail/ops.hpp"
 
 namespace kvforge {
 
@@ -376,7 +376,7 @@ void TypedCache<Traits>::gather(int layer, const GatherRange& range, const Tenso
 
 }  // namespace kvforge
 
-#include "kvforge/cache_upkeep.hpp"  // reset, reorder, copy_blocks, pack and unpack
+#include "kvforge/detail/cache_upkeep.hpp"  // reset, reorder, copy_blocks, pack and unpack
 
 namespace kvforge {
 

@@ -3,7 +3,7 @@
 // gather and upkeep paths build on both. The rules are in quant.hpp and row_codecs.hpp.
 #pragma once
 
-#include "kvforge/ops.hpp"
+#include "kvforge/detail/ops.hpp"
 
 namespace kvforge::detail {
 

@@ -9,8 +9,8 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "kvforge/config.hpp"
-#include "kvforge/op_args.hpp"
+#include "kvforge/detail/config.hpp"
+#include "kvforge/detail/op_args.hpp"
 
 namespace kvforge::detail {
 

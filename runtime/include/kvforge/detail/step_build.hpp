@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "kvforge/config.hpp"
-#include "kvforge/op_args.hpp"
+#include "kvforge/detail/config.hpp"
+#include "kvforge/detail/op_args.hpp"
 
 namespace kvforge::detail {
 

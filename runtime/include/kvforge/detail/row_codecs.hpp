@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kvforge/config.hpp"
+#include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/quant.hpp"
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kvforge/block_quant.hpp"
+#include "kvforge/detail/block_quant.hpp"
 
 namespace kvforge::detail {
 

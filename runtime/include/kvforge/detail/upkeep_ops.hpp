@@ -5,9 +5,9 @@
 // make_op_table, which fills a backend's table from both.
 #pragma once
 
-#include "kvforge/executor.hpp"
-#include "kvforge/gather_ops.hpp"
-#include "kvforge/write_ops.hpp"
+#include "kvforge/detail/executor.hpp"
+#include "kvforge/detail/gather_ops.hpp"
+#include "kvforge/detail/write_ops.hpp"
 
 namespace kvforge::detail {
 

@@ -17,10 +17,10 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kvforge/config.hpp"
+#include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/quant.hpp"
-#include "kvforge/token_vectors.hpp"
+#include "kvforge/detail/token_vectors.hpp"
 
 namespace kvforge::detail {
 

@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "kvforge/config.hpp"
-#include "kvforge/device_status.hpp"
-#include "kvforge/op_args.hpp"
+#include "kvforge/detail/config.hpp"
+#include "kvforge/detail/device_status.hpp"
+#include "kvforge/detail/op_args.hpp"
 
 namespace kvforge::detail {
 

@@ -14,16 +14,16 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kvforge/config.hpp"
+#include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/geometry.hpp"
-#include "kvforge/item_gate.hpp"
-#include "kvforge/op_args.hpp"
-#include "kvforge/op_table.hpp"
+#include "kvforge/detail/item_gate.hpp"
+#include "kvforge/detail/op_args.hpp"
+#include "kvforge/detail/op_table.hpp"
 #include "kvforge/quant.hpp"
-#include "kvforge/quant_chunks.hpp"
-#include "kvforge/row_codecs.hpp"
-#include "kvforge/token_vectors.hpp"
+#include "kvforge/detail/quant_chunks.hpp"
+#include "kvforge/detail/row_codecs.hpp"
+#include "kvforge/detail/token_vectors.hpp"
 
 namespace kvforge::detail {
 

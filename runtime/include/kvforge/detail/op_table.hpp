@@ -9,7 +9,7 @@
 #include <iterator>
 
 #include "kvforge/geometry.hpp"
-#include "kvforge/op_args.hpp"
+#include "kvforge/detail/op_args.hpp"
 #include "kvforge/tensor.hpp"
 #include "kvforge/vocab.hpp"
 
