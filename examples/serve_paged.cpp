@@ -158,10 +158,10 @@ int main(int argc, char** argv) {
     // The documented bound (docs/quantization.md) at this model's largest |value|, 8.5: half a scale step
     // of int8 and int4, or half the float grid's spacing (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2
     // for e2m1, whose subnormal step is half its scale), plus the input dtype's rounding of the result.
-    // A dynamic scale is amax / qmax rounded up: by up to 2x as ue8m0, 1.125x as e4m3 (at a tensor scale
-    // of 1 this model's group scales are normal e4m3 values).
-    const DType storage = e.descriptor->storage, scale = e.descriptor->scale;
-    const double round_up = scale == DType::ue8m0 ? 2.0 : scale == DType::f8e4m3 ? 1.125 : 1.0;
+    // A dynamic scale is amax / qmax rounded up, by scale_round_up (at a tensor scale of 1 this model's
+    // group scales are normal e4m3 values).
+    const DType storage = e.descriptor->storage;
+    const double round_up = kvforge::scale_round_up(e.descriptor->scale);
     const double allowed = !e.descriptor->quantized() ? 0.0
                            : storage == DType::i8     ? 8.5 / 127 * round_up + 0.07
                            : storage == DType::i4     ? 0.5 * 8.5 / 7 * round_up + 0.07

@@ -125,13 +125,13 @@ int list(int argc, char** argv) {
 
 // Float storage must give back exactly what went in. Quantized storage is held to its documented
 // bound for inputs in [-32, 32), at a scale of at most 32 / qmax (a per-tensor one set so, a dynamic
-// one at most so, twice that where ue8m0 rounds it up to a power of two, 1.125x where e4m3 does): half
+// one at most so, times scale_round_up where ue8m0 or e4m3 round it up): half
 // a scale step for int8 and int4 (plus bf16 rounding of the result), half the float grid's spacing
 // (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2 for e2m1, whose subnormal step is half its scale).
 float tolerance(const kvforge::VariantDescriptor& d, float want) {
   using kvforge::DType;
   if (!d.quantized()) return 0.0f;
-  const float round_up = d.scale == DType::ue8m0 ? 2.0f : d.scale == DType::f8e4m3 ? 1.125f : 1.0f;
+  const float round_up = kvforge::scale_round_up(d.scale);
   if (d.storage == DType::i8) return 0.5f * round_up * 32.0f / 127.0f + 0.0625f;
   if (d.storage == DType::i4) return 0.5f * round_up * 32.0f / 7.0f + 0.0625f;
   if (d.storage == DType::f4e2m1) return std::fabs(want) * 0.25f + 0.25f * round_up * 32.0f / 6.0f + 0.0625f;

@@ -311,4 +311,11 @@ constexpr float quant_max(DType t) {
   }
 }
 
+// How far above amax / quant_max a dynamic scale stored in `scale` may land, as it rounds up: to the
+// next power of two (ue8m0), to the next e4m3 value (at most 1/8 above, for a normal e4m3 scale), or
+// exactly (fp32, bf16 round to nearest, which the codec's saturation covers).
+constexpr float scale_round_up(DType scale) {
+  return scale == DType::ue8m0 ? 2.0f : scale == DType::f8e4m3 ? 1.125f : 1.0f;
+}
+
 }  // namespace kvforge

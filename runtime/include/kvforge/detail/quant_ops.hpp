@@ -164,10 +164,6 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
     }
     return m;
   }
-  KVF_HD static KVF_INLINE Store encode_element(const In* row, int e, const ScaleDivisor& d) {
-    if constexpr (kValues == 2) return Codec<Store>::encode(d.divide(to_float(row[2 * e])), d.divide(to_float(row[2 * e + 1])));
-    else return Codec<Store>::encode(d.divide(to_float(row[e])));
-  }
 
   // One head's row of a per_group token on lanes that stride it: lane l takes stored element
   // pass * lanes + l, so a pass holds whole groups in aligned runs of kGroupElems lanes, and a group's
@@ -184,7 +180,7 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
         if (!inside) continue;
         const Scale stored = dynamic_scale<Store, Scale>(m, tensor);
         if (e % kGroupElems == 0) scale[e / kGroupElems] = stored;
-        dst[e] = encode_element(row, e, ScaleDivisor(scale_value(stored, tensor)));
+        dst[e] = encode_element<Store>(row, e, ScaleDivisor(scale_value(stored, tensor)));
       }
     } else {
       for (int g = 0; g < kGroups; ++g) {
@@ -196,7 +192,7 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
         const Scale stored = dynamic_scale<Store, Scale>(Exec::template lane_max<L>(m), tensor);
         if (lane == 0) scale[g] = stored;
         const ScaleDivisor divisor(scale_value(stored, tensor));
-        for (int e = g * kGroupElems + lane; e < (g + 1) * kGroupElems; e += L) dst[e] = encode_element(row, e, divisor);
+        for (int e = g * kGroupElems + lane; e < (g + 1) * kGroupElems; e += L) dst[e] = encode_element<Store>(row, e, divisor);
       }
     }
   }
@@ -246,11 +242,11 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
           dst[e] = from_float<Out>(Codec<Store>::decode(src[e]) * s);
         }
       }
-      return;
+    } else {
+      float s[kGroups];
+      for (int g = 0; g < kGroups; ++g) s[g] = scale_value(scale[g], tensor);
+      decode_groups<D, kGroup, Exec>(dst, src, s, lane, lanes);
     }
-    float s[kGroups];
-    for (int g = 0; g < kGroups; ++g) s[g] = scale_value(scale[g], tensor);
-    decode_groups<D, kGroup, Exec>(dst, src, s, lane, lanes);
   }
 };
 

@@ -35,16 +35,19 @@ template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const
 // D values of a row into codes, and back, for lanes that stride the row (CUDA; a group at a time for
 // encode_groups below, and the CPU's whole rows of one scale). Packed 4-bit codes go a pair (one
 // stored byte) at a time.
+// Stored element e of a row: one value's code, or a pair of 4-bit codes in one byte.
+template <class Code, class In> KVF_HD KVF_INLINE Code encode_element(const In* row, int e, const ScaleDivisor& d) {
+  if constexpr (kValuesPerElement<Code> == 2)
+    return Codec<Code>::encode(d.divide(to_float(row[2 * e])), d.divide(to_float(row[2 * e + 1])));
+  else
+    return Codec<Code>::encode(d.divide(to_float(row[e])));
+}
+
 template <int D, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
   const ScaleDivisor divisor(scale);
-  if constexpr (kValuesPerElement<Code> == 2) {
-    for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes))
-      dst[p] = Codec<Code>::encode(divisor.divide(to_float(src[2 * p])), divisor.divide(to_float(src[2 * p + 1])));
-  } else {
-    for (int i = Exec::row_begin(lane); i < D; i += Exec::row_step(lanes))
-      dst[i] = Codec<Code>::encode(divisor.divide(to_float(src[i])));
-  }
+  for (int e = Exec::row_begin(lane); e < D / kValuesPerElement<Code>; e += Exec::row_step(lanes))
+    dst[e] = encode_element<Code>(src, e, divisor);
 }
 
 template <int D, class Exec, class Out, class Code>
