@@ -188,10 +188,7 @@ void KvReceiver::fail(int64_t request_id, const std::string& field, const std::s
   cancel_receives(transport_, *in);
   if (in->manager) in->manager->free(in->seq_or_row);
   else cache_.reset_row(in->seq_or_row);
-  for (Slot& s : in->ring) {
-    spare_.give(std::move(s.logical));
-    for (Staging& w : s.physical) spare_.give(std::move(w));
-  }
+  for (Slot& s : in->ring) give_back(spare_, s);
   if (!drain(transport_, in->answer_sends)) retired_.push_back(std::move(in));  // its answers are still being read
   throw TransferError(field, "request " + std::to_string(request_id) + ": " + message + "; nothing was committed");
 }
@@ -350,10 +347,7 @@ void KvReceiver::progress(Incoming& in) {
       cache_.synchronize();  // `last` goes when this scope ends
     }
     if (in.manager) in.manager->step({in.seq_or_row});  // written: from now on its full blocks may be shared
-    for (Slot& s : in.ring) {
-      spare_.give(std::move(s.logical));
-      for (Staging& w : s.physical) spare_.give(std::move(w));
-    }
+    for (Slot& s : in.ring) give_back(spare_, s);
     in.ring.clear();
     return;
   }

@@ -277,10 +277,7 @@ bool KvSender::progress(Outgoing& o) {
   const bool done = sent && o.header_sends.empty() &&
                     std::all_of(o.ring.begin(), o.ring.end(), [](const Slot& s) { return s.layer < 0; });
   if (done)
-    for (Slot& s : o.ring) {
-      spare_.give(std::move(s.logical));
-      for (Staging& w : s.physical) spare_.give(std::move(w));
-    }
+    for (Slot& s : o.ring) give_back(spare_, s);
   return done;
 }
 

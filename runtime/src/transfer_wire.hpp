@@ -60,6 +60,12 @@ struct Slot {
   std::vector<Transport::Handle> pending;
 };
 
+// A slot's buffers back to the pool, for the next layer or transfer.
+inline void give_back(StagingPool& pool, Slot& s) {
+  pool.give(std::move(s.logical));
+  for (Staging& w : s.physical) pool.give(std::move(w));
+}
+
 // k and v views of a logical staging buffer holding `heads` heads: [tokens, heads, head_dim] (append)
 // or [heads, tokens, head_dim] (gather), strided over the [heads, 2, tokens, head_dim] block.
 inline TensorView staging_view(void* base, const VariantDescriptor& d, Device device, int heads, int64_t tokens, int kv,
