@@ -10,6 +10,7 @@
 //                      after a refusal, and by an id whose tags are the same; each retry arrives whole
 //   tp_mismatch        np 3: a receiver that expects two senders, fed by one whole-model sender, refuses
 //                      its header at once, naming header.sender_tp, and so does the sender
+//   states             np 2: a hybrid model's sequence with its state slot (mpi_transfer_states.cpp)
 //   capacity           np any: plan_memory over the ranks takes the smallest page count; then each rank in
 //                      turn has a budget that holds no page, and every rank raises its CapacityError
 // Every value is a function of (request, layer, head of the full model, position, dim), exact in
@@ -157,6 +158,8 @@ void timeout(MpiTransport& t);
 void retry(MpiTransport& t);
 void tp_mismatch(MpiTransport& t);
 void capacity(MpiTransport& t);
+// mpi_transfer_states.cpp
+void states(MpiTransport& t);
 
 }  // namespace mpitest
 
@@ -176,8 +179,9 @@ int main(int argc, char** argv) {
     else if (what == "capacity") capacity(t);
     else if (what == "retry") retry(t);
     else if (what == "tp_mismatch") tp_mismatch(t);
+    else if (what == "states") states(t);
     else die("usage: kvforge_mpi_tests layouts | tp S R | dtypes | inflight N | refused | timeout | capacity | retry | "
-             "tp_mismatch");
+             "tp_mismatch | states");
   } catch (const std::exception& e) {
     die(e.what());
   }

@@ -183,6 +183,32 @@ TEST(StateSlots, RefusalsNameTheArgumentAndChangeNothing) {
   e.manager->check_invariants();
 }
 
+// A sequence whose pages came another way (a transfer's receiver adds them through the manager) gets a
+// zeroed slot of its own, and free() gives back both.
+TEST(StateSlots, AttachGivesAManagedSequenceAZeroedSlot) {
+  Engine e(2, 0);
+  e.slots->add(0, tokens(10, 5));
+  e.forward(0);
+  e.slots->add(5, tokens(12, 9));  // leaves its state in the other slot when freed
+  e.forward(5);
+  e.slots->free(5);
+  e.manager->add(1, tokens(20, 7));
+  EXPECT_THROW(e.slots->attach(0), StateError);  // holds one already
+  EXPECT_THROW(e.slots->attach(2), StateError);  // the manager does not hold it
+  EXPECT_EQ(e.slots->free_slots(), 1);
+  const int64_t slot = e.slots->attach(1);
+  EXPECT_EQ(slot, e.slots->slot(1));
+  EXPECT_NE(e.slots->slot(1), e.slots->slot(0));
+  EXPECT_EQ(held(*e.pool, *e.slots, 1), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(held(*e.pool, *e.slots, 0), state_of(tokens(10, 5), 10));  // the other sequence's state stays
+  e.manager->add(2, tokens(30, 3));
+  EXPECT_THROW(e.slots->attach(2), CapacityError);
+  e.slots->free(1);
+  EXPECT_FALSE(e.manager->contains(1));
+  EXPECT_EQ(e.slots->free_slots(), 1);
+  e.manager->check_invariants();
+}
+
 TEST(StateSlots, PlanMemoryTakesTheStatesBeforeThePages) {
   const VariantDescriptor& d = *registry().at("vllm_paged_nhd.tiny.fp32").descriptor;
   const StatePool pool({{"conv", {64, 4}, DType::bf16}, {"ssm", {4, 16, 16}, DType::f32}}, 3,

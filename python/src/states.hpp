@@ -132,6 +132,9 @@ void bind_states(nb::module_& m) {
            nb::keep_alive<1, 3>())
       .def("reusable_prefix", &StateSlots::reusable_prefix, "prompt"_a, "salt"_a = nb::none())
       .def("add", &StateSlots::add, "seq"_a, "prompt"_a, "salt"_a = nb::none(), Release())
+      .def("attach", &StateSlots::attach, "seq"_a,
+           "A sequence the manager holds but this does not (its pages came by a transfer or a pull) gets a zeroed "
+           "slot; returns it.")
       .def("fork", &StateSlots::fork, "parent"_a, "child"_a, Release())
       .def("free", &StateSlots::free, "seq"_a)
       .def("offload", &StateSlots::offload, "seq"_a, Release())
@@ -140,6 +143,7 @@ void bind_states(nb::module_& m) {
       .def("next_boundary", &StateSlots::next_boundary, "seq"_a)
       .def("slot", &StateSlots::slot, "seq"_a)
       .def_prop_ro("every", &StateSlots::every)
+      .def_prop_ro("free_slots", &StateSlots::free_slots)
       .def_prop_ro("checkpoints_held", &StateSlots::checkpoints_held)
       .def_prop_ro("stats", [](const StateSlots& s) {
         nb::dict f;

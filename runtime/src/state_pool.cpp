@@ -184,6 +184,6 @@ void StatePool::restore(int64_t index, int64_t slot) {
   backend(config_.device).copy(slot_at(slot), checkpoint_at(index), slot_bytes_, config_.stream);
 }
 
-void StatePool::synchronize() { backend(config_.device).synchronize(config_.stream); }
+void StatePool::synchronize() const { backend(config_.device).synchronize(config_.stream); }
 
 }  // namespace kvforge

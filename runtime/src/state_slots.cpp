@@ -86,6 +86,15 @@ int64_t StateSlots::add(int64_t seq, const std::vector<int32_t>& prompt, std::op
   return covered;
 }
 
+int64_t StateSlots::attach(int64_t seq) {
+  if (held_.count(seq)) throw StateError("seq", "sequence " + std::to_string(seq) + " holds a state slot already");
+  if (!manager_.contains(seq)) throw StateError("seq", "sequence " + std::to_string(seq) + " is not in the manager");
+  const int64_t slot = take_slot("states");
+  held_[seq] = Held{slot, manager_.default_salt(), {}};
+  pool_.zero_slot(slot);
+  return slot;
+}
+
 void StateSlots::fork(int64_t parent, int64_t child) {
   const int64_t from = held(parent, "parent").slot;
   if (from < 0) throw StateError("parent", "sequence " + std::to_string(parent) + " is offloaded; restore() it first");

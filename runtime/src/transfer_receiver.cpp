@@ -13,6 +13,11 @@ struct KvReceiver::Incoming {
   PeerGroup senders;
   SequenceManager* manager;
   int64_t seq_or_row;
+  StateSlots* states = nullptr;  // the sequence's state slot arrives too
+  int64_t state_slot = -1;
+  Staging state_wire;  // the state as it arrives, written into the slot with the last layer
+  Transport::Handle state_recv = kNone;
+  bool state_in = false;
   std::vector<int32_t> pages;  // paged: the sequence's pages
   std::vector<ShardPiece> pieces;  // this rank's
   std::vector<TransferHeader> headers;
@@ -54,6 +59,8 @@ template <class In> void cancel_receives(Transport& t, In& in) {
     for (Transport::Handle h : layer) t.cancel(h);
     layer.clear();
   }
+  if (in.state_recv != kNone) t.cancel(in.state_recv);
+  in.state_recv = kNone;
 }
 }  // namespace
 
@@ -63,6 +70,21 @@ KvReceiver::~KvReceiver() {
 
 void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders,
                         SequenceManager* manager, int64_t seq_or_row) {
+  begin(request_id, tokens, senders, manager, seq_or_row, nullptr);
+}
+
+void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders,
+                        StateSlots& states, int64_t seq) {
+  const VariantDescriptor& d = cache_.descriptor();
+  if (d.tensor_parallel != 1 || senders.tp() != 1)
+    throw ArgumentError("states", "a state slot comes between groups of one rank each; this receiver's degree is " +
+                                      std::to_string(d.tensor_parallel) + ", the senders' " + std::to_string(senders.tp()));
+  if (states.free_slots() < 1) throw CapacityError("states", 1, 0, "every state slot is held");
+  begin(request_id, tokens, senders, &states.manager(), seq, &states);
+}
+
+void KvReceiver::begin(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders,
+                       SequenceManager* manager, int64_t seq_or_row, StateSlots* states) {
   const VariantDescriptor& d = cache_.descriptor();
   if (incoming_.count(request_id)) throw StateError("request_id", std::to_string(request_id) + " is already expected");
   check_request(transport_, incoming_, request_id, senders, "senders");
@@ -82,6 +104,15 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
   if (manager) {
     // All or nothing, and sharing no cached page: the transfer writes every position.
     manager->add(seq_or_row, tokens, std::nullopt, 0);
+    if (states) {
+      try {
+        in->state_slot = states->attach(seq_or_row);
+      } catch (...) {
+        manager->free(seq_or_row);
+        throw;
+      }
+      in->states = states;
+    }
     in->pages = manager->pages(seq_or_row);
     const int64_t P = d.page_size;
     for (int64_t p = 0; p < T; ++p) {
@@ -186,9 +217,11 @@ void KvReceiver::fail(int64_t request_id, const std::string& field, const std::s
   std::unique_ptr<Incoming> in = std::move(it->second);
   incoming_.erase(it);
   cancel_receives(transport_, *in);
-  if (in->manager) in->manager->free(in->seq_or_row);
+  if (in->states) in->states->free(in->seq_or_row);  // its pages and its slot
+  else if (in->manager) in->manager->free(in->seq_or_row);
   else cache_.reset_row(in->seq_or_row);
   for (Slot& s : in->ring) give_back(spare_, s);
+  spare_.give(std::move(in->state_wire));
   if (!drain(transport_, in->answer_sends)) retired_.push_back(std::move(in));  // its answers are still being read
   throw TransferError(field, "request " + std::to_string(request_id) + ": " + message + "; nothing was committed");
 }
@@ -237,6 +270,8 @@ void KvReceiver::progress(Incoming& in) {
     check("head_count", h.head_count, p.heads.count);
     check("layer_begin", h.layer_begin, 0);
     check("layer_count", h.layer_count, d.layers);
+    check("state_bytes", h.state_bytes, in.states ? in.states->pool().slot_bytes() : 0);
+    if (in.states) check("state_record", int64_t(h.state_record), int64_t(state_record_hash(in.states->pool())));
     in.judged[i] = true;
     moved = true;
   }
@@ -245,6 +280,12 @@ void KvReceiver::progress(Incoming& in) {
       in.placement = physical_placement(cache_, transport_, in.headers[0], in.pieces, mine.count,
                                       in.manager ? in.pages.data() : nullptr, in.seq_or_row, T);
     for (size_t i = 0; i < in.pieces.size(); ++i) answer(in, i, nullptr);
+    if (in.states) {
+      const StatePool& pool = in.states->pool();
+      in.state_wire = spare_.take_host(transport_, pool.config().device, pool.slot_bytes());
+      in.state_recv = transport_.post_recv(in.state_wire.device.data(), pool.slot_bytes(), in.senders.ranks[0],
+                                           tag_of(transport_, in.request_id, kStateSlot, in.epoch));
+    }
     if (in.placement && !staged_physical()) {
       // Straight into the pool: every layer's receives go up now, one per run of consecutive pages.
       const int sender = in.senders.ranks[size_t(in.pieces[0].sender)];
@@ -267,7 +308,9 @@ void KvReceiver::progress(Incoming& in) {
     in.headers_checked = moved = true;
   }
   if (in.headers_checked && !in.layer_recvs.empty()) {
-    while (in.ready < d.layers && drain(transport_, in.layer_recvs[size_t(in.ready)])) ++in.ready, moved = true;
+    while (in.ready < d.layers && drain(transport_, in.layer_recvs[size_t(in.ready)]) &&
+           (in.ready + 1 < d.layers || state_landed(in)))
+      ++in.ready, moved = true;
   } else if (in.headers_checked) {
     // Post the receives of the next layers into free buffers; write completed layers in order.
     for (bool again = true; again;) {
@@ -293,7 +336,7 @@ void KvReceiver::progress(Incoming& in) {
             }
           }
         }
-        if (s.layer == in.ready && drain(transport_, s.pending)) {
+        if (s.layer == in.ready && drain(transport_, s.pending) && (s.layer + 1 < d.layers || state_landed(in))) {
           if (in.placement) {
             // Each run to where it goes in the pool, then wait: the buffer takes the next layer.
             auto* pool = const_cast<char*>(static_cast<const char*>(cache_.view(s.layer).k));
@@ -356,6 +399,19 @@ void KvReceiver::progress(Incoming& in) {
     fail(in.request_id, "timeout",
          "no progress for " + std::to_string(options_.timeout.count()) + " ms after " + std::to_string(in.ready) + " of " +
              std::to_string(d.layers) + " layers");
+}
+
+// The state slot, once it has come: written into the sequence's slot (only the last layer waits for it).
+bool KvReceiver::state_landed(Incoming& in) {
+  if (!in.states || in.state_in) return true;
+  if (!transport_.poll(in.state_recv)) return false;
+  in.state_recv = kNone;
+  StatePool& pool = in.states->pool();
+  pool.write_slot(in.state_slot, in.state_wire.device.data());
+  pool.synchronize();
+  spare_.give(std::move(in.state_wire));
+  in.state_in = true;
+  return true;
 }
 
 void KvReceiver::poll() {

@@ -25,6 +25,9 @@ struct KvSender::Outgoing {
   uint64_t attempt = 0;
   std::vector<std::optional<Placement>> placements;  // per piece: physical, or logical (empty)
   std::vector<Slot> ring;
+  StateSource state;   // the state slot that goes too, if any
+  Staging state_wire;  // its host copy, from the answer until it is sent
+  Transport::Handle state_send = kNone;
   int next_layer = 0;
   bool abandoned = false;
   std::chrono::steady_clock::time_point started;
@@ -52,10 +55,17 @@ KvSender::~KvSender() {
 }
 
 void KvSender::send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens,
-                    const PeerGroup& receivers) {
+                    const PeerGroup& receivers, StateSource state) {
   const VariantDescriptor& d = cache_.descriptor();
   const Device device = cache_.config().device;
   check_request(transport_, outgoing_, request_id, receivers, "receivers");
+  if (state.pool) {
+    if (state.slot < 0 || state.slot >= state.pool->config().slots)
+      throw OutOfRangeError("state.slot", state.slot, 0, state.pool->config().slots);
+    if (d.tensor_parallel != 1 || receivers.tp() != 1)
+      throw ArgumentError("state", "a state slot goes between groups of one rank each; this sender's degree is " +
+                                       std::to_string(d.tensor_parallel) + ", the receivers' " + std::to_string(receivers.tp()));
+  }
   // The physical format writes the wire with plain loops on the host, one value per element: from the
   // pool where it is host memory, else from a host copy of each gathered layer (staged_physical()),
   // which holds the input dtype, so only where that is the storage dtype. A device pool that the
@@ -86,6 +96,7 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   }
   o->tokens = int64_t(tokens.size());
   o->receivers = receivers;
+  o->state = state;
   for (const ShardPiece& p : shard_pieces(d.model_heads, d.tensor_parallel, receivers.tp()))
     if (p.sender == tp_rank_) o->pieces.push_back(p);
   TransferHeader h{};
@@ -99,6 +110,8 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   h.layer_begin = 0, h.layer_count = d.layers;
   h.tokens = o->tokens, h.request_id = request_id, h.token_hash = token_hash(tokens);
   h.attempt = o->attempt = next_attempt_++;
+  h.state_bytes = state.pool ? state.pool->slot_bytes() : 0;
+  h.state_record = state.pool ? state_record_hash(*state.pool) : 0;
   o->headers.reserve(o->pieces.size());  // posted sends and receives point into these
   o->answers.reserve(o->pieces.size());
   o->withdrawals.reserve(o->pieces.size());
@@ -224,6 +237,16 @@ bool KvSender::progress(Outgoing& o) {
         slot.physical.push_back(p ? spare_.take_host(transport_, device, p->wire_bytes) : Staging{});
       o.ring.push_back(std::move(slot));
     }
+    if (o.state.pool && !o.abandoned) {
+      // Read now, not at send(): nothing is read before the receivers answer.
+      const StatePool& pool = *o.state.pool;
+      o.state_wire = spare_.take_host(transport_, pool.config().device, pool.slot_bytes());
+      pool.read_slot(o.state.slot, o.state_wire.device.data());
+      pool.synchronize();
+      o.state_send = transport_.post_send(o.state_wire.device.data(), pool.slot_bytes(), o.receivers.ranks[0],
+                                          tag_of(transport_, o.request_id, kStateSlot, o.epochs[0]));
+      ++messages_;
+    }
   }
   for (Slot& s : o.ring) {
     if (s.layer >= 0 && drain(transport_, s.pending)) s.layer = -1;
@@ -273,11 +296,14 @@ bool KvSender::progress(Outgoing& o) {
     }
     s.layer = layer;
   }
+  if (o.state_send != kNone && transport_.poll(o.state_send)) o.state_send = kNone;
   const bool sent = o.abandoned || o.next_layer >= d.layers;
-  const bool done = sent && o.header_sends.empty() &&
+  const bool done = sent && o.header_sends.empty() && o.state_send == kNone &&
                     std::all_of(o.ring.begin(), o.ring.end(), [](const Slot& s) { return s.layer < 0; });
-  if (done)
+  if (done) {
     for (Slot& s : o.ring) give_back(spare_, s);
+    spare_.give(std::move(o.state_wire));
+  }
   return done;
 }
 

@@ -14,12 +14,13 @@
 namespace kvforge::transfer_wire {
 
 constexpr uint32_t kMagic = 0x6b76666bu;  // "kvfk"
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr uint16_t kCanWritePhysical = 1;  // TransferHeader::flags
 constexpr uint16_t kWithdrawn = 2;         // TransferHeader::flags: the sender gave this attempt up
 // A request's tags: its header and the receiver's answer in slots 0 and 1 of epoch 0, then layer l in
-// slot 2 + l mod 254 of the epoch the receiver picked for this transfer (1 of 16).
-constexpr int kHeaderSlot = 0, kAnswerSlot = 1, kFirstLayerSlot = 2, kEpochs = 16;
+// slot 2 + l mod 253 and the state slot in slot 255 of the epoch the receiver picked for this transfer
+// (1 of 16).
+constexpr int kHeaderSlot = 0, kAnswerSlot = 1, kFirstLayerSlot = 2, kStateSlot = 255, kEpochs = 16;
 
 inline int tag_of(const Transport& t, int64_t request_id, int slot, int epoch = 0) {
   const int64_t requests = (int64_t(t.max_tag()) + 1) >> 12;
@@ -27,7 +28,7 @@ inline int tag_of(const Transport& t, int64_t request_id, int slot, int epoch = 
 }
 
 inline int layer_tag(const Transport& t, int64_t request_id, int layer, int epoch) {
-  return tag_of(t, request_id, kFirstLayerSlot + layer % (256 - kFirstLayerSlot), epoch);
+  return tag_of(t, request_id, kFirstLayerSlot + layer % (kStateSlot - kFirstLayerSlot), epoch);
 }
 
 inline int64_t tag_bits(const Transport& t, int64_t request_id) { return tag_of(t, request_id, kHeaderSlot) >> 12; }

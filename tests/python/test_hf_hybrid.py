@@ -25,6 +25,7 @@ from transformers import DynamicCache
 
 import kvforge
 import kvforge.hf
+from conftest import variants_where
 
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=128)
@@ -169,6 +170,25 @@ def test_refusals_name_the_argument():
                                           layer_types=["linear_attention", "hybrid"])
     with pytest.raises(kvforge.UnsupportedError, match=r"config.layer_types\[1\]: 'hybrid' is no layer type"):
         kvforge.jit.model_spec(config)
+
+
+def test_state_slots_attach_a_sequence_whose_pages_came_another_way():
+    d = variants_where(paged=True, quantized=False, hybrid=False, model="tiny")[0]
+    cache = kvforge.create(d.name, pages=8)
+    manager = kvforge.SequenceManager(cache)
+    blocks = manager.available_blocks
+    pool = kvforge.StatePool([("h", (4,), "fp32")], layers=1, slots=1)
+    slots = kvforge.StateSlots(manager, pool, 1)
+    pool.write(0, 0, "h", torch.ones(4))
+    manager.add(3, [5, 6, 7])
+    assert (slots.free_slots, slots.attach(3), slots.free_slots) == (1, 0, 0)
+    out = torch.ones(4)
+    pool.read(0, 0, "h", out)
+    assert torch.equal(out, torch.zeros(4))
+    with pytest.raises(kvforge.StateError, match="seq: sequence 4 is not in the manager"):
+        slots.attach(4)
+    slots.free(3)
+    assert slots.free_slots == 1 and manager.available_blocks == blocks
 
 
 def test_state_pool_from_python():

@@ -83,7 +83,7 @@ class StatePool {
   void zero_slot(int64_t slot);              // a new sequence's state
   void checkpoint(int64_t slot, int64_t index);  // slot's state into checkpoint record `index`
   void restore(int64_t index, int64_t slot);     // and back, into any slot
-  void synchronize();                            // the pool's stream
+  void synchronize() const;                      // the pool's stream
 
  private:
   char* slot_at(int64_t slot) const;

@@ -39,6 +39,10 @@ class StateSlots {
   // state is restored into the sequence's slot (else the slot is zeroed). Returns the covered tokens.
   // A slot short raises CapacityError("states") before anything changes.
   int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {});
+  // A sequence the manager holds but this does not (a KvReceiver added its pages) gets a zeroed slot.
+  // StateError where it holds one already or the manager does not hold it; CapacityError("states")
+  // where no slot is free; nothing changes then.
+  int64_t attach(int64_t seq);
   void fork(int64_t parent, int64_t child);  // the child's slot gets a copy of the parent's state
   void free(int64_t seq);
   // Preemption: the sequence's pages go to the host tier (SequenceManager::offload) and its state to
@@ -53,6 +57,9 @@ class StateSlots {
   int64_t next_boundary(int64_t seq) const;
   int64_t slot(int64_t seq) const;
   int32_t every() const { return every_; }
+  int64_t free_slots() const { return int64_t(free_slots_.size()); }
+  SequenceManager& manager() const { return manager_; }
+  StatePool& pool() const { return pool_; }
   int64_t checkpoints_held() const { return int64_t(by_hash_.size()); }
   const StateSlotsStats& stats() const { return stats_; }
 

@@ -18,6 +18,13 @@
 // writes layer l (and says so, layers_ready()) while later layers are in flight, through a ring of
 // staging buffers on each side. Both sides progress only when polled.
 //
+// A hybrid model's sequence also holds a state slot (StatePool: its linear layers' conv and recurrent
+// states). A transfer may carry it: the sender reads the slot once the receivers have answered and
+// sends it as one message; the receiver takes it into host staging and writes its slot only when every
+// layer has arrived, so a failed transfer leaves no state either. Both sides must hold the same record
+// (checked in the header), and both groups must be of one rank (a model with linear layers has no
+// tensor parallelism).
+//
 // Every transfer starts with a header (TransferHeader) that the receiver checks against what it
 // expects, and answers: accepted (with the wire format) or refused (naming the field). On any
 // mismatch, a timeout, or a sender that stops, the receiver raises TransferError, and commits
@@ -47,6 +54,7 @@
 #include "kvforge/errors.hpp"
 #include "kvforge/sequence_manager.hpp"
 #include "kvforge/shard.hpp"
+#include "kvforge/state_slots.hpp"
 #include "kvforge/transport.hpp"
 
 namespace kvforge {
@@ -84,6 +92,18 @@ struct TransferHeader {
   int64_t request_id;  // must match
   uint64_t token_hash;  // must match
   uint64_t attempt;     // this send's own number: answers echo it, a withdrawal names it
+  int64_t state_bytes;    // the state slot that follows the layers (StatePool::slot_bytes), 0 for none: must match
+  uint64_t state_record;  // a hash of that slot's record (state_record_hash): must match
+};
+
+// A hash of what a state slot's bytes mean: the layers, and each part's name, shape and dtype, in order.
+// Two pools of equal hashes place every byte of a slot alike.
+uint64_t state_record_hash(const StatePool& pool);
+
+// The state slot a sender sends beside a sequence's K/V: slot `slot` of `pool`.
+struct StateSource {
+  const StatePool* pool = nullptr;
+  int64_t slot = -1;
 };
 
 // Staging buffers a side keeps between transfers, so a long-lived sender or receiver does not
@@ -140,7 +160,10 @@ class KvSender {
   // bits tag the messages); receivers.ranks: ranks of the transport. Both are checked before anything
   // is posted. Nothing is read before the receivers answer: a range the cache cannot read raises from
   // poll(), and the transfer is then abandoned, its receiver timing out with nothing committed.
-  void send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens, const PeerGroup& receivers);
+  // With `state`, that state slot goes too: both groups must be of one rank (ArgumentError "state"),
+  // and the slot must stay unchanged until the transfer is done.
+  void send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens, const PeerGroup& receivers,
+            StateSource state = {});
   // Progress on every transfer; true when all are done (their buffers may then be reused). Raises
   // TransferError for a transfer its receiver refused (naming the receiver's field) or left
   // unanswered past the timeout, after dropping it; the others continue.
@@ -182,6 +205,12 @@ class KvReceiver {
   // otherwise). Every argument is checked before anything is allocated or posted.
   void expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders, SequenceManager* manager,
               int64_t seq_or_row);
+  // The same for a hybrid model's sequence: its pages come from states.manager() and its state slot from
+  // `states`, which the sender's state fills once every layer has arrived. A slot short raises
+  // CapacityError("states") before anything is allocated; both groups must be of one rank. A failed
+  // transfer gives back the pages and the slot (StateSlots::free).
+  void expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders, StateSlots& states,
+              int64_t seq);
   // Progress on every transfer. Raises TransferError for the first that failed (header mismatch,
   // timeout), after releasing what it held; the others continue.
   void poll();
@@ -198,7 +227,10 @@ class KvReceiver {
   bool staged_physical() const {
     return options_.stage_physical || !transport_.takes_memory_of(cache_.config().device);
   }
+  void begin(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders, SequenceManager* manager,
+             int64_t seq_or_row, StateSlots* states);
   bool take_header(Incoming& in, size_t piece);
+  bool state_landed(Incoming& in);
   void answer(Incoming& in, size_t piece, const char* refused_field);
   void fail(int64_t request_id, const std::string& field, const std::string& message);
   Cache& cache_;
