@@ -444,6 +444,7 @@ int main(int argc, char** argv) {
     register_memory_benchmarks();
     register_simulations();
     register_state_benchmarks();
+    if (preset_name != "short") register_disk_tier_benchmarks();  // 128 MiB of disk reads an iteration
     const VariantEntry& e = registry().at(kMemoryVariant);
     copies.insert({2 * 64 * e.descriptor->bytes_per_token * e.descriptor->page_size, Mode::hot});
   }

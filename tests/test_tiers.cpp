@@ -26,7 +26,7 @@ struct Tiers {
   std::unique_ptr<Cache> cache;
   std::unique_ptr<SequenceManager> manager;
   const VariantDescriptor& d = *registry().at(kVariant).descriptor;
-  Tiers(const std::string& disk, int64_t pages = 6, int32_t host = 4, int64_t disk_blocks = 32) {
+  Tiers(const std::string& disk, int64_t pages = 6, int32_t host = 4, int64_t disk_blocks = 32, int32_t read_ahead = 64) {
     CacheConfig cfg;
     cfg.pages = pages;
     cache = registry().at(kVariant).create(cfg);
@@ -35,6 +35,7 @@ struct Tiers {
     o.disk_path = disk;
     o.disk_blocks = disk_blocks;
     o.kv_events = true;
+    o.read_ahead_blocks = read_ahead;
     manager = std::make_unique<SequenceManager>(*cache, o);
   }
   // Adds `prompt` as `id`, writes what it did not find cached, and returns the tokens it found.
@@ -195,6 +196,49 @@ TEST(Tiers, FlippedBytesAndACutFileReadAsMissesNeverAsWrongData) {
   std::remove(path.c_str());
 }
 
+// prefetch() reads a prompt's disk blocks on the manager's thread; the add() that promotes them takes
+// those bytes (read_ahead_hits) and serves the values written. A record damaged before its read ahead
+// is still a miss, the value recomputed; the read-ahead limit holds; reset drops what was read ahead.
+TEST(Tiers, PrefetchReadsDiskBlocksAheadAndAddTakesThem) {
+  const std::string path = temp_file("prefetch");
+  Tiers t(path);
+  const auto prompts = fill(t);
+  ASSERT_EQ(t.manager->cached_prefix(prompts[0]), 2 * t.P());
+  EXPECT_EQ(t.manager->prefetch(prompts[0]), 2) << "the oldest prompt's two blocks are on disk only";
+  EXPECT_EQ(t.manager->prefetch(prompts[0]), 0) << "a block already read ahead is not read again";
+  const SequenceStats before = t.manager->stats();
+  EXPECT_EQ(t.serve(100, prompts[0]), 2 * t.P());
+  EXPECT_EQ(t.manager->stats().read_ahead_hits - before.read_ahead_hits, 2);
+  EXPECT_EQ(t.manager->stats().disk_reads - before.disk_reads, 2);
+  t.expect_contents(100, prompts[0]);
+  t.manager->free(100);
+  // A prompt with nothing below the device reads nothing.
+  EXPECT_EQ(t.manager->prefetch(prompts[0]), 0);
+  // Damaged on disk before it is read ahead: a miss, as without read-ahead, and the values are right.
+  corrupt_records(path, 32, file_store_record_bytes(t.cache->packed_page_bytes(), t.P()));
+  ASSERT_EQ(t.manager->cached_prefix(prompts[1]), 2 * t.P());
+  EXPECT_EQ(t.manager->prefetch(prompts[1]), 2);
+  const int64_t hits = t.manager->stats().read_ahead_hits;
+  EXPECT_EQ(t.serve(101, prompts[1]), 0);
+  EXPECT_GT(t.manager->stats().disk_misses, 0);
+  EXPECT_EQ(t.manager->stats().read_ahead_hits, hits);
+  t.expect_contents(101, prompts[1]);
+  t.manager->free(101);
+  t.manager->check_invariants();
+  std::remove(path.c_str());
+  // At most read_ahead_blocks held ahead; reset_prefix_cache() forgets them.
+  Tiers one(path, 6, 4, 32, 1);
+  const auto again = fill(one);
+  EXPECT_EQ(one.manager->prefetch(again[0]), 1);
+  EXPECT_EQ(one.manager->prefetch(again[1]), 0);
+  one.manager->reset_prefix_cache();
+  EXPECT_EQ(one.manager->prefetch(again[1]), 0) << "nothing is cached after the reset";
+  EXPECT_EQ(one.serve(102, again[0]), 0);
+  one.expect_contents(102, again[0]);
+  EXPECT_EQ(one.manager->stats().read_ahead_hits, 0);
+  std::remove(path.c_str());
+}
+
 TEST(Tiers, AWriterKilledMidRecordLeavesOnlyIntactRecords) {
   const std::string path = temp_file("killed");
   const int64_t packed = 64 * 1024, records = 8;
@@ -257,6 +301,9 @@ TEST(Tiers, BadOptionsAreRefusedByName) {
   o.host_blocks = 2;
   o.disk_blocks = -1;
   refused(o, "options.disk_blocks");
+  o.disk_blocks = 4;
+  o.read_ahead_blocks = -1;
+  refused(o, "options.read_ahead_blocks");
 }
 
 }  // namespace

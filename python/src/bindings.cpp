@@ -270,14 +270,15 @@ NB_MODULE(_native, m) {
   nb::class_<SequenceManager>(m, "SequenceManager")
       .def("__init__", [](SequenceManager* self, Cache& cache, bool prefix_caching, uint64_t salt, int32_t host_blocks,
                           int32_t window, bool kv_events, int default_priority, bool demote_to_host,
-                          const std::string& disk_path, int64_t disk_blocks) {
+                          const std::string& disk_path, int64_t disk_blocks, int32_t read_ahead_blocks) {
         SequenceManagerOptions o = manager_options(prefix_caching, salt, host_blocks, window);
         o.kv_events = kv_events, o.default_priority = default_priority, o.demote_to_host = demote_to_host;
-        o.disk_path = disk_path, o.disk_blocks = disk_blocks;
+        o.disk_path = disk_path, o.disk_blocks = disk_blocks, o.read_ahead_blocks = read_ahead_blocks;
         new (self) SequenceManager(cache, o);
       }, "cache"_a, "prefix_caching"_a = true, "salt"_a = 0, "host_blocks"_a = 0, "window"_a = 0,
          "kv_events"_a = false, "default_priority"_a = kDefaultPriority, "demote_to_host"_a = true,
-         "disk_path"_a = "", "disk_blocks"_a = 0, nb::keep_alive<1, 2>())
+         "disk_path"_a = "", "disk_blocks"_a = 0, "read_ahead_blocks"_a = SequenceManagerOptions{}.read_ahead_blocks,
+         nb::keep_alive<1, 2>())
       // ranges: (begin, end, priority[, seconds]) each; see RetentionRange (sequence_manager.hpp).
       .def("set_retention", [](SequenceManager& s, int64_t seq, nb::handle ranges) {
         s.set_retention(seq, retention_ranges(ranges));
@@ -294,6 +295,11 @@ NB_MODULE(_native, m) {
       .def("cached_prefix", [](const SequenceManager& s, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
         return s.cached_prefix(prompt, salt);
       }, "prompt"_a, "salt"_a = nb::none())
+      // Reads ahead the disk-tier blocks add(prompt) would promote, on the manager's own thread (the
+      // GIL released); returns how many reads were queued.
+      .def("prefetch", [](SequenceManager& s, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
+        return s.prefetch(prompt, salt);
+      }, "prompt"_a, "salt"_a = nb::none(), Release())
       .def("append", &SequenceManager::append, "seq"_a, "tokens"_a)
       .def("fork", &SequenceManager::fork, "parent"_a, "child"_a)
       .def("free", &SequenceManager::free, "seq"_a)
@@ -332,7 +338,7 @@ NB_MODULE(_native, m) {
         f["copies_on_write"] = t.copies_on_write, f["offloaded_pages"] = t.offloaded_pages,
         f["restored_pages"] = t.restored_pages, f["demoted_blocks"] = t.demoted_blocks;
         f["promoted_blocks"] = t.promoted_blocks, f["disk_writes"] = t.disk_writes, f["disk_reads"] = t.disk_reads;
-        f["disk_misses"] = t.disk_misses;
+        f["disk_misses"] = t.disk_misses, f["read_ahead_hits"] = t.read_ahead_hits;
         return f;
       })
       .def_prop_ro("available_blocks", &SequenceManager::available_blocks)

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "kvforge/errors.hpp"
 
@@ -56,7 +57,7 @@ class FileBlockStore final : public BlockStore {
  public:
   FileBlockStore(const std::string& path, int64_t records, int64_t packed_bytes, int32_t block_tokens)
       : records_(records), packed_(packed_bytes), tokens_(block_tokens),
-        record_(file_store_record_bytes(packed_bytes, block_tokens)), buffer_(record_) {
+        record_(file_store_record_bytes(packed_bytes, block_tokens)), buffer_(record_), read_buffer_(record_) {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
     if (fd_ < 0 && errno == EINVAL) fd_ = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);  // no direct I/O here (tmpfs)
     if (fd_ < 0) throw BackendError("disk tier: cannot open " + path + ": " + std::strerror(errno));
@@ -88,32 +89,40 @@ class FileBlockStore final : public BlockStore {
   }
 
   bool read(int64_t slot, uint64_t key, void* packed) override {
+    std::lock_guard<std::mutex> lock(read_mutex_);
     StoredBlock b;
-    if (!load(slot, b) || b.key != key) return false;
-    std::memcpy(packed, buffer_.p + sizeof(Header) + b.tokens.size() * sizeof(int32_t), size_t(packed_));
+    if (!load(slot, b, read_buffer_.p) || b.key != key) return false;
+    std::memcpy(packed, read_buffer_.p + sizeof(Header) + b.tokens.size() * sizeof(int32_t), size_t(packed_));
     return true;
   }
 
   void scan(const std::function<void(int64_t, const StoredBlock&)>& f) override {
     StoredBlock b;
-    for (int64_t slot = 0; slot < records_; ++slot)
-      if (load(slot, b)) f(slot, b);
+    for (int64_t slot = 0; slot < records_; ++slot) {
+      bool intact;
+      {
+        std::lock_guard<std::mutex> lock(read_mutex_);  // not across f, which may read
+        intact = load(slot, b, read_buffer_.p);
+      }
+      if (intact) f(slot, b);
+    }
   }
 
  private:
-  // Reads a record and checks it whole; false for anything short of a record this store wrote intact.
-  bool load(int64_t slot, StoredBlock& b) {
-    if (::pread(fd_, buffer_.p, size_t(record_), slot * record_) != record_) return false;
+  // Reads a record into `buffer` and checks it whole; false for anything short of a record this store
+  // wrote intact (one a write is replacing at the same time included).
+  bool load(int64_t slot, StoredBlock& b, unsigned char* buffer) const {
+    if (::pread(fd_, buffer, size_t(record_), slot * record_) != record_) return false;
     Header h;
-    std::memcpy(&h, buffer_.p, sizeof h);
+    std::memcpy(&h, buffer, sizeof h);
     if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.packed_bytes != packed_ || h.tokens != tokens_) return false;
     const uint64_t stored = h.checksum;
     h.checksum = 0;
-    std::memcpy(buffer_.p, &h, sizeof h);
-    if (checksum_of(buffer_.p, record_) != stored) return false;
+    std::memcpy(buffer, &h, sizeof h);
+    if (checksum_of(buffer, record_) != stored) return false;
     b.key = h.key, b.parent = h.parent, b.salt = h.salt, b.priority = h.priority;
     b.tokens.resize(size_t(h.tokens));
-    std::memcpy(b.tokens.data(), buffer_.p + sizeof h, b.tokens.size() * sizeof(int32_t));
+    std::memcpy(b.tokens.data(), buffer + sizeof h, b.tokens.size() * sizeof(int32_t));
     return true;
   }
 
@@ -121,7 +130,9 @@ class FileBlockStore final : public BlockStore {
   int64_t records_, packed_;
   int32_t tokens_;
   int64_t record_;
-  Aligned buffer_;
+  Aligned buffer_;       // write's
+  Aligned read_buffer_;  // read's and scan's, which may run on another thread than write
+  std::mutex read_mutex_;
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "kvforge/sequence_manager.hpp"
 
+#include "disk_read_ahead.hpp"
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -25,6 +27,7 @@ const SequenceManagerOptions& checked(const SequenceManagerOptions& o) {
     throw ArgumentError("options.disk_path", "a disk tier of " + std::to_string(o.disk_blocks) + " blocks needs a file path");
   if (o.disk_blocks > 0 && o.host_blocks == 0)
     throw ArgumentError("options.disk_blocks", "blocks reach the disk tier from the host tier: give options.host_blocks too");
+  if (o.read_ahead_blocks < 0) throw OutOfRangeError("options.read_ahead_blocks", o.read_ahead_blocks, 0, INT32_MAX, -1, "0: none");
   if (o.default_priority < kMinPriority || o.default_priority > kMaxPriority)
     throw OutOfRangeError("options.default_priority", o.default_priority, kMinPriority, kMaxPriority + 1);
   return o;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "disk_read_ahead.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/sequence_manager.hpp"
 
@@ -94,6 +95,7 @@ void SequenceManager::reset_prefix_cache() {
   device_.release(prefix_.evict_all());
   host_.release(host_prefix_.evict_all());
   for (int32_t slot : disk_prefix_.evict_all()) disk_free_.push_back(slot);
+  if (read_ahead_) read_ahead_->clear();
   KvEvent cleared;
   cleared.kind = KvEvent::Kind::all_blocks_cleared;
   cleared.medium = device_medium();

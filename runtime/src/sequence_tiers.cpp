@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "disk_read_ahead.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/sequence_manager.hpp"
 
@@ -27,6 +28,21 @@ void SequenceManager::open_disk_tier() {
   for (int64_t slot = options_.disk_blocks - 1; slot >= 0; --slot)
     if (!used[size_t(slot)]) disk_free_.push_back(int32_t(slot));
   record_stored(disk_prefix_, found, "DISK");
+}
+
+SequenceManager::~SequenceManager() = default;
+
+int64_t SequenceManager::prefetch(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
+  if (!disk_ || options_.read_ahead_blocks == 0) return 0;
+  if (!read_ahead_)  // its thread starts with the first read ahead
+    read_ahead_ = std::make_unique<DiskReadAhead>(*disk_, cache_.packed_page_bytes(), options_.read_ahead_blocks);
+  const uint64_t s = salt.value_or(options_.salt);
+  uint64_t chain = 0;
+  const std::vector<int32_t> shared = shared_prefix(prompt, s, chain);
+  int64_t queued = 0;
+  for (const LowerBlock& b : lower_prefix(prompt, s, int64_t(shared.size()), chain))
+    if (b.on_disk && read_ahead_->request(b.index, disk_prefix_.key_of(b.index))) ++queued;
+  return queued;
 }
 
 int32_t SequenceManager::take_disk_slot() {
@@ -129,7 +145,11 @@ void SequenceManager::promote(std::vector<LowerBlock> blocks) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (!blocks[i].on_disk) continue;
     const int32_t slot = blocks[i].index;
-    if (!disk_->read(slot, disk_prefix_.key_of(slot), disk_io_.data() + read * ppb)) {
+    const uint64_t key = disk_prefix_.key_of(slot);
+    unsigned char* into = disk_io_.data() + read * ppb;
+    if (read_ahead_ && read_ahead_->take(key, into)) {
+      ++stats_.read_ahead_hits;
+    } else if (!disk_->read(slot, key, into)) {
       record_removed({disk_prefix_.key_of(slot)}, "DISK");
       disk_prefix_.keep(slot);
       disk_prefix_.forget(slot);

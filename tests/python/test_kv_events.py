@@ -169,3 +169,19 @@ def test_bad_ranges_are_refused_by_name():
         assert e.value.argument == argument
     with pytest.raises(ValueError):
         kv_events.encode([{"type": "Nothing"}])
+
+
+def test_prefetch_reads_disk_blocks_ahead_of_the_add_that_promotes_them(tmp_path):
+    cache = kvforge.create(VARIANT, pages=6)
+    m = kvforge.SequenceManager(cache, host_blocks=4, disk_path=str(tmp_path / "blocks"), disk_blocks=32)
+    block = kvforge.describe(VARIANT).page_size
+    prompts = [[1000 * p + i for i in range(2 * block + 1)] for p in range(10)]
+    for seq, prompt in enumerate(prompts):  # through 6 device pages and 4 host pages: the first ones end on disk
+        m.add(seq, prompt)
+        m.step([seq])
+        m.free(seq)
+    assert set(kv_events.prompt_hashes(prompts[0], block)) <= set(m.disk_cached_block_hashes())
+    assert m.prefetch(prompts[0]) == 2 and m.prefetch(prompts[0]) == 0
+    assert m.add(100, prompts[0]) == 2 * block
+    assert m.stats["read_ahead_hits"] == 2 and m.stats["disk_reads"] == 2
+    m.check_invariants()

@@ -23,6 +23,8 @@ struct StoredBlock {
   std::vector<int32_t> tokens;
 };
 
+// Reads may run on another thread than writes, at the same time (a manager's read-ahead): a record
+// being replaced then reads as a miss.
 class BlockStore {
  public:
   virtual ~BlockStore() = default;

@@ -21,6 +21,8 @@
 
 namespace kvforge {
 
+class DiskReadAhead;
+
 // What a step hands to the kernels, as host arrays; `DeviceBatch` puts them on the cache's device.
 // Building costs O(new tokens) for the slots plus O(pages) for the page tables, which are that big.
 struct BatchMetadata {
@@ -69,6 +71,9 @@ struct SequenceManagerOptions {
   // a restart serves every record that checks out. 0 blocks: no disk tier.
   std::string disk_path;
   int64_t disk_blocks = 0;
+  // Disk-tier blocks that prefetch() may hold at once, queued or read and not yet promoted (each one
+  // packed page of host memory); 0: prefetch() reads nothing ahead.
+  int32_t read_ahead_blocks = 64;
 };
 
 // How long a token range of a sequence's prefix stays cached once nobody holds it, as TensorRT-LLM's
@@ -94,6 +99,7 @@ struct SequenceStats {
   int64_t disk_writes = 0;      // blocks the host tier evicted into the disk tier
   int64_t disk_reads = 0;       // of promoted_blocks, those read from the disk tier
   int64_t disk_misses = 0;      // disk records that did not check out when read (torn, cut short, changed)
+  int64_t read_ahead_hits = 0;  // of disk_reads, those prefetch() had read ahead
 };
 
 // Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
@@ -105,6 +111,7 @@ class SequenceManager {
  public:
   // cache: a paged, non-hybrid cache (else UnsupportedError), which must outlive the manager.
   explicit SequenceManager(Cache& cache, SequenceManagerOptions options = {});
+  ~SequenceManager();
 
   // Starts sequence `seq` with `prompt` (token ids). With prefix caching, the full blocks at the head
   // of the prompt that are cached are shared, at most up to the prompt's last token, which is always
@@ -113,6 +120,13 @@ class SequenceManager {
   // options.salt); max_cached: share at most this many tokens (a hybrid cache's groups agree on it).
   int64_t add(int64_t seq, const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {},
               int64_t max_cached = INT64_MAX);
+  // Starts reading the disk-tier blocks that add(prompt) would promote, on a thread of this manager's,
+  // so that their reads overlap the caller's work until then (the engine's current step): the add()
+  // that promotes them waits only for those reads. Changes nothing the manager holds; at most
+  // options.read_ahead_blocks blocks are held ahead. Returns how many reads it queued (0 without a disk
+  // tier). Bytes read ahead stand for their block's key, as every tier's do; reset_prefix_cache()
+  // drops them.
+  int64_t prefetch(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {});
   // What add() would cover from the prefix cache, without taking anything.
   int64_t cached_prefix(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt = {}) const;
   // Pages add() (sharing `cached` tokens) or append() would allocate now: all-or-nothing across the
@@ -280,6 +294,7 @@ class SequenceManager {
   PrefixCache disk_prefix_;
   std::vector<int32_t> disk_free_;
   std::vector<unsigned char> disk_io_;
+  std::unique_ptr<DiskReadAhead> read_ahead_;  // after disk_: its thread reads disk_ until it goes
   Buffer host_pool_;
   Buffer staging_;
   Buffer index_scratch_[2];
