@@ -17,11 +17,31 @@ DiskReadAhead::~DiskReadAhead() {
 bool DiskReadAhead::request(int64_t slot, uint64_t key) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (reads_.count(key) || reads_.size() >= keep_) return false;
+    if (reads_.count(key)) return false;
+    // Full: the oldest reads that are done and were never taken (their request went elsewhere or was
+    // dropped) make room, so that such leftovers cannot stop reading ahead for good.
+    while (reads_.size() >= keep_ && !order_.empty()) {
+      const auto [oldest, ticket] = order_.front();
+      const auto it = reads_.find(oldest);
+      if (it != reads_.end() && it->second.ticket == ticket) {
+        if (!it->second.done) break;  // still to be read: nothing older is left to drop
+        if (!it->second.bytes.empty()) spare_.push_back(std::move(it->second.bytes));
+        reads_.erase(it);
+      }
+      order_.pop_front();
+    }
+    if (reads_.size() >= keep_) return false;
     Read r;
     r.slot = slot, r.ticket = next_ticket_++;
+    order_.emplace_back(key, r.ticket);
     reads_.emplace(key, std::move(r));
     queue_.push_back(key);
+    if (order_.size() > 4 * keep_) {  // taken reads leave their entries behind: keep the live ones only
+      std::deque<std::pair<uint64_t, uint64_t>> live;
+      for (const auto& [k, t] : order_)
+        if (const auto it = reads_.find(k); it != reads_.end() && it->second.ticket == t) live.emplace_back(k, t);
+      order_.swap(live);
+    }
   }
   changed_.notify_all();
   return true;
@@ -47,6 +67,7 @@ bool DiskReadAhead::take(uint64_t key, void* packed) {
 void DiskReadAhead::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   queue_.clear();
+  order_.clear();
   reads_.clear();
   changed_.notify_all();
 }

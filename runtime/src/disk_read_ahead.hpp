@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvforge/block_store.hpp"
@@ -23,7 +24,7 @@ class DiskReadAhead {
   ~DiskReadAhead();  // finishes the read in progress, drops the rest
 
   // Queues record `slot`'s read as block `key`; false where that key is queued or held already, or
-  // `keep` blocks are.
+  // `keep` blocks are and none of them is a finished read to drop (the oldest go first).
   bool request(int64_t slot, uint64_t key);
   // Block `key`'s bytes, once its read is done (waiting for it, and so for those queued before it),
   // into `packed`, and forgets it. False where none was asked for, or its record did not check out
@@ -48,6 +49,7 @@ class DiskReadAhead {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<uint64_t> queue_;  // keys to read, oldest first
+  std::deque<std::pair<uint64_t, uint64_t>> order_;  // (key, ticket) of every request, oldest first
   std::unordered_map<uint64_t, Read> reads_;
   std::vector<std::vector<unsigned char>> spare_;  // buffers of taken reads, reused: no allocation a read
   uint64_t next_ticket_ = 0;
