@@ -150,7 +150,7 @@ void SequenceManager::promote(std::vector<LowerBlock> blocks) {
     if (read_ahead_ && read_ahead_->take(key, into)) {
       ++stats_.read_ahead_hits;
     } else if (!disk_->read(slot, key, into)) {
-      record_removed({disk_prefix_.key_of(slot)}, "DISK");
+      record_removed({key}, "DISK");
       disk_prefix_.keep(slot);
       disk_prefix_.forget(slot);
       disk_free_.push_back(slot);
