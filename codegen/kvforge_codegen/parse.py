@@ -11,7 +11,7 @@ from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 from . import vocab
 from .diagnostics import Diagnostics, Loc
 from .spec import (LayerGroup, Tuning, tp_divides, ModelSpec, Expansion, Quantization, LayoutSpec, SpecSet, MODEL_FIELDS, LAYER_GROUP_FIELDS, LAYOUT_FIELDS, STORAGE_FIELDS, EXPANSION_FIELDS)
-from .parse_mla import parse_mla, refuse_heads_beside_mla
+from .parse_mla import parse_mla, parse_v_head_dim, refuse_heads_beside_mla
 from .parse_quant import parse_quantization
 from .parse_states import parse_linear_layers
 from .yamlnodes import Entry, Value, load
@@ -142,7 +142,7 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     before = len(diags.errors)
     name = r.name("name")
     layers = r.positive_int("layers", maximum=vocab.MAX_LAYERS)
-    mla = None
+    mla = kv_widths = None
     if r.has("mla"):
         refuse_heads_beside_mla(r, diags)
         mla = parse_mla(r.fields["mla"].value, diags, _Reader)
@@ -150,6 +150,9 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     else:
         kv_heads = r.positive_int("kv_heads", maximum=vocab.MAX_KV_HEADS)
         head_dim = r.positive_int("head_dim", maximum=vocab.MAX_HEAD_DIM)
+        kv_widths = parse_v_head_dim(r, head_dim, diags)
+        if kv_widths:
+            head_dim = sum(kv_widths) // 2  # K and V are each head's record's halves
     max_seq_len = r.positive_int("max_seq_len", maximum=vocab.MAX_SEQ_LEN)
     window = r.positive_int("sliding_window", required=False, maximum=vocab.MAX_SEQ_LEN)
     _check_file_name(name, path, r, diags)
@@ -175,7 +178,7 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     # The K/V variants hold the attention layers: all of them but the linear ones.
     return ModelSpec(name, layers - len(linear[0]), kv_heads, head_dim, max_seq_len, window, doc.loc, groups,
                      tensor_parallel=tensor_parallel, linear_layers=linear[0], states=linear[1], model_layers=layers,
-                     mla=mla)
+                     mla=mla, kv_widths=kv_widths)
 
 
 def _parse_tensor_parallel(r: "_Reader", kv_heads: Optional[int], hybrid: bool, diags: Diagnostics) -> Tuple[int, ...]:

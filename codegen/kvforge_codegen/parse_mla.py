@@ -1,4 +1,6 @@
-"""Reading a model spec's `mla`: an MLA model's latent record (docs/specs.md, "MLA models")."""
+"""Reading a model spec's token record where it is not K and V of one width: an MLA model's latent
+(`mla`, docs/specs.md "MLA models"), or K and V of different widths (`v_head_dim`). Either is stored as
+each head's record [K | V] cut at its middle, the two halves a K and a V of head_dim = half the record."""
 
 from __future__ import annotations
 
@@ -33,9 +35,23 @@ def parse_mla(value: Value, diags: Diagnostics, reader) -> Optional[Tuple[int, i
     return rank, rope
 
 
+def parse_v_head_dim(r, head_dim: Optional[int], diags: Diagnostics) -> Optional[Tuple[int, int]]:
+    """(head_dim, v_head_dim) of a model whose V is narrower or wider than its K (MiMo-V2-Flash: 192 and
+    128); None where they are equal or a problem was recorded."""
+    width = r.positive_int("v_head_dim", required=False, maximum=vocab.MAX_HEAD_DIM)
+    if width is None or head_dim is None or width == head_dim:
+        return None
+    if (head_dim + width) % 2:
+        diags.error(r.loc_of("v_head_dim"), "v_head_dim",
+                    f"head_dim {head_dim} + v_head_dim {width} = {head_dim + width} is odd; kvforge stores a head's "
+                    "K and V as two equal halves of its record", "a v_head_dim of head_dim's parity")
+        return None
+    return head_dim, width
+
+
 def refuse_heads_beside_mla(r, diags: Diagnostics) -> None:
     """kv_heads and head_dim describe a K/V model; an MLA model's record has no heads."""
-    for key in ("kv_heads", "head_dim"):
+    for key in ("kv_heads", "head_dim", "v_head_dim"):
         if r.has(key):
             diags.error(r.loc_of(key), key, "an MLA model caches one latent record a token, with no heads; "
                         "its shape is mla's", "one of mla and kv_heads + head_dim")

@@ -76,6 +76,10 @@ class ModelSpec:
     # the record's first half and V its second (head_dim = half the record), so a layout whose axes end
     # [.., slot, kv, head, dim] keeps each token's record whole, as vLLM's MLA cache does.
     mla: Optional[Tuple[int, int]] = None
+    # K and V of different widths (`v_head_dim` beside `head_dim`): (K's, V's). Each head's record, K then
+    # V, is stored as the halves of an MLA record are (head_dim = half the record), so a layout whose axes
+    # end [.., head, kv, dim] keeps a head's K and V adjacent. None where they are one width.
+    kv_widths: Optional[Tuple[int, int]] = None
 
     @property
     def state_bytes_per_sequence(self) -> int:
@@ -160,7 +164,7 @@ class SpecSet:
         return next(m for m in self.models if m.name == name)
 
 
-MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "mla", "max_seq_len", "sliding_window", "layer_groups",
+MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "v_head_dim", "mla", "max_seq_len", "sliding_window", "layer_groups",
                 "tensor_parallel", "linear_layers")
 MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 LINEAR_FIELDS = ("layers", "states")

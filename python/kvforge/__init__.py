@@ -11,6 +11,8 @@ Shapes, per operation (H = heads, D = head_dim, L = layers, P = page_size of the
     cache.gather(layer, k_out, v_out, row=0, pages=pages, begin=0, end=n)  # k_out, v_out [H, n, D]
     cache.append_latent(layer, latent, slots=slots)  # MLA variants: latent [T, 1, R + P], one record a token
     cache.gather_latent(layer, out, pages=pages, end=n)  # out [1, n, R + P]  (R, P = descriptor.mla)
+    cache.append_record(layer, kv, slots=slots)  # K and V of other widths: kv [T, H, K + V], K then V a head
+    cache.gather_record(layer, out, pages=pages, end=n)  # out [H, n, K + V]  (K, V = descriptor.kv_widths)
     cache.view(layer)   # {"k", "v"[, "k_scales", "v_scales"]}: the cache's own memory, zero-copy,
                         # [rows or pages, positions or slots, H, D] with the layout's strides
     pool = kvforge.StatePool([("conv", (C, K), "bf16"), ("ssm", (H, D, N), "fp32")], layers=L, slots=S)

@@ -21,7 +21,8 @@ MLA models (DeepSeek-V2/V3, Kimi, GLM-4-MoE-Lite, ...) pass their cache the late
 the variant of a model spec's `mla` holds as one record a token; DeepSeek sparse attention's
 `indexed_attention` layers add an index key a token, held in a companion cache over the same pages.
 
-The variant must match the model: layers, key/value heads and head_dim of the config (or its MLA record). Sequences are
+The variant must match the model: layers, key/value heads and head_dim of the config (and v_head_dim, where
+V is another width than K: MiMo-V2-Flash), or its MLA record. Sequences are
 all in step (HF pads a batch to one length); `KvforgeCache.sequence_manager` exposes the manager for
 prefix sharing and forks outside `generate`.
 """
@@ -112,8 +113,13 @@ class KvforgeCache(Cache):
         types = kvforge.jit.layer_types(text)
         attention = [i for i, t in enumerate(types) if t in kvforge.jit.ATTENTION_TYPES]
         mla = kvforge.jit.mla_record(text)
+        v_head_dim = getattr(text, "v_head_dim", None) or head_dim
         if mla or d.mla:  # an MLA model caches its latent record (kv_lora_rank, qk_rope_head_dim) a token
             what, model_shape, stored = "(layers, MLA record)", (len(attention), mla), (d.layers, d.mla)
+        elif v_head_dim != head_dim or d.kv_widths:  # each head's record: K then V of another width
+            what = "(layers, kv heads, (head_dim, v_head_dim))"
+            model_shape = (len(attention), text.num_key_value_heads, (head_dim, v_head_dim))
+            stored = (d.layers, d.heads, d.kv_widths)
         else:
             what, model_shape = "(layers, kv heads, head_dim)", (len(attention), text.num_key_value_heads, head_dim)
             stored = (d.layers, d.heads, d.head_dim)
@@ -298,14 +304,15 @@ class KvforgeCache(Cache):
     def _update(self, layer, key_states, value_states):
         """key_states, value_states: [batch, heads, new, head_dim] -> the same over visible + new positions.
         An MLA model's: its latent kv_nope [batch, 1, new, kv_lora_rank] and k_rot [batch, 1, new,
-        qk_rope_head_dim], one record a token, which the cache holds as K then V of its one head."""
-        if not self.descriptor.mla:
+        qk_rope_head_dim], one record a token, which the cache holds as K then V of its one head. A model
+        whose V is another width than K (v_head_dim) is held so too, a record of K then V a head."""
+        if not (self.descriptor.mla or self.descriptor.kv_widths):
             return self._update_kv(layer, key_states, value_states,
                                    lambda shape, like: (like.new_empty(shape), like.new_empty(shape)))
         width = key_states.shape[-1]
         record = []
 
-        def halves(shape, like):  # both halves of one [batch, 1, positions, record] tensor, to return whole
+        def halves(shape, like):  # both halves of one [batch, heads, positions, record] tensor, to return whole
             record.append(like.new_empty(*shape[:-1], 2 * shape[-1]))
             return record[0].chunk(2, dim=-1)
 

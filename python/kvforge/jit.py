@@ -51,8 +51,9 @@ def layer_types(text):
 
 
 def model_spec(config, name=None, max_seq_len=None):
-    """A model spec (dict) from an HF PretrainedConfig: its attention layers, KV heads, head_dim, windows;
-    an MLA model's latent record (`mla`) instead of heads.
+    """A model spec (dict) from an HF PretrainedConfig: its attention layers, KV heads, head_dim (and
+    v_head_dim, where V is another width than K: MiMo-V2-Flash), windows; an MLA model's latent record
+    (`mla`) instead of heads.
 
     Mixed sliding and global layers (transformers' layer_types) become layer_groups `local` and `global`. A
     hybrid model's linear-attention and state-space layers keep no K/V: the spec counts the attention
@@ -71,6 +72,9 @@ def model_spec(config, name=None, max_seq_len=None):
         spec["mla"] = {"kv_lora_rank": mla[0], "qk_rope_head_dim": mla[1]}
     else:
         spec.update(kv_heads=int(kv_heads), head_dim=int(head_dim))
+        v_head_dim = getattr(text, "v_head_dim", None)
+        if v_head_dim and int(v_head_dim) != int(head_dim):
+            spec["v_head_dim"] = int(v_head_dim)
     window = getattr(text, "sliding_window", None)
     if window is not None:
         local = [i for i, t in enumerate(types) if t == "sliding_attention"]

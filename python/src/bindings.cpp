@@ -103,6 +103,11 @@ NB_MODULE(_native, m) {
       .def_prop_ro("mla", [](const VariantDescriptor& d) {
         return d.mla() ? std::optional<std::pair<int, int>>({d.mla_kv_lora_rank, d.mla_rope_dim}) : std::nullopt;
       })
+      // A model whose K and V differ in width (its spec's v_head_dim): (head_dim, v_head_dim) of the model,
+      // each head's record K then V; else None.
+      .def_prop_ro("kv_widths", [](const VariantDescriptor& d) {
+        return d.split_widths() ? std::optional<std::pair<int, int>>({d.k_head_dim, d.v_head_dim}) : std::nullopt;
+      })
       .def("__repr__", [](const VariantDescriptor& d) { return std::string("<kvforge.Descriptor ") + d.name + ">"; });
 
   nb::class_<Cache>(m, "Cache")
@@ -146,6 +151,21 @@ NB_MODULE(_native, m) {
         nb::gil_scoped_release unlocked;
         c.gather_latent(layer_arg(c, layer), r, lo);
       }, "layer"_a, "latent_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
+      .def("append_record", [](Cache& c, int64_t layer, nb::handle record, nb::handle rows, nb::handle positions,
+                               nb::handle slots) {
+        TokenTargets t{optional_index(rows, "targets.rows"), optional_index(positions, "targets.positions"),
+                       optional_index(slots, "targets.slots")};
+        const TensorView rv = tensor_view(record, "record", Access::read);
+        nb::gil_scoped_release unlocked;
+        c.append_record(layer_arg(c, layer), rv, t);
+      }, "layer"_a, "record"_a.none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
+      .def("gather_record", [](Cache& c, int64_t layer, nb::handle record_out, int64_t row, nb::handle pages,
+                               int64_t begin, int64_t end) {
+        GatherRange r{row, optional_index(pages, "range.pages"), begin, end};
+        const TensorView ro = tensor_view(record_out, "record_out", Access::written);
+        nb::gil_scoped_release unlocked;
+        c.gather_record(layer_arg(c, layer), r, ro);
+      }, "layer"_a, "record_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
       .def("reset", &Cache::reset, Release())
       .def("reset_row", &Cache::reset_row, "row"_a, Release())
       .def("reorder", [](Cache& c, nb::handle beam) {

@@ -15,39 +15,58 @@ int Cache::group_of(int layer) const {
 }
 int Cache::group_layer(int layer) const { return group_of(layer), layer; }
 
-LatentHalves latent_halves(const VariantDescriptor& d, const TensorView& latent, const char* arg) {
-  if (!d.mla())
-    throw UnsupportedError(std::string(arg) + ": " + d.name + " caches K and V, not an MLA latent record; "
-                           "append and gather take them");
+RecordHalves record_halves(const VariantDescriptor& d, const TensorView& record, const char* arg) {
+  if (!d.records())
+    throw UnsupportedError(std::string(arg) + ": " + d.name + " caches K and V of one width, not a record a "
+                           "head; append and gather take them");
   const int64_t width = 2 * int64_t(d.head_dim);
-  if (latent.shape[2] != width || latent.stride[2] != 1)
-    throw ShapeError(arg, "its last axis holds " + std::to_string(latent.shape[2]) +
-                     " values with stride " + std::to_string(latent.stride[2]) + ", " + d.name +
-                     "'s record is " + std::to_string(d.mla_kv_lora_rank) + " + " + std::to_string(d.mla_rope_dim) +
-                     " = " + std::to_string(width) + " contiguous values");
-  if (latent.dtype != d.input)
-    throw DtypeError(arg, "is " + std::string(dtype_name(latent.dtype)) + ", " + d.name + " takes " +
+  const std::string what = d.mla() ? "MLA record" : "record of K then V";
+  if (record.shape[2] != width || record.stride[2] != 1)
+    throw ShapeError(arg, "its last axis holds " + std::to_string(record.shape[2]) +
+                     " values with stride " + std::to_string(record.stride[2]) + ", " + d.name +
+                     "'s " + what + " is " + std::to_string(d.record_first()) + " + " +
+                     std::to_string(d.record_second()) + " = " + std::to_string(width) + " contiguous values");
+  if (record.dtype != d.input)
+    throw DtypeError(arg, "is " + std::string(dtype_name(record.dtype)) + ", " + d.name + " takes " +
                      std::string(dtype_name(d.input)));
-  LatentHalves h{latent, latent};
+  RecordHalves h{record, record};
   h.k.shape[2] = h.v.shape[2] = d.head_dim;
-  h.v.data = static_cast<char*>(latent.data) + d.head_dim * dtype_size(latent.dtype);
+  h.v.data = static_cast<char*>(record.data) + d.head_dim * dtype_size(record.dtype);
   return h;
 }
 
+// The latent calls are the record calls of an MLA variant, whose record has one head.
+static void require_mla(const VariantDescriptor& d, const char* arg) {
+  if (!d.mla())
+    throw UnsupportedError(std::string(arg) + ": " + d.name + " caches K and V, not an MLA latent record; " +
+                           (d.records() ? "append_record and gather_record take each head's K then V"
+                                        : "append and gather take them"));
+}
+
 void Cache::append_latent(int layer, const TensorView& latent, const TokenTargets& targets) {
-  const LatentHalves h = latent_halves(descriptor(), latent, "latent");
+  require_mla(descriptor(), "latent");
   if (latent.shape[1] != 1)
     throw ShapeError("latent", "has " + std::to_string(latent.shape[1]) + " heads; an MLA record has one ([T, 1, R + P])");
-  append(layer, h.k, h.v, targets);
+  append_record(layer, latent, targets, "latent");
 }
 
 void Cache::gather_latent(int layer, const GatherRange& range, const TensorView& latent_out) {
-  const LatentHalves h = latent_halves(descriptor(), latent_out, "latent_out");
+  require_mla(descriptor(), "latent_out");
   if (latent_out.shape[0] != 1)
     throw ShapeError("latent_out", "has " + std::to_string(latent_out.shape[0]) +
                      " heads; an MLA record has one ([1, end - begin, R + P])");
-  if (range.end >= range.begin && latent_out.shape[1] != range.end - range.begin)
-    throw ShapeError("latent_out", "holds " + std::to_string(latent_out.shape[1]) + " positions, the range [" +
+  gather_record(layer, range, latent_out, "latent_out");
+}
+
+void Cache::append_record(int layer, const TensorView& record, const TokenTargets& targets, const char* arg) {
+  const RecordHalves h = record_halves(descriptor(), record, arg);
+  append(layer, h.k, h.v, targets);
+}
+
+void Cache::gather_record(int layer, const GatherRange& range, const TensorView& record_out, const char* arg) {
+  const RecordHalves h = record_halves(descriptor(), record_out, arg);
+  if (range.end >= range.begin && record_out.shape[1] != range.end - range.begin)
+    throw ShapeError(arg, "holds " + std::to_string(record_out.shape[1]) + " positions, the range [" +
                      std::to_string(range.begin) + ", " + std::to_string(range.end) + ") reads " +
                      std::to_string(range.end - range.begin));
   gather(layer, range, h.k, h.v);

@@ -106,6 +106,8 @@ std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q, std
   d.states = by_model->states;
   d.mla_kv_lora_rank = by_model->mla_kv_lora_rank;
   d.mla_rope_dim = by_model->mla_rope_dim;
+  d.k_head_dim = by_model->k_head_dim;
+  d.v_head_dim = by_model->v_head_dim;
   d.quant = Quant::none;  // the layout's other variants may be quantized; this one stores floats
   d.quant_group = 0;
   d.tensor_scaled = false;

@@ -83,13 +83,13 @@ struct MemoryReport {
   }
 };
 
-// An MLA record's two halves as the K and V views a cache takes: the last axis of `latent` (R + P
+// A record's two halves as the K and V views a cache takes: the last axis of `record` (2 * head_dim
 // wide, contiguous) split in two, the other axes as they are. ShapeError naming `arg` where the record
-// is not the variant's; UnsupportedError where the variant is not an MLA one.
-struct LatentHalves {
+// is not the variant's; UnsupportedError where the variant keeps no records (descriptor().records()).
+struct RecordHalves {
   TensorView k, v;
 };
-LatentHalves latent_halves(const VariantDescriptor& d, const TensorView& latent, const char* arg);
+RecordHalves record_halves(const VariantDescriptor& d, const TensorView& record, const char* arg);
 
 // Every variant implements this interface (TypedCache<Traits> in cache_impl.hpp; the generic path too),
 // and so do the caches made of member caches (HybridCache, PairedCache). Its operations are the rows of
@@ -104,12 +104,20 @@ class Cache {
   // The operations, each documented on its row of the table.
   KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_PURE)
 
-  // MLA variants (descriptor().mla()): a token's latent record, R = mla_kv_lora_rank values then
-  // P = mla_rope_dim, is K then V of the variant's one head (head_dim = (R + P) / 2), so these are
-  // append and gather of the record's two halves; every check and error is theirs. Other variants:
-  // UnsupportedError.
-  //   latent:     [T, 1, R + P], as append's k
-  //   latent_out: [1, end - begin, R + P], as gather's k_out
+  // Variants whose token is one record a head (descriptor().records()): an MLA model's latent, R =
+  // mla_kv_lora_rank values then P = mla_rope_dim, in one head; or K then V of different widths,
+  // k_head_dim + v_head_dim values, in each head. The record is K then V of head_dim = half of it, so
+  // these are append and gather of its two halves, and every check and error is theirs (named `arg`).
+  // A record's parts are views of it: K = record[..., :k_head_dim], V = record[..., k_head_dim:].
+  // Other variants: UnsupportedError.
+  //   record:     [T, heads, 2 * head_dim], as append's k
+  //   record_out: [heads, end - begin, 2 * head_dim], as gather's k_out
+  void append_record(int layer, const TensorView& record, const TokenTargets& targets, const char* arg = "record");
+  void gather_record(int layer, const GatherRange& range, const TensorView& record_out,
+                     const char* arg = "record_out");
+  // The same for an MLA variant alone, whose record has one head.
+  //   latent:     [T, 1, R + P]
+  //   latent_out: [1, end - begin, R + P]
   void append_latent(int layer, const TensorView& latent, const TokenTargets& targets);
   void gather_latent(int layer, const GatherRange& range, const TensorView& latent_out);
 

@@ -68,9 +68,14 @@ struct VariantDescriptor {
   const StateRecord* states = nullptr;  // a hybrid model with linear layers; `layers` counts its attention layers
   // An MLA model (a model spec's `mla`): each token caches a latent record of mla_kv_lora_rank values
   // then mla_rope_dim RoPE values, stored as one head whose K is the record's first half and V its
-  // second (head_dim = half the record; latent_halves in cache.hpp splits one). 0 for a K/V model.
+  // second (head_dim = half the record; record_halves in cache.hpp splits one). 0 for a K/V model.
   int mla_kv_lora_rank = 0;
   int mla_rope_dim = 0;
+  // K and V of different widths (a model spec's `v_head_dim`): each head's record, k_head_dim values of K
+  // then v_head_dim of V, is stored as an MLA record is (head_dim = half the record). 0 where K and V
+  // are one width.
+  int k_head_dim = 0;
+  int v_head_dim = 0;
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
@@ -84,6 +89,12 @@ struct VariantDescriptor {
   constexpr bool lazy() const { return update == UpdateMode::lazy; }
   constexpr bool is_hybrid() const { return hybrid != nullptr; }
   constexpr bool mla() const { return mla_kv_lora_rank > 0; }
+  constexpr bool split_widths() const { return k_head_dim > 0; }
+  // Whether each head's token is one record whose halves are the stored K and V (append_record).
+  constexpr bool records() const { return mla() || split_widths(); }
+  // The two parts of that record: the MLA latent's (kv_lora_rank, rope), or K's and V's widths.
+  constexpr int record_first() const { return mla() ? mla_kv_lora_rank : k_head_dim; }
+  constexpr int record_second() const { return mla() ? mla_rope_dim : v_head_dim; }
   // Whether set_tensor_scale applies: a per_tensor layout's scales, or a tensor-scaled one's second level.
   constexpr bool takes_tensor_scale() const { return quant == Quant::per_tensor || tensor_scaled; }
   // Those scales' bytes, a fixed cost beside the tokens' (at most: a tensor-scaled layout's fp32 scales
@@ -152,6 +163,17 @@ template <class T> struct mla_traits<T, std::void_t<decltype(T::mla_kv_lora_rank
   static_assert(kv_lora_rank + rope_dim == 2 * T::head_dim, "an MLA record is the K and V of one head");
 };
 
+// A model whose K and V differ in width states both (variant.hpp.j2); another says nothing.
+template <class T, class = void> struct kv_width_traits {
+  static constexpr int k_head_dim = 0;
+  static constexpr int v_head_dim = 0;
+};
+template <class T> struct kv_width_traits<T, std::void_t<decltype(T::v_head_dim)>> {
+  static constexpr int k_head_dim = T::k_head_dim;
+  static constexpr int v_head_dim = T::v_head_dim;
+  static_assert(k_head_dim + v_head_dim == 2 * T::head_dim, "a head's K and V are the halves of its record");
+};
+
 // What every generated traits struct states, hybrid or not: names, dtypes, the model's shape and the
 // launch parameters (variant.hpp.j2's `common`).
 template <class T> constexpr VariantDescriptor describe_common() {
@@ -172,6 +194,8 @@ template <class T> constexpr VariantDescriptor describe_common() {
   d.states = state_traits<T>::record;
   d.mla_kv_lora_rank = mla_traits<T>::kv_lora_rank;
   d.mla_rope_dim = mla_traits<T>::rope_dim;
+  d.k_head_dim = kv_width_traits<T>::k_head_dim;
+  d.v_head_dim = kv_width_traits<T>::v_head_dim;
   return d;
 }
 

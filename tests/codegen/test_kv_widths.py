@@ -1,0 +1,40 @@
+"""A model spec's `v_head_dim` (docs/specs.md, "K and V of different widths"): its problems as file:line,
+and the variants holding each head's record, K then V, as the halves of a head of half its width."""
+
+import os
+import unittest
+
+from kvforge_codegen.validate import load_specs
+from test_codegen import MODELS, REPO, model_errors, plan_variants, render  # tests/codegen is on the path
+
+HEAD = "name: m\nlayers: 2\nkv_heads: 2\nmax_seq_len: 64\nhead_dim: 24\n"
+
+
+class KvWidths(unittest.TestCase):
+    def test_every_problem_at_once(self):
+        self.assertEqual(model_errors(HEAD + "v_head_dim: 15\n"), [
+            "models/m.yaml:6: v_head_dim: head_dim 24 + v_head_dim 15 = 39 is odd; kvforge stores a head's K and V "
+            "as two equal halves of its record (allowed: a v_head_dim of head_dim's parity)"])
+        self.assertEqual(model_errors(HEAD + "v_head_dim: 0\n"), [
+            "models/m.yaml:6: v_head_dim: expected a positive integer, got 0 (allowed: 1..4096)"])
+        self.assertEqual(model_errors("name: m\nlayers: 2\nmax_seq_len: 64\nv_head_dim: 16\n"
+                                      "mla:\n  kv_lora_rank: 24\n  qk_rope_head_dim: 8\n"), [
+            "models/m.yaml:4: v_head_dim: an MLA model caches one latent record a token, with no heads; its shape "
+            "is mla's (allowed: one of mla and kv_heads + head_dim)"])
+
+    def test_one_width_is_a_plain_model(self):
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        self.assertIsNone(specs.model("tiny").kv_widths)
+
+    def test_the_variants_hold_k_then_v_as_the_halves_of_each_heads_record(self):
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        model = specs.model("deepseek_v2_lite_decompressed")
+        self.assertEqual((model.layers, model.kv_heads, model.head_dim, model.kv_widths), (27, 16, 160, (192, 128)))
+        name = "paged_head_records.deepseek_v2_lite_decompressed.bf16"
+        [v] = [v for v in plan_variants(specs) if v.name == name]
+        self.assertEqual(v.bytes_per_token, 27 * 16 * (192 + 128) * 2)  # no padding: K and V at their widths
+        header = render([v])[name + ".hpp"]
+        self.assertIn("static constexpr int k_head_dim = 192;", header)
+        self.assertIn("static constexpr int v_head_dim = 128;", header)
+        shard = model.shard(4)  # a shard splits the heads; each head's record stays whole
+        self.assertEqual((shard.kv_heads, shard.head_dim, shard.kv_widths), (4, 160, (192, 128)))
