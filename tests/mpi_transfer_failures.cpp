@@ -17,6 +17,8 @@ void refused(MpiTransport& t) {
       {"header.tokens", "vllm_paged_nhd.tiny.fp32", "vllm_paged_nhd.tiny.fp32", 9, 10, false},
       {"header.token_hash", "vllm_paged_nhd.tiny.fp32", "flashinfer_paged_hnd.tiny.fp32", 9, 9, true},
       {"header.input", "vllm_paged_nhd.tiny.fp32", "vllm_paged_nhd.tiny.bf16", 9, 9, false},
+      // Halves of tiny's shape (2 heads of 16) holding K 20 then V 12: the record tells them apart.
+      {"header.record_kind", "paged_head_records.tiny_kv_widths.fp32", "vllm_paged_nhd.tiny.fp32", 9, 9, false},
       // A receiver that takes itself for one rank of a degree-2 group gets both heads from a
       // degree-1 sender where it expects one.
       {"header.head_count", "vllm_paged_nhd.tiny_tp.fp32", "vllm_paged_nhd.tiny_tp_tp2.fp32", 9, 9, false}};

@@ -264,6 +264,9 @@ void KvReceiver::progress(Incoming& in) {
     check("model_heads", h.model_heads, d.model_heads);
     check("layers", h.layers, d.layers);
     check("head_dim", h.head_dim, d.head_dim);
+    check("record_kind", h.record_kind, d.record_kind());
+    check("record_first", h.record_first, d.record_first());
+    check("record_second", h.record_second, d.record_second());
     check("sender_tp", h.sender_tp, in.senders.tp());
     check("sender_rank", h.sender_rank, p.sender);
     check("head_begin", h.head_begin, p.heads.begin);

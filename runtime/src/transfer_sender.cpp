@@ -112,6 +112,7 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   h.attempt = o->attempt = next_attempt_++;
   h.state_bytes = state.pool ? state.pool->slot_bytes() : 0;
   h.state_record = state.pool ? state_record_hash(*state.pool) : 0;
+  h.record_kind = d.record_kind(), h.record_first = d.record_first(), h.record_second = d.record_second();
   o->headers.reserve(o->pieces.size());  // posted sends and receives point into these
   o->answers.reserve(o->pieces.size());
   o->withdrawals.reserve(o->pieces.size());

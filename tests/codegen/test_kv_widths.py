@@ -38,3 +38,25 @@ class KvWidths(unittest.TestCase):
         self.assertIn("static constexpr int v_head_dim = 128;", header)
         shard = model.shard(4)  # a shard splits the heads; each head's record stays whole
         self.assertEqual((shard.kv_heads, shard.head_dim, shard.kv_widths), (4, 160, (192, 128)))
+
+
+class GroupHeads(unittest.TestCase):
+    """A layer group's `kv_heads`: its member variant's heads (MiMo-V2-Flash's sliding layers keep twice
+    its full layers')."""
+
+    def test_a_groups_heads_are_its_members(self):
+        model = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO).model("tiny_kv_widths")
+        from kvforge_codegen.spec import LayerGroup
+        local = LayerGroup("local", (1, 2), 8, model.loc, kv_heads=4)
+        glob = LayerGroup("global", (0,), None, model.loc)
+        self.assertEqual((model.for_group(local).kv_heads, model.for_group(local).kv_widths), (4, (20, 12)))
+        self.assertEqual(model.for_group(glob).kv_heads, 2)
+
+    def test_refused_where_it_cannot_be(self):
+        groups = "layer_groups:\n  - name: a\n    layers: [0]\n    kv_heads: {}\n  - name: b\n    layers: [1]\n"
+        self.assertEqual(model_errors(HEAD + groups.format(0)), [
+            "models/m.yaml:9: layer_groups[0].kv_heads: expected a positive integer, got 0 (allowed: 1..1024)"])
+        mla = "name: m\nlayers: 2\nmax_seq_len: 64\nmla:\n  kv_lora_rank: 24\n  qk_rope_head_dim: 8\n"
+        self.assertEqual(model_errors(mla + groups.format(2)), [
+            "models/m.yaml:8: layer_groups[0].kv_heads: an MLA model caches one record a token, with no heads "
+            "(allowed: no kv_heads in an MLA model's groups)"])

@@ -92,9 +92,11 @@ struct VariantDescriptor {
   constexpr bool split_widths() const { return k_head_dim > 0; }
   // Whether each head's token is one record whose halves are the stored K and V (append_record).
   constexpr bool records() const { return mla() || split_widths(); }
-  // The two parts of that record: the MLA latent's (kv_lora_rank, rope), or K's and V's widths.
+  // The two parts of that record: the MLA latent's (kv_lora_rank, rope), or K's and V's widths; 0, 0
+  // for K and V of head_dim each. And which of the three kinds (0, 1 MLA, 2 widths) it is.
   constexpr int record_first() const { return mla() ? mla_kv_lora_rank : k_head_dim; }
   constexpr int record_second() const { return mla() ? mla_rope_dim : v_head_dim; }
+  constexpr int record_kind() const { return mla() ? 1 : split_widths() ? 2 : 0; }
   // Whether set_tensor_scale applies: a per_tensor layout's scales, or a tensor-scaled one's second level.
   constexpr bool takes_tensor_scale() const { return quant == Quant::per_tensor || tensor_scaled; }
   // Those scales' bytes, a fixed cost beside the tokens' (at most: a tensor-scaled layout's fp32 scales

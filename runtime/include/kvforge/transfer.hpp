@@ -94,6 +94,9 @@ struct TransferHeader {
   uint64_t attempt;     // this send's own number: answers echo it, a withdrawal names it
   int64_t state_bytes;    // the state slot that follows the layers (StatePool::slot_bytes), 0 for none: must match
   uint64_t state_record;  // a hash of that slot's record (state_record_hash): must match
+  // What a head's K and V halves mean, which head_dim alone cannot tell (VariantDescriptor::record_kind,
+  // record_first, record_second): must match.
+  int32_t record_kind, record_first, record_second;
 };
 
 // A hash of what a state slot's bytes mean: the layers, and each part's name, shape and dtype, in order.
