@@ -35,7 +35,12 @@ def model_yaml(rng: random.Random, name: str) -> tuple:
     head_dim = rng.choice(NARROW_HEAD_DIMS if heads >= 16 else HEAD_DIMS)
     layers = rng.randint(1, 3)
     shape = [f"kv_heads: {heads}", f"head_dim: {head_dim}"]
-    if rng.random() < 0.2:  # an MLA model: a latent record of any even width, held as one head's K and V
+    draw = rng.random()
+    if draw < 0.15:  # K and V of different widths: each head's record, K then V, held as a head of half of it
+        v_head_dim = rng.choice([w for w in range(head_dim % 2 or 2, 2 * head_dim + 3, 2) if w != head_dim])
+        shape.append(f"v_head_dim: {v_head_dim}")
+        head_dim = (head_dim + v_head_dim) // 2
+    elif draw < 0.35:  # an MLA model: a latent record of any even width, held as one head's K and V
         rope = rng.choice((2, 4, 8, 64))
         rank = rng.choice((2, 6, 16, 62, 512))
         shape = ["mla:", f"  kv_lora_rank: {rank}", f"  qk_rope_head_dim: {rope}"]
