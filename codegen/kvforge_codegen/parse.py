@@ -162,6 +162,11 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     groups: Tuple[LayerGroup, ...] = ()
     if r.has("layer_groups") and layers is not None and max_seq_len is not None:
         groups = _parse_layer_groups(r.fields["layer_groups"].value, layers, max_seq_len, diags)
+    if mla is not None:
+        for i, g in enumerate(groups):
+            if g.kv_heads:
+                diags.error(g.loc, f"layer_groups[{i}].kv_heads", "an MLA model caches one record a token, with no "
+                            "heads", "no kv_heads in an MLA model's groups")
     tensor_parallel = _parse_tensor_parallel(r, kv_heads, bool(groups), diags)
     linear: Tuple[Tuple[int, ...], tuple] = ((), ())
     if r.has("linear_layers") and layers is not None:
@@ -213,7 +218,7 @@ def _parse_tensor_parallel(r: "_Reader", kv_heads: Optional[int], hybrid: bool, 
 def _parse_layer_groups(value: Value, layers: int, max_seq_len: int, diags: Diagnostics) -> Tuple[LayerGroup, ...]:
     """Groups must split the model's layers: every layer in exactly one group."""
     if not isinstance(value.data, list) or not value.data:
-        diags.error(value.loc, "layer_groups", "expected a non-empty list of {name, layers, sliding_window?}")
+        diags.error(value.loc, "layer_groups", "expected a non-empty list of {name, layers, sliding_window?, kv_heads?}")
         return ()
     groups: List[LayerGroup] = []
     owner: Dict[int, str] = {}
@@ -224,6 +229,7 @@ def _parse_layer_groups(value: Value, layers: int, max_seq_len: int, diags: Diag
             continue
         name = r.name("name")
         window = r.positive_int("sliding_window", required=False, maximum=max_seq_len)
+        heads = r.positive_int("kv_heads", required=False, maximum=vocab.MAX_KV_HEADS)
         members: List[int] = []
         lv = r.fields.get("layers")
         if lv is None:
@@ -245,7 +251,7 @@ def _parse_layer_groups(value: Value, layers: int, max_seq_len: int, diags: Diag
         if name is not None and any(g.name == name for g in groups):
             diags.error(r.loc_of("name"), f"layer_groups[{i}].name", f"group {name!r} is defined twice")
         elif name is not None:
-            groups.append(LayerGroup(name, tuple(members), window, item.loc))
+            groups.append(LayerGroup(name, tuple(members), window, item.loc, heads))
     missing = [l for l in range(layers) if l not in owner]
     if missing and len(diags.errors) == before:
         diags.error(value.loc, "layer_groups", f"layers {', '.join(map(str, missing))} are in no group",

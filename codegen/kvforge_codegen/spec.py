@@ -17,6 +17,9 @@ class LayerGroup:
     layers: Tuple[int, ...]
     sliding_window: Optional[int]
     loc: Loc
+    # The group's KV heads where they are not the model's (MiMo-V2-Flash's sliding layers keep twice the
+    # full layers' heads); None: the model's kv_heads.
+    kv_heads: Optional[int] = None
 
 
 # Launch parameters baked into a model's variants: measured winners, or the defaults. One field per
@@ -105,8 +108,9 @@ class ModelSpec:
         return next(g for g in self.layer_groups if g.name == name)
 
     def for_group(self, group: LayerGroup) -> "ModelSpec":
-        """The model as one layer group sees it: the group's layers and sliding window."""
-        return replace(self, layers=len(group.layers), sliding_window=group.sliding_window, layer_groups=())
+        """The model as one layer group sees it: the group's layers, sliding window and KV heads."""
+        return replace(self, layers=len(group.layers), sliding_window=group.sliding_window, layer_groups=(),
+                       kv_heads=group.kv_heads or self.kv_heads)
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,7 @@ MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "v_head_dim", "mla", "
 MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 LINEAR_FIELDS = ("layers", "states")
 STATE_PART_FIELDS = ("name", "shape", "dtype")
-LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window")
+LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window", "kv_heads")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")
 QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size", "tensor_scale")

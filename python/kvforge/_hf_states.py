@@ -31,12 +31,25 @@ def state_dtype(kind, tensor):
     return _KVFORGE_DTYPES[tensor.dtype]
 
 
-def probe_record(model):
-    """The state record of the model's linear layers, from one forward of one token through transformers'
-    own DynamicCache: [(part name, shape, dtype)], or None where the layers' records differ."""
+def probe(model):
+    """transformers' own DynamicCache after one forward of one token: what each layer caches, in shapes."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device), cache=cache, use_cache=True)
+    return cache
+
+
+def probe_kv_heads(cache):
+    """Each layer's KV heads in a probed DynamicCache (None for a layer that keeps no keys)."""
+    return [getattr(layer, "keys", None).shape[1] if getattr(layer, "keys", None) is not None else None
+            for layer in cache.layers]
+
+
+def probe_record(model, cache=None):
+    """The state record of the model's linear layers, from one forward of one token through transformers'
+    own DynamicCache (probe(model), or `cache` from it): [(part name, shape, dtype)], or None where the
+    layers' records differ."""
+    cache = cache or probe(model)
     records = []
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):

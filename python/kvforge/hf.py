@@ -30,7 +30,7 @@ prefix sharing and forks outside `generate`.
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer
 
-from kvforge._hf_states import KvforgeStateLayer, States, probe_record  # noqa: F401  (kvforge.hf.probe_record)
+from kvforge._hf_states import KvforgeStateLayer, States, probe, probe_kv_heads, probe_record  # noqa: F401
 
 import kvforge
 import kvforge.jit
@@ -106,7 +106,8 @@ class KvforgeCache(Cache):
     """
 
     def __init__(self, variant, config, batch_size=1, pages=None, prefix_caching=False, tensor_scales=None,
-                 device="cpu", state_slots=None, state_record=None, checkpoint_every=4, state_checkpoints=None):
+                 device="cpu", state_slots=None, state_record=None, checkpoint_every=4, state_checkpoints=None,
+                 kv_heads_per_layer=None):
         d = kvforge.describe(variant)
         text = config.get_text_config(decoder=True)
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -116,16 +117,21 @@ class KvforgeCache(Cache):
         v_head_dim = getattr(text, "v_head_dim", None) or head_dim
         if mla or d.mla:  # an MLA model caches its latent record (kv_lora_rank, qk_rope_head_dim) a token
             what, model_shape, stored = "(layers, MLA record)", (len(attention), mla), (d.layers, d.mla)
-        elif v_head_dim != head_dim or d.kv_widths:  # each head's record: K then V of another width
-            what = "(layers, kv heads, (head_dim, v_head_dim))"
-            model_shape = (len(attention), text.num_key_value_heads, (head_dim, v_head_dim))
-            stored = (d.layers, d.heads, d.kv_widths)
         else:
-            what, model_shape = "(layers, kv heads, head_dim)", (len(attention), text.num_key_value_heads, head_dim)
-            stored = (d.layers, d.heads, d.head_dim)
+            model_heads, stored_heads = self._model_heads(text, attention, kv_heads_per_layer), self._variant_heads(d)
+            if v_head_dim != head_dim or d.kv_widths:  # each head's record: K then V of another width
+                what = "(layers, kv heads, (head_dim, v_head_dim))"
+                model_shape = (len(attention), model_heads, (head_dim, v_head_dim))
+                stored = (d.layers, stored_heads, d.kv_widths)
+            else:
+                what = "(layers, kv heads, head_dim)"
+                model_shape, stored = (len(attention), model_heads, head_dim), (d.layers, stored_heads, d.head_dim)
         if model_shape != stored:
+            note = " (its attention layers)" if len(attention) < len(types) else ""
+            if kv_heads_per_layer is None and isinstance(stored[1], list):
+                note += "; give kv_heads_per_layer= where the config does not say each layer's heads"
             raise kvforge.ArgumentError(f"variant: {variant} stores {what} = {stored}, the model has {model_shape}"
-                                        f"{' (its attention layers)' if len(attention) < len(types) else ''}")
+                                        f"{note}")
         self.descriptor, self.rows = d, batch_size  # (Cache.batch_size is a read-only property)
         self.dtype = TORCH_DTYPES[d.input]
         windows = [getattr(text, "sliding_window", None) if types[i] == "sliding_attention" else None
@@ -193,10 +199,29 @@ class KvforgeCache(Cache):
         self.kv_layers = len(attention)
         super().__init__(layers=layers)
 
+    @staticmethod
+    def _model_heads(text, attention, per_layer):
+        """The model's KV heads: one count, or a list over its attention layers where they differ."""
+        heads = [per_layer[i] for i in attention] if per_layer is not None else [text.num_key_value_heads]
+        return heads[0] if len(set(heads)) == 1 else heads
+
+    @staticmethod
+    def _variant_heads(d):
+        """The variant's KV heads: one count, or a list over its layers where its groups' differ."""
+        if not d.hybrid or len({g["heads"] for g in d.groups}) == 1:
+            return d.groups[0]["heads"] if d.hybrid else d.heads
+        heads = [0] * d.layers
+        for g in d.groups:
+            for layer in g["layers"]:
+                heads[layer] = g["heads"]
+        return heads
+
     @classmethod
     def from_model(cls, model, layout="vllm_paged_nhd", dtype=None, input=None, max_seq_len=None, **kwargs):
         """A cache for `model` over `layout`, its variant built on demand from the model's config (kvforge.variant):
-        any layers, KV heads, head_dim and sliding window, with no spec file and no rebuild.
+        any layers, KV heads, head_dim and sliding window, with no spec file and no rebuild. One token
+        through transformers' DynamicCache first says each layer's KV heads; where they differ between
+        layers (MiMo-V2-Flash), each group of layers gets a member cache of `layout` with its heads.
 
         layout: a default layout's name, a spec file's path or a dict (a ring layout keeps the model's window).
         dtype: the storage dtype (default: the model's). input: the dtype the cache appends and gathers
@@ -213,11 +238,16 @@ class KvforgeCache(Cache):
         if input is not None and input != own:
             raise kvforge.DtypeError(f"input: the cache would append and gather {input}, the model computes in {own}; "
                                      f"give input={own!r} (or none) and choose the storage with dtype=")
-        spec = kvforge.jit.model_spec(model.config, max_seq_len=max_seq_len)
+        probed = probe(model)  # one token through DynamicCache: each layer's heads, a hybrid's state record
+        heads = probe_kv_heads(probed)
+        spec = kvforge.jit.model_spec(model.config, max_seq_len=max_seq_len, kv_heads_per_layer=heads)
+        if any("kv_heads" in g for g in spec.get("layer_groups", ())):
+            layout = kvforge.jit.by_group(layout, spec["layer_groups"])  # a member cache per group's heads
         d = kvforge.variant(layout, spec, dtype or own, own if (dtype or own) != own else None)
         text = model.config.get_text_config(decoder=True)
         if any(t in kvforge.jit.STATE_TYPES for t in kvforge.jit.layer_types(text)) and "state_record" not in kwargs:
-            kwargs["state_record"] = probe_record(model)  # one token through DynamicCache
+            kwargs["state_record"] = probe_record(model, probed)
+        kwargs.setdefault("kv_heads_per_layer", heads)
         return cls(d.name, model.config, **kwargs)
 
     @staticmethod

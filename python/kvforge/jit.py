@@ -50,7 +50,7 @@ def layer_types(text):
     return types
 
 
-def model_spec(config, name=None, max_seq_len=None):
+def model_spec(config, name=None, max_seq_len=None, kv_heads_per_layer=None):
     """A model spec (dict) from an HF PretrainedConfig: its attention layers, KV heads, head_dim (and
     v_head_dim, where V is another width than K: MiMo-V2-Flash), windows; an MLA model's latent record
     (`mla`) instead of heads.
@@ -58,6 +58,12 @@ def model_spec(config, name=None, max_seq_len=None):
     Mixed sliding and global layers (transformers' layer_types) become layer_groups `local` and `global`. A
     hybrid model's linear-attention and state-space layers keep no K/V: the spec counts the attention
     layers only, in order (their states live in kvforge.StatePool slots).
+
+    kv_heads_per_layer: each model layer's KV heads (None for a layer without K/V), where they differ from
+    the config's num_key_value_heads (MiMo-V2-Flash's sliding layers keep twice its full layers'; the
+    config does not say so, a forward does: KvforgeCache.from_model reads them from one). Layers of
+    other heads then form groups of their own, each with its `kv_heads` (`local_4`, `global_2`, ... where
+    one kind of layer holds several), and the model's kv_heads are its global layers'.
     """
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads
@@ -71,21 +77,56 @@ def model_spec(config, name=None, max_seq_len=None):
     if mla:  # transformers caches an MLA model's latent (kv_nope, then k_rot), one record a token
         spec["mla"] = {"kv_lora_rank": mla[0], "qk_rope_head_dim": mla[1]}
     else:
-        spec.update(kv_heads=int(kv_heads), head_dim=int(head_dim))
+        heads = [int(kv_heads)] * len(types)
+        if kv_heads_per_layer is not None:
+            heads = [int(h) for t, h in zip(layer_types(text), kv_heads_per_layer) if t in ATTENTION_TYPES]
+        spec.update(kv_heads=heads[0], head_dim=int(head_dim))
         v_head_dim = getattr(text, "v_head_dim", None)
         if v_head_dim and int(v_head_dim) != int(head_dim):
             spec["v_head_dim"] = int(v_head_dim)
     window = getattr(text, "sliding_window", None)
-    if window is not None:
-        local = [i for i, t in enumerate(types) if t == "sliding_attention"]
-        window = min(int(window), spec["max_seq_len"])
-        if len(local) == spec["layers"]:
+    window = min(int(window), spec["max_seq_len"]) if window is not None else None
+    sliding = [window is not None and t == "sliding_attention" for t in types]
+    if mla:
+        heads = [1] * len(types)  # the record has no heads
+    # A group per kind of layer (sliding or not) and head count; the local ones first.
+    kinds = sorted(set(zip(sliding, heads)), key=lambda k: (not k[0], heads.index(k[1])))
+    if len(kinds) == 1:
+        if sliding[0]:
             spec["sliding_window"] = window
-        elif local:
-            spec["layer_groups"] = [{"name": "local", "layers": local, "sliding_window": window},
-                                    {"name": "global", "layers": [i for i in range(spec["layers"]) if i not in local]}]
+    else:
+        if not mla:
+            spec["kv_heads"] = next((h for s, h in zip(sliding, heads) if not s), heads[0])
+        groups = []
+        for local, h in kinds:
+            kind = "local" if local else "global"
+            several = len({k for k in kinds if k[0] == local}) > 1
+            group = {"name": f"{kind}_{h}" if several else kind,
+                     "layers": [i for i, key in enumerate(zip(sliding, heads)) if key == (local, h)]}
+            if local:
+                group["sliding_window"] = window
+            if not mla and h != spec["kv_heads"]:
+                group["kv_heads"] = h
+            groups.append(group)
+        spec["layer_groups"] = groups
     spec["name"] = name or on_demand.named_by_content(spec, "hf_")
     return spec
+
+
+def by_group(layout, groups):
+    """`layout` for a model whose layer groups keep different KV heads: a hybrid layout naming `layout` for
+    every group, so that each group is a member cache of its own heads. A hybrid layout stays itself."""
+    try:
+        spec = on_demand.spec_of("layout", layout, "layouts", SPECS) if isinstance(layout, (str, os.PathLike)) else layout
+    except on_demand.OnDemandError as e:
+        raise _raised(e) from None
+    if isinstance(spec, dict) and "groups" in spec:
+        return layout
+    if not isinstance(layout, (str, os.PathLike)):
+        raise UnsupportedError("layout: the model's layer groups keep different KV heads, which takes a member "
+                               "cache a group; give the layout as a default's name or a spec file's path")
+    name = spec.get("name") if isinstance(spec.get("name"), str) else os.path.splitext(os.path.basename(layout))[0]
+    return {"name": f"{name}_by_group", "groups": {g["name"]: os.fspath(layout) for g in groups}}
 
 
 def mla_record(text):

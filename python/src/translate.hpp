@@ -371,6 +371,7 @@ nb::list layer_groups(const VariantDescriptor& d) {
       gi["member"] = info.member->name;
       gi["member_layout"] = info.member->layout;
       gi["page_size"] = info.member->page_size;
+      gi["heads"] = info.member->heads;
       groups.append(gi);
     }
   return groups;
