@@ -30,12 +30,11 @@ class KvWidths(unittest.TestCase):
         specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
         model = specs.model("deepseek_v2_lite_decompressed")
         self.assertEqual((model.layers, model.kv_heads, model.head_dim, model.kv_widths), (27, 16, 160, (192, 128)))
-        name = "paged_head_records.deepseek_v2_lite_decompressed.bf16"
-        [v] = [v for v in plan_variants(specs) if v.name == name]
-        self.assertEqual(v.bytes_per_token, 27 * 16 * (192 + 128) * 2)  # no padding: K and V at their widths
-        header = render([v])[name + ".hpp"]
-        self.assertIn("static constexpr int k_head_dim = 192;", header)
-        self.assertIn("static constexpr int v_head_dim = 128;", header)
+        [v] = [v for v in plan_variants(specs) if v.name == "paged_head_records.tiny_kv_widths.bf16"]
+        self.assertEqual(v.bytes_per_token, 2 * 2 * (20 + 12) * 2)  # no padding: K and V at their widths
+        header = render([v])["paged_head_records.tiny_kv_widths.bf16.hpp"]
+        self.assertIn("static constexpr int k_head_dim = 20;", header)
+        self.assertIn("static constexpr int v_head_dim = 12;", header)
         shard = model.shard(4)  # a shard splits the heads; each head's record stays whole
         self.assertEqual((shard.kv_heads, shard.head_dim, shard.kv_widths), (4, 160, (192, 128)))
 
