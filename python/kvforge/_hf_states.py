@@ -41,8 +41,7 @@ def probe(model):
 
 def probe_kv_heads(cache):
     """Each layer's KV heads in a probed DynamicCache (None for a layer that keeps no keys)."""
-    return [getattr(layer, "keys", None).shape[1] if getattr(layer, "keys", None) is not None else None
-            for layer in cache.layers]
+    return [None if getattr(layer, "keys", None) is None else layer.keys.shape[1] for layer in cache.layers]
 
 
 def probe_record(model, cache=None):

@@ -110,18 +110,18 @@ class KvforgeCache(Cache):
                  kv_heads_per_layer=None):
         d = kvforge.describe(variant)
         text = config.get_text_config(decoder=True)
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        head_dim = kvforge.jit.head_dim_of(text)
         types = kvforge.jit.layer_types(text)
         attention = [i for i, t in enumerate(types) if t in kvforge.jit.ATTENTION_TYPES]
         mla = kvforge.jit.mla_record(text)
-        v_head_dim = getattr(text, "v_head_dim", None) or head_dim
+        widths = kvforge.jit.kv_widths(text)
         if mla or d.mla:  # an MLA model caches its latent record (kv_lora_rank, qk_rope_head_dim) a token
             what, model_shape, stored = "(layers, MLA record)", (len(attention), mla), (d.layers, d.mla)
         else:
             model_heads, stored_heads = self._model_heads(text, attention, kv_heads_per_layer), self._variant_heads(d)
-            if v_head_dim != head_dim or d.kv_widths:  # each head's record: K then V of another width
+            if widths or d.kv_widths:  # each head's record: K then V of another width
                 what = "(layers, kv heads, (head_dim, v_head_dim))"
-                model_shape = (len(attention), model_heads, (head_dim, v_head_dim))
+                model_shape = (len(attention), model_heads, widths)
                 stored = (d.layers, stored_heads, d.kv_widths)
             else:
                 what = "(layers, kv heads, head_dim)"

@@ -66,9 +66,8 @@ def model_spec(config, name=None, max_seq_len=None, kv_heads_per_layer=None):
     one kind of layer holds several), and the model's kv_heads are its global layers'.
     """
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = head_dim_of(text)
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     types = [t for t in layer_types(text) if t in ATTENTION_TYPES]
     if not types:
         raise UnsupportedError("config: the model has no attention layer, so no K/V to cache")
@@ -81,9 +80,8 @@ def model_spec(config, name=None, max_seq_len=None, kv_heads_per_layer=None):
         if kv_heads_per_layer is not None:
             heads = [int(h) for t, h in zip(layer_types(text), kv_heads_per_layer) if t in ATTENTION_TYPES]
         spec.update(kv_heads=heads[0], head_dim=int(head_dim))
-        v_head_dim = getattr(text, "v_head_dim", None)
-        if v_head_dim and int(v_head_dim) != int(head_dim):
-            spec["v_head_dim"] = int(v_head_dim)
+        if kv_widths(text):
+            spec["v_head_dim"] = kv_widths(text)[1]
     window = getattr(text, "sliding_window", None)
     window = min(int(window), spec["max_seq_len"]) if window is not None else None
     sliding = [window is not None and t == "sliding_attention" for t in types]
@@ -111,6 +109,20 @@ def model_spec(config, name=None, max_seq_len=None, kv_heads_per_layer=None):
         spec["layer_groups"] = groups
     spec["name"] = name or on_demand.named_by_content(spec, "hf_")
     return spec
+
+
+def head_dim_of(text):
+    """K's width a head: the config's head_dim, else hidden_size over the attention heads."""
+    return int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+
+
+def kv_widths(text):
+    """(head_dim, v_head_dim) of a K/V model whose V is another width than its K (MiMo-V2-Flash: 192 and
+    128); None where they are one width, or the model is MLA (its v_head_dim is the decompressed V's)."""
+    v_head_dim = getattr(text, "v_head_dim", None)
+    if mla_record(text) or not v_head_dim or int(v_head_dim) == head_dim_of(text):
+        return None
+    return head_dim_of(text), int(v_head_dim)
 
 
 def by_group(layout, groups):

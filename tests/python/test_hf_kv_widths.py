@@ -19,6 +19,8 @@ from transformers import DynamicCache
 
 import kvforge
 import kvforge.hf
+import kvforge.jit
+from test_hf_mla import generate  # two prompts of different lengths, 6 new tokens
 
 TINY = dict(head_dim=20, v_head_dim=12, num_key_value_heads=2, num_hidden_layers=2,
             max_position_embeddings=64)  # tiny_kv_widths.yaml
@@ -34,14 +36,6 @@ def mimo(sliding=False, **dims):
     if not sliding:
         dims["layer_types"] = ["full_attention"] * dims["num_hidden_layers"]
     return transformers.MiMoV2FlashForCausalLM(transformers.MiMoV2FlashConfig(**dims)).eval()
-
-
-def generate(m, cache):
-    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, :3], ids[1, :3] = 0, 0  # the second prompt is 6 tokens, left-padded
-    with torch.no_grad():
-        return m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache=cache)
 
 
 @pytest.mark.parametrize("variant", ["paged_head_records.tiny_kv_widths.fp32", "jetstream_contiguous.tiny_kv_widths.fp32"])
@@ -72,6 +66,10 @@ def test_sliding_layers_of_twice_the_heads_get_a_member_cache_of_their_own():
     with pytest.raises(kvforge.ArgumentError, match=r"\[2, 4, 4, 4, 4, 2\], \(20, 12\)\), the model has "
                                                     r"\(6, 2, \(20, 12\)\); give kv_heads_per_layer="):
         kvforge.hf.KvforgeCache(d.name, m.config)
+    # The member cache a group needs a layout by name; a hybrid layout already has its members.
+    with pytest.raises(kvforge.UnsupportedError, match="^layout: .*give the layout as a default's name"):
+        kvforge.jit.by_group({"name": "mine", "addressing": "paged", "page_size": 16}, d.groups)
+    assert kvforge.jit.by_group("hybrid_paged", d.groups) == "hybrid_paged"
 
 
 def test_records_come_back_as_k_then_v_and_refusals_name_the_argument():
