@@ -1,6 +1,7 @@
 // Retention priorities and KV events of the sequence manager's prefix cache: what survives a flood,
 // when a priority's time runs out, what reset_prefix_cache refuses, and the events of each step
-// against what the test itself knows it stored and evicted.
+// against what the test itself knows it stored and evicted. Block hashes: SHA-256 against FIPS 180-2's
+// published examples, and vLLM's construction against hashes a vLLM deployment published.
 #include "support.hpp"
 
 namespace kvtest {
@@ -132,6 +133,49 @@ TEST(KvEvents, EachStepReportsWhatItStoredAndEachEvictionWhatItRemoved) {
   EXPECT_EQ(events[0].kind, KvEvent::Kind::all_blocks_cleared);
   EXPECT_TRUE(pool.manager->cached_block_hashes().empty());
   pool.manager->check_invariants();
+}
+
+std::string hex(const Sha256Digest& d) {
+  std::string out;
+  for (uint8_t b : d) out += "0123456789abcdef"[b >> 4], out += "0123456789abcdef"[b & 15];
+  return out;
+}
+
+TEST(BlockHash, Sha256GivesFips180sExamples) {
+  auto of = [](const std::string& s) { return hex(sha256(reinterpret_cast<const uint8_t*>(s.data()), s.size())); };
+  EXPECT_EQ(of(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(of("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  // 56 bytes: the padding takes a second block.
+  EXPECT_EQ(of("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(of(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// Hashes that a vLLM v0.17 deployment published for PYTHONHASHSEED=0, sha256_cbor and 16-token blocks
+// (loxilb-inference-gateway's kv_hash_vectors.json): its NONE_HASH, and two chained blocks' integer
+// block hashes, as its KV events carry them.
+TEST(BlockHash, VllmSchemeKeysBlocksAsVllmDoes) {
+  SequenceManagerOptions o;
+  o.block_hash = BlockHashScheme::vllm_sha256_cbor;
+  o.hash_seed = "0";
+  Pool pool(8, o);
+  ASSERT_EQ(pool.P, 16);
+  EXPECT_EQ(hex(pool.manager->hasher().none_hash()), "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e");
+  std::vector<int32_t> prompt;
+  for (int i = 1; i <= 32; ++i) prompt.push_back(101 * i);
+  prompt.push_back(1);
+  pool.manager->add(0, prompt);
+  pool.manager->step({0});
+  const std::vector<KvEvent> events = pool.manager->take_kv_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].block_hashes, (std::vector<uint64_t>{7876691182959014722ULL, 8769878286166771163ULL}));
+  // A second prompt sharing the first block finds it by the same key.
+  std::vector<int32_t> other(prompt.begin(), prompt.begin() + 16);
+  other.insert(other.end(), {5, 6, 7});
+  EXPECT_EQ(pool.manager->cached_prefix(other), 16);
+  // The default seed is vLLM's default, and the kvforge scheme keys the same blocks otherwise.
+  EXPECT_NE(BlockHasher(BlockHashScheme::vllm_sha256_cbor).none_hash(), pool.manager->hasher().none_hash());
+  EXPECT_NE(BlockHasher().next({}, 0, prompt.data(), 16).key, 7876691182959014722ULL);
 }
 
 }  // namespace

@@ -8,9 +8,12 @@ event ``[type, field, ...]`` in vLLM's field order, trailing defaults left out),
 of vLLM's events (Dynamo, llm-d) decodes it with vLLM's own classes. ``decode`` reads one back.
 
 ``block_hash`` is kvforge's block hash, as docs/memory.md defines it: a router computes the hashes of
-a prompt's blocks with it and looks them up among the stored ones.
+a prompt's blocks with it and looks them up among the stored ones. A manager made with
+``block_hash="vllm_sha256_cbor"`` keys its blocks vLLM's way instead (``vllm_block_hash``), and its
+events carry the integer block hashes that vLLM's do.
 """
 
+import hashlib
 import time
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -43,12 +46,57 @@ def block_hash(parent: Optional[int], salt: int, tokens: Sequence[int]) -> int:
     return h
 
 
-def prompt_hashes(tokens: Sequence[int], block_size: int, salt: int = 0) -> List[int]:
-    """The hashes of every full block of a prompt, first to last."""
+VLLM_SEED = "vllm-none-hash"  # vLLM's seed of the chain where PYTHONHASHSEED is unset
+
+
+def _cbor_head(major: int, value: int) -> bytes:
+    """A CBOR item's head in its shortest form (RFC 8949, section 4.2.1)."""
+    if value < 24:
+        return bytes([major << 5 | value])
+    for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        if value < 1 << (8 * size):
+            return bytes([major << 5 | info]) + value.to_bytes(size, "big")
+    raise ValueError(f"{value} does not fit in 64 bits")
+
+
+def _cbor_int(v: int) -> bytes:
+    return _cbor_head(0, v) if v >= 0 else _cbor_head(1, -1 - v)
+
+
+def vllm_none_hash(seed: str = VLLM_SEED) -> bytes:
+    """The digest a vLLM prefix starts from: SHA-256 of the CBOR text string ``seed``."""
+    text = seed.encode()
+    return hashlib.sha256(_cbor_head(3, len(text)) + text).digest()
+
+
+def vllm_block_hash(parent: Optional[bytes], tokens: Sequence[int], salt: int = 0,
+                    seed: str = VLLM_SEED) -> bytes:
+    """vLLM's hash of a full block (``sha256_cbor``): SHA-256 of the canonical CBOR of
+    ``[parent, [tokens], extra_keys]``, the parent ``vllm_none_hash(seed)`` for a first block and
+    extra_keys null (kvforge's nonzero ``salt`` goes there as ``[salt]``). The 32-byte digest, which the
+    next block chains; an event carries its low 64 bits (``int.from_bytes(digest, "big") & MASK``)."""
+    body = _cbor_head(4, 3)
+    parent = vllm_none_hash(seed) if parent is None else parent
+    body += _cbor_head(2, len(parent)) + parent + _cbor_head(4, len(tokens))
+    body += b"".join(_cbor_int(int(t)) for t in tokens)
+    body += b"\xf6" if salt == 0 else _cbor_head(4, 1) + _cbor_head(0, salt)
+    return hashlib.sha256(body).digest()
+
+
+def prompt_hashes(tokens: Sequence[int], block_size: int, salt: int = 0, scheme: str = "kvforge",
+                  seed: str = VLLM_SEED) -> List[int]:
+    """The hashes of every full block of a prompt, first to last, as a manager made with
+    ``block_hash=scheme`` (and ``hash_seed=seed``) keys them and its events carry them."""
+    if scheme not in ("kvforge", "vllm_sha256_cbor"):
+        raise ValueError(f"scheme: {scheme!r} is not a block hash (allowed: kvforge, vllm_sha256_cbor)")
     out, parent = [], None
     for i in range(0, len(tokens) - block_size + 1, block_size):
-        parent = block_hash(parent, salt, tokens[i:i + block_size])
-        out.append(parent)
+        if scheme == "kvforge":
+            parent = block_hash(parent, salt, tokens[i:i + block_size])
+            out.append(parent)
+        else:
+            parent = vllm_block_hash(parent, tokens[i:i + block_size], salt, seed)
+            out.append(int.from_bytes(parent, "big") & MASK)
     return out
 
 

@@ -432,9 +432,14 @@ nb::dict gather_range(const GatherRange& r) {
   return out;
 }
 
-SequenceManagerOptions manager_options(bool prefix_caching, uint64_t salt, int32_t host_blocks, int32_t window) {
+SequenceManagerOptions manager_options(bool prefix_caching, uint64_t salt, int32_t host_blocks, int32_t window,
+                                       const std::string& block_hash, const std::string& hash_seed) {
   SequenceManagerOptions o;
   o.prefix_caching = prefix_caching, o.salt = salt, o.host_blocks = host_blocks, o.window = window;
+  if (block_hash == "vllm_sha256_cbor") o.block_hash = BlockHashScheme::vllm_sha256_cbor;
+  else if (block_hash != "kvforge")
+    throw ArgumentError("block_hash", "'" + block_hash + "' is not a block hash (allowed: kvforge, vllm_sha256_cbor)");
+  o.hash_seed = hash_seed;
   return o;
 }
 

@@ -5,20 +5,6 @@
 
 namespace kvforge {
 
-namespace {
-// One step of the key, on unsigned 64-bit integers modulo 2^64 (docs/memory.md spells it out):
-// a running combination, then splitmix64's finalizer, cheap and well spread.
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ULL;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebULL;
-  h ^= h >> 31;
-  return h;
-}
-}  // namespace
-
 PrefixCache::PrefixCache(int32_t blocks, int default_priority)
     : key_of_(size_t(blocks), 0),
       parent_of_(size_t(blocks), 0),
@@ -32,12 +18,6 @@ PrefixCache::PrefixCache(int32_t blocks, int default_priority)
       until_(size_t(blocks), 0.0) {
   std::fill(std::begin(head_), std::end(head_), -1);
   std::fill(std::begin(tail_), std::end(tail_), -1);
-}
-
-uint64_t PrefixCache::key(uint64_t parent, uint64_t salt, const int32_t* tokens, int32_t n) {
-  uint64_t h = mix(parent, salt);
-  for (int32_t i = 0; i < n; ++i) h = mix(h, uint64_t(uint32_t(tokens[i])));
-  return h;
 }
 
 int32_t PrefixCache::find(uint64_t key, const int32_t* tokens, int32_t n) const {

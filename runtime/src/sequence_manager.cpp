@@ -55,6 +55,7 @@ DeviceBatch::DeviceBatch(const BatchMetadata& m, Device device, void* stream) {
 SequenceManager::SequenceManager(Cache& cache, SequenceManagerOptions options)
     : cache_(cache),
       options_(checked(options)),
+      hasher_(options.block_hash, options.hash_seed),
       backend_(backend(cache.config().device)),
       device_(int32_t(cache.config().pages)),
       prefix_(int32_t(cache.config().pages), options.default_priority),
@@ -107,14 +108,14 @@ void SequenceManager::register_full_blocks(Sequence& s) {
   std::vector<int32_t> joined;  // blocks joining the cache, for their BlockStored events
   for (; s.hashed_blocks < full; ++s.hashed_blocks) {
     const int32_t* t = s.tokens.data() + size_t(s.hashed_blocks) * P;
-    const uint64_t parent = s.chain;
-    s.chain = PrefixCache::key(s.chain, s.salt, t, P);
+    const uint64_t parent = s.chain.key;
+    s.chain = hasher_.next(s.chain, s.salt, t, P);
     const int32_t b = s.pages[size_t(s.hashed_blocks)];
     const auto [priority, until] = retention_of(s, s.hashed_blocks);
     // A page that left the window before its step was never written; one already cached is shared.
-    const bool joins = b >= 0 && !prefix_.cached(b) && !prefix_.has_key(s.chain);
+    const bool joins = b >= 0 && !prefix_.cached(b) && !prefix_.has_key(s.chain.key);
     if (joins) {
-      prefix_.insert(s.chain, b, t, P, parent, s.salt);
+      prefix_.insert(s.chain.key, b, t, P, parent, s.salt);
       device_.retain(b);  // the cache's own reference
       joined.push_back(b);
     }
@@ -127,22 +128,22 @@ void SequenceManager::register_full_blocks(Sequence& s) {
 // window, blocks wholly before the prompt's window are never read, so they count as covered without a
 // page (entry -1); only blocks that overlap the window must come from the cache.
 std::vector<int32_t> SequenceManager::shared_prefix(const std::vector<int32_t>& prompt, uint64_t salt,
-                                                    uint64_t& chain) const {
+                                                    BlockChain& chain) const {
   std::vector<int32_t> shared;
-  chain = 0;
+  chain = BlockChain{};
   if (!options_.prefix_caching || prompt.empty()) return shared;
   const int32_t P = page_size();
   const int64_t lookups = int64_t(prompt.size() - 1) / P;
   const int64_t oldest = options_.window > 0 ? int64_t(prompt.size()) - options_.window : 0;
   for (int64_t i = 0; i < lookups; ++i) {
     const int32_t* t = prompt.data() + i * P;
-    const uint64_t key = PrefixCache::key(chain, salt, t, P);
+    const BlockChain key = hasher_.next(chain, salt, t, P);
     if ((i + 1) * P <= oldest) {
       shared.push_back(-1);
       chain = key;
       continue;
     }
-    const int32_t b = prefix_.find(key, t, P);
+    const int32_t b = prefix_.find(key.key, t, P);
     if (b < 0) break;
     shared.push_back(b);
     chain = key;
@@ -151,7 +152,7 @@ std::vector<int32_t> SequenceManager::shared_prefix(const std::vector<int32_t>& 
 }
 
 int64_t SequenceManager::cached_prefix(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) const {
-  uint64_t chain;
+  BlockChain chain;
   const uint64_t s = salt.value_or(options_.salt);
   const int64_t on_device = int64_t(shared_prefix(prompt, s, chain).size());
   int64_t further = 0;
@@ -179,7 +180,7 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
   Sequence s;
   s.salt = salt.value_or(options_.salt);
   const int32_t P = page_size();
-  uint64_t chain = 0;
+  BlockChain chain;
   std::vector<int32_t> shared = shared_prefix(prompt, s.salt, chain);
   const int64_t lookups = prompt.empty() ? 0 : int64_t(prompt.size() - 1) / P;
   // Blocks the host tier holds past the device's prefix come back first (not for a hybrid cache's
@@ -205,8 +206,8 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
     // Another group holds less of this prefix: share only what every group can, and let the chain
     // restart from the last block kept.
     shared.resize(size_t(std::max<int64_t>(0, max_cached) / P));
-    chain = 0;
-    for (size_t i = 0; i < shared.size(); ++i) chain = PrefixCache::key(chain, s.salt, prompt.data() + i * P, P);
+    chain = BlockChain{};
+    for (size_t i = 0; i < shared.size(); ++i) chain = hasher_.next(chain, s.salt, prompt.data() + i * P, P);
   }
   if (options_.prefix_caching) stats_.prefix_misses += lookups - int64_t(shared.size());
   const int64_t cached = int64_t(shared.size()) * P;

@@ -37,7 +37,7 @@ int64_t SequenceManager::prefetch(const std::vector<int32_t>& prompt, std::optio
   if (!read_ahead_)  // its thread starts with the first read ahead
     read_ahead_ = std::make_unique<DiskReadAhead>(*disk_, cache_.packed_page_bytes(), options_.read_ahead_blocks);
   const uint64_t s = salt.value_or(options_.salt);
-  uint64_t chain = 0;
+  BlockChain chain;
   const std::vector<int32_t> shared = shared_prefix(prompt, s, chain);
   int64_t queued = 0;
   for (const LowerBlock& b : lower_prefix(prompt, s, int64_t(shared.size()), chain))
@@ -114,7 +114,7 @@ void SequenceManager::evict(int32_t n) {
 }
 
 std::vector<SequenceManager::LowerBlock> SequenceManager::lower_prefix(const std::vector<int32_t>& prompt, uint64_t salt,
-                                                                        int64_t from, uint64_t chain,
+                                                                        int64_t from, BlockChain chain,
                                                                         int64_t* covered) const {
   std::vector<LowerBlock> out;
   int64_t blocks = 0;
@@ -123,10 +123,10 @@ std::vector<SequenceManager::LowerBlock> SequenceManager::lower_prefix(const std
     const int64_t lookups = int64_t(prompt.size() - 1) / P;  // the prompt's last token is always computed
     for (int64_t i = from; i < lookups; ++i, ++blocks) {
       const int32_t* t = prompt.data() + i * P;
-      chain = PrefixCache::key(chain, salt, t, P);
-      if (prefix_.find(chain, t, P) >= 0) continue;  // past a block a lower tier brings back, the device has more
-      const int32_t h = host_prefix_.find(chain, t, P);
-      const int32_t d = h < 0 ? disk_prefix_.find(chain, t, P) : -1;
+      chain = hasher_.next(chain, salt, t, P);
+      if (prefix_.find(chain.key, t, P) >= 0) continue;  // past a block a lower tier brings back, the device has more
+      const int32_t h = host_prefix_.find(chain.key, t, P);
+      const int32_t d = h < 0 ? disk_prefix_.find(chain.key, t, P) : -1;
       if (h < 0 && d < 0) break;
       out.push_back(h >= 0 ? LowerBlock{false, h} : LowerBlock{true, d});
     }

@@ -16,10 +16,10 @@ StateSlots::StateSlots(SequenceManager& manager, StatePool& pool, int32_t every)
 
 std::vector<uint64_t> StateSlots::block_hashes(const std::vector<int32_t>& tokens, int64_t blocks, uint64_t salt) const {
   std::vector<uint64_t> out;
-  uint64_t parent = 0;
+  BlockChain chain;
   for (int64_t b = 0; b < blocks; ++b) {
-    parent = PrefixCache::key(parent, salt, tokens.data() + b * page_size_, int32_t(page_size_));
-    out.push_back(parent);
+    chain = manager_.hasher().next(chain, salt, tokens.data() + b * page_size_, int32_t(page_size_));
+    out.push_back(chain.key);
   }
   return out;
 }

@@ -1,11 +1,13 @@
 """KV events, the host tier and retention from Python: a router written here replays two instances'
 msgpack event batches through a random trace and holds exactly each instance's cached blocks, per
 medium (device and host tier), at every step; the block hashes it checks are computed here in plain
-Python from docs/memory.md; its prefix lookups agree with each instance's own, and conversations
+Python from docs/memory.md, kvforge's construction or vLLM's (SHA-256 of canonical CBOR, RFC 8949,
+encoded here; and hashes a vLLM deployment published); its prefix lookups agree with each instance's own, and conversations
 that return for another turn after other traffic come back from the host tier (the model-based C++
 test checks their K/V); a system prompt at priority 100 outlives a flood; bad ranges are refused by
 name."""
 
+import hashlib
 import random
 
 import msgpack
@@ -33,13 +35,50 @@ def documented_hash(parent, salt, tokens):
     return h
 
 
+def cbor(item):
+    """RFC 8949's encoding of the few items vLLM's block hash holds, each head in its shortest form
+    (section 4.2.1): unsigned and negative integers, byte and text strings, arrays, null."""
+    def head(major, n):
+        if n < 24:
+            return bytes([32 * major + n])
+        size = next(s for s in (1, 2, 4, 8) if n < 256 ** s)
+        return bytes([32 * major + {1: 24, 2: 25, 4: 26, 8: 27}[size]]) + n.to_bytes(size, "big")
+    if item is None:
+        return b"\xf6"
+    if isinstance(item, int):
+        return head(0, item) if item >= 0 else head(1, -1 - item)
+    if isinstance(item, bytes):
+        return head(2, len(item)) + item
+    if isinstance(item, str):
+        return head(3, len(item.encode())) + item.encode()
+    return head(4, len(item)) + b"".join(cbor(x) for x in item)
+
+
+class VllmHash:
+    """vLLM's sha256_cbor block hash (vllm/v1/core/kv_cache_utils.py, hash_block_tokens): SHA-256 of
+    CBOR [parent digest, token ids, extra keys]; the chain starts at SHA-256 of CBOR(seed). Events carry
+    a digest's low 64 bits; the router keeps each digest it computed to chain the next block."""
+
+    def __init__(self, seed):
+        self.none = hashlib.sha256(cbor(seed)).digest()
+        self.digests = {}
+
+    def __call__(self, parent, salt, tokens):
+        digest = hashlib.sha256(cbor([self.none if parent is None else self.digests[parent], list(tokens),
+                                      None if salt == 0 else [salt]])).digest()
+        key = int.from_bytes(digest[24:], "big")
+        self.digests[key] = digest
+        return key
+
+
 class Router:
     """What a KV-aware router knows of each instance: the hashes its events say it holds."""
 
-    def __init__(self, instances):
+    def __init__(self, instances, hash=documented_hash):
         # A CPU cache, its host tier and its disk tier.
         self.held = [{"CPU": set(), "HOST": set(), "DISK": set()} for _ in range(instances)]
         self.seen = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+        self.hash = hash
 
     def receive(self, instance, data):
         _, events, rank = kv_events.decode(data)
@@ -55,7 +94,7 @@ class Router:
                 held = self.held[instance][event["medium"]]
                 assert array[1:8] == [event["block_hashes"], parent, event["token_ids"], size, None, event["medium"], None]
                 for i, h in enumerate(event["block_hashes"]):
-                    assert h == documented_hash(parent, salt, event["token_ids"][i * size:(i + 1) * size])
+                    assert h == self.hash(parent, salt, event["token_ids"][i * size:(i + 1) * size])
                     assert h not in held, "stored twice"
                     held.add(h)
                     parent = h
@@ -70,24 +109,27 @@ class Router:
         """Tokens of `prompt` this instance holds, leaving its last token to compute (as add() does)."""
         parent, covered = None, 0
         for start in range(0, len(prompt) - 1 - block_size + 1, block_size):
-            parent = documented_hash(parent, salt, prompt[start:start + block_size])
+            parent = self.hash(parent, salt, prompt[start:start + block_size])
             if all(parent not in held for held in self.held[instance].values()):
                 break
             covered += block_size
         return covered
 
 
-def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step(tmp_path):
+@pytest.mark.parametrize("scheme", ["kvforge", "vllm_sha256_cbor"])
+def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step(tmp_path, scheme):
     rng = random.Random(5)
     instances = []
     for i in range(2):
         cache = kvforge.create(VARIANT, pages=12)
         # Instance 0 demotes evicted blocks to a host tier of 4 pages and a disk tier of 16; instance 1 has none.
         tiers = dict(host_blocks=4, disk_path=str(tmp_path / "blocks"), disk_blocks=16) if i == 0 else {}
-        instances.append(kvforge.SequenceManager(cache, kv_events=True, salt=7 * i, **tiers))
+        instances.append(kvforge.SequenceManager(cache, kv_events=True, salt=7 * i, block_hash=scheme,
+                                                 hash_seed="kvforge-test", **tiers))
     block = kvforge.describe(VARIANT).page_size
     systems = [[1000 * s + i for i in range(2 * block + 3)] for s in range(3)]
-    router, live, next_id = Router(2), [[], []], 0
+    router = Router(2, documented_hash if scheme == "kvforge" else VllmHash("kvforge-test"))
+    live, next_id = [[], []], 0
     finished = [[], []]  # conversations that may return for another turn
     for step in range(300):
         i = rng.randrange(2)
@@ -136,6 +178,29 @@ def test_the_packaged_hash_is_the_documented_one():
     tokens = list(range(-3, 40))
     assert kv_events.prompt_hashes(tokens, 16, salt=9) == [
         documented_hash(None, 9, tokens[0:16]), documented_hash(documented_hash(None, 9, tokens[0:16]), 9, tokens[16:32])]
+    vllm = VllmHash(kv_events.VLLM_SEED)
+    big = [0, 23, 24, 255, 256, 65535, 65536, 2 ** 32 - 1, 2 ** 31 - 1, 70000, 5, 6, 7, 8, 9, 10] * 2  # every head size
+    assert kv_events.prompt_hashes(big + [1], 16, salt=2 ** 40, scheme="vllm_sha256_cbor") == [
+        vllm(None, 2 ** 40, big[:16]), vllm(vllm(None, 2 ** 40, big[:16]), 2 ** 40, big[16:])]
+    with pytest.raises(ValueError, match="scheme"):
+        kv_events.prompt_hashes(tokens, 16, scheme="md5")
+
+
+def test_vllm_hashes_are_those_a_vllm_deployment_published():
+    """vLLM v0.17, PYTHONHASHSEED=0, sha256_cbor, 16-token blocks (loxilb-inference-gateway's
+    kv_hash_vectors.json): NONE_HASH, and two chained blocks' integer hashes as its events carry them."""
+    assert VllmHash("0").none.hex() == "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
+    prompt = [101 * i for i in range(1, 33)] + [1]
+    published = [7876691182959014722, 8769878286166771163]
+    assert kv_events.prompt_hashes(prompt, 16, scheme="vllm_sha256_cbor", seed="0") == published
+    manager = kvforge.SequenceManager(kvforge.create(VARIANT, pages=4), kv_events=True, block_hash="vllm_sha256_cbor",
+                                      hash_seed="0")
+    manager.add(0, prompt)
+    manager.step([0])
+    (stored,) = manager.take_kv_events()
+    assert stored["block_hashes"] == published and stored["parent_block_hash"] is None
+    with pytest.raises(kvforge.errors.ArgumentError, match="block_hash.*allowed: kvforge, vllm_sha256_cbor"):
+        kvforge.SequenceManager(kvforge.create(VARIANT, pages=4), block_hash="sha1")
 
 
 def test_a_system_prompt_at_priority_100_outlives_a_flood():

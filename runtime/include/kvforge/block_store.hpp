@@ -16,7 +16,7 @@ namespace kvforge {
 
 // What a stored block is, besides its bytes: enough to find it again and to announce it.
 struct StoredBlock {
-  uint64_t key = 0;     // PrefixCache::key
+  uint64_t key = 0;     // the block's key (block_hash.hpp)
   uint64_t parent = 0;  // the previous block's key; 0 for a prefix's first
   uint64_t salt = 0;
   int32_t priority = 0;

@@ -1,8 +1,8 @@
 // What a prefix cache tells a KV-aware router (Dynamo, llm-d): which blocks it holds now and which it
 // dropped, as vLLM publishes them (vllm/distributed/kv_events.py): BlockStored, BlockRemoved and
 // AllBlocksCleared, with vLLM's field names and meaning. kvforge.kv_events (Python) serializes a batch
-// as vLLM does, in msgpack. A block's hash is PrefixCache::key, documented in docs/memory.md, so a
-// router can compute the hash of a prompt's blocks itself.
+// as vLLM does, in msgpack. A block's hash is its key (block_hash.hpp: kvforge's construction, or
+// vLLM's own), documented in docs/memory.md, so a router can compute the hash of a prompt's blocks.
 #pragma once
 
 #include <cstdint>

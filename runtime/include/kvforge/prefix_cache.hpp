@@ -1,7 +1,7 @@
 // Prefix reuse, as its own unit: full blocks found by content, and the cached blocks nobody holds kept
 // for eviction, which takes the lowest retention priority first and, within a priority, the least
-// recently released. A block's key chains its parent's key, a salt and its tokens, so equal keys mean
-// equal prefixes; a hit is still confirmed against the stored tokens, never trusted. Host-side; O(1)
+// recently released. A block's key (block_hash.hpp) chains its parent's key, a salt and its tokens, so
+// equal keys mean equal prefixes; a hit is still confirmed against the stored tokens, never trusted. Host-side; O(1)
 // per block, plus O(log n) per block whose priority expires.
 #pragma once
 
@@ -22,10 +22,6 @@ inline constexpr int kDefaultPriority = 35;  // TensorRT-LLM's default
 class PrefixCache {
  public:
   explicit PrefixCache(int32_t blocks, int default_priority = kDefaultPriority);
-
-  // The key of a full block of `n` tokens whose parent block has key `parent` (0 for the first):
-  // docs/memory.md gives it step by step, so that a router can compute it.
-  static uint64_t key(uint64_t parent, uint64_t salt, const int32_t* tokens, int32_t n);
 
   // The cached block holding exactly `tokens` under `key`, or -1.
   int32_t find(uint64_t key, const int32_t* tokens, int32_t n) const;

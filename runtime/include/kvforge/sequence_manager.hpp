@@ -13,6 +13,7 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/block_allocator.hpp"
+#include "kvforge/block_hash.hpp"
 #include "kvforge/block_store.hpp"
 #include "kvforge/cache.hpp"
 #include "kvforge/kv_events.hpp"
@@ -50,6 +51,10 @@ class DeviceBatch {
 struct SequenceManagerOptions {
   bool prefix_caching = true;
   uint64_t salt = 0;        // mixed into every block hash (an adapter or model id); add() may override
+  // How a full block's key is built (block_hash.hpp); hash_seed starts vllm_sha256_cbor's chain, as
+  // vLLM's PYTHONHASHSEED does (default: vLLM's own default).
+  BlockHashScheme block_hash = BlockHashScheme::kvforge;
+  std::string hash_seed = "vllm-none-hash";
   // Capacity of the host tier, in pages: offloaded sequences, and the cached blocks that eviction
   // demotes there. 0: no host tier (no offload, and eviction frees).
   int32_t host_blocks = 0;
@@ -169,6 +174,7 @@ class SequenceManager {
   const std::vector<int32_t>& tokens(int64_t seq) const;
   const SequenceStats& stats() const { return stats_; }
   uint64_t default_salt() const { return options_.salt; }
+  const BlockHasher& hasher() const { return hasher_; }
   int32_t block_size() const { return cache_.descriptor().page_size; }  // tokens a page holds
   const BlockAllocator& allocator() const { return device_; }
   const PrefixCache& prefix_cache() const { return prefix_; }
@@ -206,7 +212,7 @@ class SequenceManager {
     std::vector<int32_t> tokens;
     int64_t pending = 0;         // tokens not yet handed out by step()
     uint64_t salt = 0;
-    uint64_t chain = 0;          // hash of the last registered full block
+    BlockChain chain;            // the hash of the last registered full block
     std::vector<RetentionRange> retention;
     int32_t hashed_blocks = 0;   // full blocks registered in the prefix cache
     std::vector<int32_t> host_pages;
@@ -221,7 +227,7 @@ class SequenceManager {
     int64_t synced_length = -1;
     int32_t synced_dropped = -1;
   };
-  std::vector<int32_t> shared_prefix(const std::vector<int32_t>& prompt, uint64_t salt, uint64_t& chain) const;
+  std::vector<int32_t> shared_prefix(const std::vector<int32_t>& prompt, uint64_t salt, BlockChain& chain) const;
   void drop_out_of_window(Sequence& s);
   // Every write to an existing page-table entry goes through here, so the device copy learns of it.
   static void set_page(Sequence& s, size_t index, int32_t page) {
@@ -257,7 +263,7 @@ class SequenceManager {
   // The lower tiers' blocks that continue the prefix of `prompt` after its first `from` full blocks
   // (whose chain is `chain`), with the device's blocks between them; `covered`: how many blocks all
   // tiers give.
-  std::vector<LowerBlock> lower_prefix(const std::vector<int32_t>& prompt, uint64_t salt, int64_t from, uint64_t chain,
+  std::vector<LowerBlock> lower_prefix(const std::vector<int32_t>& prompt, uint64_t salt, int64_t from, BlockChain chain,
                                        int64_t* covered = nullptr) const;
   // Copies lower-tier blocks back into fresh device pages and caches them there; a disk record that
   // does not check out ends them there.
@@ -280,6 +286,7 @@ class SequenceManager {
 
   Cache& cache_;
   SequenceManagerOptions options_;
+  BlockHasher hasher_;
   Backend& backend_;
   BlockAllocator device_;
   std::unordered_map<int64_t, Sequence> sequences_;
