@@ -11,8 +11,9 @@ the receiver's core copies each byte once, as a raw READ does.
 
 Messages are NIXL notifications, each `_TAG` + a kind byte + a JSON head + raw int64 arrays:
   Q  receiver -> sender   a request: the cache key, the source's pages or row, the heads, the placement
-                          (its scalars in the head, its block and runs arrays after it) and the receiver's
-                          agent metadata, so that the sender can answer
+                          (its scalars in the head, its block and runs arrays after it; in pages mode, the
+                          receiver's variant and page count: _nixl_pages.py) and the receiver's agent
+                          metadata, so that the sender can answer
   L  sender -> receiver   layer l is in the ring at address a
   E  sender -> receiver   the request was refused: a field and a message
   A  receiver -> sender   layer l was read (the notification of that layer's READ)
@@ -28,6 +29,7 @@ import torch
 
 import kvforge
 
+from . import _nixl_pages as page_pulls
 from ._nixl_wait import InFlight
 
 _TAG = b"\x00kvf"
@@ -53,15 +55,20 @@ def decode(message):
     return message[4:5], head, bytes(message[9 + size:])
 
 
+def served_cache(agent, head):
+    """The cache a request names by its key, registered with this agent."""
+    key = head["key"]
+    if key not in agent._caches:
+        raise kvforge.ArgumentError(f"key: {key!r} is not registered at {agent.name!r}")
+    return agent._caches[key][0]
+
+
 class Serving:
     """The sender's side of one prepared pull: the ring it writes into and how far it got."""
 
     def __init__(self, agent, peer, head, rest):
         self.agent, self.peer, self.id = agent, peer, head["id"]
-        key = head["key"]
-        if key not in agent._caches:
-            raise kvforge.ArgumentError(f"key: {key!r} is not registered at {agent.name!r}")
-        self.cache = agent._caches[key][0]
+        self.cache = served_cache(agent, head)
         blocks, runs = int(head["blocks"]), int(head["runs"])
         arrays = np.frombuffer(rest, dtype=np.int64)
         if blocks < 0 or runs < 0 or len(arrays) != blocks + runs + int(head.get("pages_given", 0)):
@@ -114,6 +121,10 @@ class Serving:
     def finished(self):
         return len(self.read) == self.layers
 
+    def release(self, agent):
+        """The last layer was read: the ring goes back to the agent's spare staging areas."""
+        agent._spare.append(self.area)
+
 
 def route(agent, peer, kind, head, rest):
     """A prepared pull's message, to the request it is about (Agent._drain)."""
@@ -125,7 +136,7 @@ def route(agent, peer, kind, head, rest):
         serving.read.add(int(head["layer"]))
         serving.last = time.monotonic()
         if serving.finished():
-            agent._spare.append(agent._serving.pop(request).area)
+            agent._serving.pop(request).release(agent)
     elif kind == b"C" and request in agent._serving:
         agent._parked.append(agent._serving.pop(request).area)  # a READ of the ring may still be under way
     elif kind in (b"L", b"E") and request in agent._prepared_inbox:
@@ -145,7 +156,8 @@ def accept(agent, peer, head, rest):
             raise kvforge.UnsupportedError(f"serve: agent {agent.name!r} does not serve prepared pulls")
         if head["id"] in agent._serving:
             raise kvforge.StateError(f"id: {head['id']!r} is being served already")
-        agent._serving[head["id"]] = Serving(agent, peer, head, rest)
+        serving = page_pulls.PageServing if head.get("mode") == "pages" else Serving
+        agent._serving[head["id"]] = serving(agent, peer, head, rest)
     except (kvforge.Error, KeyError, ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as e:
         error = type(e).__name__ if isinstance(e, kvforge.Error) else "ArgumentError"
         message = str(e) if isinstance(e, kvforge.Error) else f"request: malformed ({e!r})"
@@ -156,10 +168,14 @@ def request_message(agent, plan):
     """The receiver's request for a prepared pull (kind Q)."""
     place, source = plan["placement"], plan["source"]
     head = {"id": plan["id"], "key": plan["their_key"], "tokens": plan["count"], "head_offset": plan["head_offset"],
-            "heads": plan["heads"], "blocks": len(place["block"]), "runs": len(place["runs"]),
-            "metadata": agent._nixl.get_agent_metadata().hex(), **{name: int(place[name]) for name in
-            ("page_size", "slot_stride", "head_stride", "pages", "head_blocks", "wire_bytes")}}
-    arrays = [place["block"], place["runs"]]
+            "heads": plan["heads"], "metadata": agent._nixl.get_agent_metadata().hex()}
+    if place.get("mode") == "pages":
+        head.update(page_pulls.request_head(plan))
+        arrays = []
+    else:
+        head.update({"blocks": len(place["block"]), "runs": len(place["runs"]), **{name: int(place[name]) for name in
+                     ("page_size", "slot_stride", "head_stride", "pages", "head_blocks", "wire_bytes")}})
+        arrays = [place["block"], place["runs"]]
     if source.pages is not None:
         needed = -(-plan["count"] // plan["source_page_size"])
         head["pages_given"] = needed

@@ -33,6 +33,7 @@ import torch
 
 import kvforge
 
+from . import _nixl_pages as page_pulls
 from . import _nixl_prepared as prepared
 from . import _nixl_states as states
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
@@ -107,6 +108,8 @@ class Agent:
         self._abandoned = []  # (NIXL requests, staging area, registration) of pulls a timeout abandoned
         self._parked = []  # abandoned pulls' staging areas (and registrations), kept until close()
         self._spare = []  # (byte buffer, registration): staging areas that pulls reuse, each in one at a time
+        self._scratch = []  # (cache, registration): a serving agent's spare scratch caches (_nixl_pages.py)
+        self._gather_buffers = {}  # (dtype, heads, head_dim) -> K and V buffers that scratch writes gather into
 
     def close(self):
         """Deregisters every cache, forgets every peer and ends the NIXL agent. Call it (or use the agent as
@@ -122,13 +125,13 @@ class Agent:
         if not (self._abandoned or self._parked):  # else a cancelled READ may still use a registration
             for _, _, registered in list(self._caches.values()) + list(self._states.values()):
                 self._nixl.deregister_memory(registered)
-            for _, registered in self._spare:
+            for _, registered in self._spare + self._scratch:
                 self._nixl.deregister_memory(registered)
         for peer in self._peers:
             self._nixl.remove_remote_agent(peer)
         # Ending the agent ends UCX's work on the parked staging areas; only then may their memory go.
         self._caches, self._states, self._peers, self._nixl = {}, {}, {}, None
-        self._abandoned, self._parked, self._spare = [], [], []
+        self._abandoned, self._parked, self._spare, self._scratch = [], [], [], []
 
     @property
     def staging_bytes(self):
@@ -173,7 +176,9 @@ class Agent:
 
     def metadata(self):
         """Bytes for the other side's connect(): NIXL's agent metadata and every registered cache's facts."""
-        facts = json.dumps({"version": _VERSION, "agent": self.name, "serves": self._serves,
+        # A serving agent also says which variants it has built: it can write a request in those (pages mode).
+        built = sorted(d.name for d in kvforge.variants()) if self._serves else []
+        facts = json.dumps({"version": _VERSION, "agent": self.name, "serves": self._serves, "built": built,
                             "caches": {k: c[1] for k, c in self._caches.items()},
                             "states": {k: s[1] for k, s in self._states.items()}}).encode()
         return _MAGIC + struct.pack("<II", _VERSION, len(facts)) + facts + self._nixl.get_agent_metadata()
@@ -193,7 +198,8 @@ class Agent:
         if agent == self.name:
             raise kvforge.ArgumentError(f"metadata: {agent!r} is this agent's own name")
         if serves:
-            caches = {key: dict(facts, serves=True) for key, facts in caches.items()}
+            built = facts.get("built") if isinstance(facts.get("built"), list) else []
+            caches = {key: dict(facts, serves=True, built=built) for key, facts in caches.items()}
         try:
             name = self._nixl.add_remote_agent(bytes(metadata[12 + size:]))
         except Exception as e:  # noqa: BLE001  (NIXL's own error, about bytes the caller passed)
@@ -380,10 +386,11 @@ class Agent:
         why = ("the request comes from several senders" if d is None else
                "the sender does not serve (Agent(serve=True))" if not d.get("serves") else
                "it starts past position 0" if begin else
-               "the sender's storage dtype differs" if d["storage"] != mine["storage"] else
                "a cache is not in host memory" if "DRAM" != mine["device"] or "DRAM" != d["device"] else None)
         placement = None
-        if why is None:
+        if why is None and (d["storage"] != mine["storage"] or mine["quant"] != "none"):
+            placement, why = page_pulls.placement(mine, d, target, count)  # the sender writes this cache's own bytes
+        elif why is None:
             pages = None if target.pages is None else target.pages[:-(-count // mine["page_size"])].astype(np.int32)
             placement = cache.physical_placement(count, pages=pages, row=target.row or 0)
             why = None if placement is not None else f"{mine['name']}'s pages are not dense blocks"

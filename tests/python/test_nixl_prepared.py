@@ -5,6 +5,10 @@ test_nixl.py checks the other paths, against nixl_peer.value:
   - every ordered pair of the tiny model's float layouts from a serving sender: prepared where the two
     pools place bytes differently, direct where alike; pages outside the request untouched;
   - tensor parallelism 1 -> 2 (the sender writes each receiver's heads);
+  - into every quantized or other-dtype paged variant of the tiny model: those whose pages are each one
+    block of a layer (pages mode) get whole pages that the sender's scratch cache of their own variant
+    quantized, the others stage; either way the values equal bitwise what this process's own append of
+    the same values gives, and pages outside the request are untouched;
   - MLA records between vLLM's pages of 16 and FlashMLA's of 64, both ways;
   - a hybrid model's state slot, pulled whole in one READ, against the sender's value function, and
     refused where the two records differ;
@@ -21,12 +25,13 @@ import kvforge.nixl  # before NIXL itself: it sets UCX's modules for this machin
 
 pytest.importorskip("nixl_cu13", reason="NIXL is not installed (tools/setup installs nixl-cu13)")
 
+from kvforge import _nixl_pages as page_pulls  # noqa: E402
 from kvforge import _nixl_prepared  # noqa: E402
-from kvforge._nixl_plan import _same_geometry  # noqa: E402
+from kvforge._nixl_plan import _describe, _same_geometry  # noqa: E402
 from kvforge.nixl import Placement  # noqa: E402
-from nixl_peer import state_value  # noqa: E402
-from test_nixl import (COUNT, LAYOUTS, TP, TP_PAGES, Peer, assert_holds, config_of, placement_of,  # noqa: E402
-                       pool_bytes, source_of, target_of)
+from nixl_peer import state_value, write_request  # noqa: E402
+from test_nixl import (COUNT, LAYOUTS, TP, TP_PAGES, Peer, assert_holds, config_of, gathered,  # noqa: E402
+                       placement_of, pool_bytes, source_of, target_of)
 
 
 STATE_RECORD = [["conv", [64, 4], "bf16"], ["recurrent", [4, 8, 8], "fp32"]]
@@ -150,7 +155,8 @@ def test_refusals_name_the_field_and_the_sender_serves_on(served):
     # A request that is not one at all gets an answer nobody waits for, and changes nothing.
     agent._nixl.send_notif("s0", _nixl_prepared.encode(b"Q", {"id": "garbage", "blocks": -1}))
     agent.register("fp32", kvforge.create("vllm_paged_nhd.tiny.fp32", pages=8))
-    with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: the sender's storage dtype"):
+    with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: vllm_paged_nhd.tiny.fp32 does not "
+                                                       "keep each page as one block"):
         agent.pull([("s0", source.name)], "fp32", COUNT, source_of(source, nhd), target, prepared=True)
     with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: it starts past position 0"):
         agent.pull([("s0", source.name)], "refused", COUNT - 16, source_of(source, nhd), target, begin=16,
@@ -160,6 +166,56 @@ def test_refusals_name_the_field_and_the_sender_serves_on(served):
     assert report["how"] == "prepared"
     assert_holds(cache, target, nhd)
     assert agent.staging_bytes == 0  # a prepared pull stages nothing on the receiving side
+
+
+def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
+    agent, _ = served
+    nhd = next(i for i, d in enumerate(LAYOUTS) if d.layout == "vllm_paged_nhd")
+    source = LAYOUTS[nhd]
+    targets = [d for d in kvforge.variants(model="tiny") if d.paged and not d.hybrid and d.storage != "bf16"]
+    assert {page_pulls.page_bytes(published(d)) is None for d in targets} == {True, False}, \
+        "targets whose pages come whole, and targets that stage"
+    place = Placement(pages=[5, 3, 4, 0])
+    for d in targets:
+        cache, reference = kvforge.create(d.name, pages=8), kvforge.create(d.name, pages=8)
+        agent.register(f"dtype_{d.name}", cache)
+        for layer in range(d.layers):  # bytes the pull must leave alone
+            for side in ("k", "v"):
+                torch.from_dlpack(cache.view(layer)[side]).view(torch.uint8).fill_(7)
+        before = unit_views(cache)
+        report = agent.pull([("s0", source.name)], f"dtype_{d.name}", COUNT, source_of(source, nhd), place)
+        whole = page_pulls.page_bytes(agent._caches[f"dtype_{d.name}"][1]) is not None
+        assert report["how"] == ("prepared" if whole else "staged"), d.name
+        if whole:  # a descriptor a layer for each run of consecutive pages: [5], [3, 4], [0] of those it fills
+            used = place.pages[:-(-COUNT // d.page_size)].tolist()
+            runs = 1 + sum(b != a + 1 for a, b in zip(used, used[1:]))
+            assert report["descriptors"] == runs * d.layers, d.name
+        write_request(reference, 0, nhd, {"pages": place.pages.tolist()}, COUNT)
+        for layer in range(d.layers):
+            for got, want in zip(gathered(cache, layer, place), gathered(reference, layer, place)):
+                assert torch.equal(got, want), f"{d.name} layer {layer}"
+        assert_holds(cache, place, nhd)
+        assert others_unchanged(cache, before, place), d.name
+    # The sender checks what a receiver asks for before it takes memory: a page size it does not have.
+    hnd = next(d for d in targets if page_pulls.page_bytes(published(d)) is not None)
+    plan = agent._plan([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, 0, True)
+    plan["placement"]["page_bytes"] += 1
+    with pytest.raises(kvforge.ArgumentError, match="page_bytes: .* the receiver's"):
+        kvforge.nixl.prepared_pull(agent, plan, b"").wait(10)
+    # A sender without the receiver's variant built: the pull stages, or refuses where it must be prepared.
+    built = agent._peers["s0"][source.name]["built"]
+    agent._peers["s0"][source.name]["built"] = []
+    try:
+        with pytest.raises(kvforge.UnsupportedError, match=f"the sender has no {hnd.name} built"):
+            agent.pull([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, prepared=True)
+        assert agent.pull([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place)["how"] == "staged"
+    finally:
+        agent._peers["s0"][source.name]["built"] = built
+
+
+def published(d):
+    """What a receiver publishes of a cache of `d` (its axes, page stride, scales)."""
+    return _describe(kvforge.create(d.name, pages=1), 0)
 
 
 def test_a_state_slot_arrives_whole_in_one_read(served):
