@@ -12,6 +12,8 @@ DynamicCache on the same model, random weights from a tiny config made here (not
     the whole prompt's recomputation (within 1e-4);
   - a variant whose model spec names the linear layers and their state record: the record is what
     transformers' cache keeps for the model, and the model generates DynamicCache's tokens through it;
+  - the real-size specs (Qwen3-Next-80B, Bamba-9B): their linear layers and records are what
+    transformers' own layers of those configs keep, made on the meta device (no weights);
   - refusals, each naming its argument: prefix caching, non-consecutive sequences, a sequence past
     the state slots, a layer type kvforge does not serve, and StatePool's own arguments.
 """
@@ -154,6 +156,32 @@ def test_a_variant_whose_spec_names_the_linear_layers_serves_the_model(make, spe
         got = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, cache=ours)
     assert torch.equal(got, want)
     assert len(ours.states.pools) == 1 and ours.states.pools[0].layers == len(linear)
+
+
+def test_real_size_specs_hold_what_transformers_keeps_for_those_models():
+    """Each real-size default spec against transformers' config of that model and its own mixer module,
+    made on the meta device: which layers are linear, the attention layers' heads, each state's shape,
+    and the dtypes that transformers' cache keeps for the model in bf16 (probed on the tiny model)."""
+    from transformers.models.bamba.modeling_bamba import BambaMixer
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+    bamba_9b = transformers.BambaConfig(attn_layer_indices=[9, 18, 27], mamba_d_state=128)  # the rest: defaults
+    cases = [("qwen3_next_80b", transformers.Qwen3NextConfig(), qwen3_next,
+              lambda mixer: [(mixer.conv_dim, mixer.conv_kernel_size),
+                             (mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim)], Qwen3NextGatedDeltaNet),
+             ("bamba_9b", bamba_9b, bamba,
+              lambda mixer: [(mixer.conv_dim, mixer.conv_kernel_size),
+                             (mixer.num_heads, mixer.head_dim, mixer.ssm_state_size)], BambaMixer)]
+    for spec, config, tiny, shapes, Mixer in cases:
+        d = next(d for d in kvforge.variants(model=spec) if d.paged)
+        linear = [i for i, t in enumerate(config.layer_types) if t == "linear_attention"]
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        assert (d.linear_layers, d.model_layers) == (linear, config.num_hidden_layers), spec
+        assert (d.heads, d.head_dim) == (config.num_key_value_heads, head_dim), spec
+        with torch.device("meta"):
+            mixer = Mixer(config, layer_idx=linear[0])
+        probed = kvforge.hf.probe_record(model(tiny).to(torch.bfloat16))
+        assert [(tuple(shape), dtype) for _, shape, dtype in d.state_parts] == \
+            [(shape, dtype) for shape, (_, _, dtype) in zip(shapes(mixer), probed)], spec
 
 
 def test_refusals_name_the_argument():
