@@ -27,7 +27,8 @@ PAIRS = [("vllm_paged_nhd", "flashinfer_paged_hnd"), ("deepspeed_blocked", "vllm
          ("vllm_paged_nhd", "jetstream_paged"), ("flashinfer_paged_hnd", "deepspeed_blocked"),
          ("vllm_paged_nhd", "vllm_paged_nhd"), ("jetstream_contiguous", "vllm_paged_nhd"),
          ("vllm_paged_nhd", "jetstream_contiguous"),
-         ("flashinfer_paged_hnd", "flashinfer_paged_hnd.llama3_8b.int8_in_bf16")]
+         ("flashinfer_paged_hnd", "flashinfer_paged_hnd.llama3_8b.int8_in_bf16"),
+         ("flashinfer_paged_hnd.llama3_8b.int8_in_bf16", "flashinfer_paged_hnd.llama3_8b.int8_in_bf16")]
 
 
 def variant(layout):

@@ -18,6 +18,7 @@ import torch
 
 import kvforge
 
+from . import _nixl_plan as plans
 from . import _nixl_prepared as prepared
 from .torch_dtypes import TORCH_DTYPES
 
@@ -40,12 +41,33 @@ def placement(mine, theirs, target, count):
         return None, (f"{mine['name']} does not keep each page as one block of a layer's bytes (axes that start "
                       f"with page, scales in the page, eager update), so its pages cannot come whole")
     pages = target.pages[:-(-count // mine["page_size"])].astype(np.int64)
-    breaks = np.ones(len(pages), dtype=bool)
-    breaks[1:] = pages[1:] != pages[:-1] + 1
-    starts = np.flatnonzero(breaks)
-    runs = np.diff(np.append(starts, len(pages))) * size
+    _, run_at, runs = plans._merged(np.arange(len(pages), dtype=np.int64) * size, pages * size, size)
     return {"mode": "pages", "variant": mine["name"], "page_bytes": size, "pages": len(pages),
-            "run_at": pages[starts] * size, "runs": runs.astype(np.int64)}, None
+            "run_at": run_at, "runs": runs.astype(np.int64)}, None
+
+
+def same_pages(mine, theirs):
+    """Whether one sender's cache is this cache's own variant (and rank), its pages blocks: then its pages,
+    codes and scales alike, can be read whole, a quantized one too."""
+    return len(theirs) == 1 and theirs[0]["name"] == mine["name"] and theirs[0]["rank"] == mine["rank"] \
+        and page_bytes(mine) is not None
+
+
+def direct(cache, mine, theirs, peer, source, target, begin, count):
+    """The plan of a pull of whole pages from a cache of this variant (same_pages): a descriptor per layer
+    per run of pages consecutive on both sides."""
+    size, page_size = page_bytes(mine), mine["page_size"]
+    if begin % page_size:
+        raise kvforge.ArgumentError(f"begin: {begin} is not a multiple of the page size {page_size}; a quantized "
+                                    f"source's pages move whole")
+    used = slice(begin // page_size, (begin + count - 1) // page_size + 1)
+    src, dst, lengths = plans._merged(source.pages[used].astype(np.int64) * size,
+                                      target.pages[used].astype(np.int64) * size, size)
+    bases = [plans._layer_bases(d) for d in (theirs, mine)]
+    request = ((bases[0][:, None] + src[None, :]).reshape(-1), (bases[1][:, None] + dst[None, :]).reshape(-1),
+               np.tile(lengths, mine["layers"]))
+    return {"cache": cache, "mine": mine, "staging": None, "area": None, "requests": [(peer, request, theirs)],
+            "count": count}
 
 
 def request_head(plan):

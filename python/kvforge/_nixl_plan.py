@@ -8,6 +8,8 @@ import torch
 
 import kvforge
 
+from . import _nixl_pages as page_pulls
+
 
 class Placement:
     """Where a request's positions lie in one cache: a page table (paged layouts; position p is on
@@ -60,9 +62,10 @@ def _check_pair(mine, theirs):
         if d["rank"] != rank:
             raise kvforge.ArgumentError(f"sources[{rank}]: that cache is rank {d['rank']}; list the sources in rank "
                                         f"order")
-        if d["quant"] != "none":
+        if d["quant"] != "none" and not page_pulls.same_pages(mine, theirs):
             raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}); "
-                                           f"pulls read float sources")
+                                           f"pulls read float sources, or the whole pages of one sender of this "
+                                           f"cache's own variant whose pages are blocks")
         if d["device"] != theirs[0]["device"]:
             raise kvforge.ArgumentError("sources: every rank's cache must be in one kind of memory")
     if mine["storage"] != theirs[0]["storage"] and mine["input"] not in ("fp32", "fp16", "bf16"):

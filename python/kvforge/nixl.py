@@ -323,6 +323,10 @@ class Agent:
         positions = np.arange(begin, begin + count, dtype=np.int64)
         src_place = _places("source", theirs[0], source, positions)
         dst_place = _places("target", mine, target, positions)
+        if theirs[0]["quant"] != "none":  # one sender of this variant (_check_pair): its pages move whole
+            if ask:
+                raise kvforge.UnsupportedError("prepared: no prepared pull: a quantized source's pages go direct")
+            return page_pulls.direct(cache, mine, theirs[0], sources[0][0], source, target, begin, count)
         # A sender that serves writes this cache's page order, unless both pools place a request's bytes
         # alike: then a direct READ takes as few descriptors, with no pass on either side.
         if ask or (ask is None and not _same_geometry(mine, theirs)):

@@ -7,7 +7,8 @@ through its caches' gather. Every value is checked bitwise against nixl_peer.val
     contiguous, stacked, lazy), and the descriptors of a pair whose bytes line up merge into one per
     layer and K or V;
   - tensor parallelism 2 -> 1, 1 -> 2 and 4 -> 2 (five processes), over one layout and across layouts;
-  - bf16 -> int8 on arrival, and bf16 -> fp32 (staged, then the cache's own append);
+  - bf16 -> int8 on arrival, and bf16 -> fp32 (staged, then the cache's own append); an int8 cache's
+    whole pages (codes and their scales) from another of its variant, bitwise as this process's append;
   - three pulls in flight at once into one cache, with no mixing;
   - refusals, each naming its field, with the target pool's bytes unchanged; and a pull abandoned on
     its timeout, after which the same pull completes whole.
@@ -32,7 +33,7 @@ pytest.importorskip("nixl_cu13", reason="NIXL is not installed (tools/setup inst
 from conftest import quantization_bound, variants_where  # noqa: E402
 from kvforge.nixl import Placement  # noqa: E402
 from kvforge.torch_dtypes import TORCH_DTYPES  # noqa: E402
-from nixl_peer import value  # noqa: E402
+from nixl_peer import value, write_request  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COUNT = 50  # positions per request: several pages of 16, within the tiny model's 64
@@ -230,6 +231,24 @@ def test_another_dtype_arrives_through_the_caches_own_append(peers):
         report = agent.pull([("p0", LAYOUTS[source].name)], variant, COUNT, source_of(LAYOUTS[source], source), target)
         assert report["how"] == "staged"
         assert_holds(cache, target, source)
+
+
+def test_a_quantized_cache_pulls_whole_pages_from_its_own_variant(peers):
+    agent, _ = peers
+    variant = "deepspeed_blocked.tiny.int8_in_bf16"  # p0's "quantized": request 7 on its page 1
+    cache, reference = kvforge.create(variant, pages=4), kvforge.create(variant, pages=4)
+    agent.register("same_int8", cache)
+    target = Placement(pages=[2])
+    report = agent.pull([("p0", "quantized")], "same_int8", COUNT, Placement(pages=[1]), target)
+    assert (report["how"], report["descriptors"]) == ("direct", cache.descriptor.layers)
+    write_request(reference, 0, 7, {"pages": [2]}, COUNT)  # codes and scales as this process's append writes them
+    for layer in range(cache.descriptor.layers):
+        assert all(torch.equal(a, b) for a, b in zip(gathered(cache, layer, target), gathered(reference, layer, target)))
+    assert_holds(cache, target, 7)
+    with pytest.raises(kvforge.ArgumentError, match="begin: 10 is not a multiple of the page size 64"):
+        agent.pull([("p0", "quantized")], "same_int8", 20, Placement(pages=[1]), target, begin=10)
+    with pytest.raises(kvforge.UnsupportedError, match="a quantized source's pages go direct"):
+        agent.pull([("p0", "quantized")], "same_int8", COUNT, Placement(pages=[1]), target, prepared=True)
 
 
 def test_three_pulls_in_flight_do_not_mix(peers):
