@@ -53,6 +53,47 @@ def same_pages(mine, theirs):
         and page_bytes(mine) is not None
 
 
+def same_codes(mine, d):
+    """Whether a sender's codes mean in this cache what they mean in the sender's once both per-tensor
+    scales agree (check_tensor_scales): the same storage dtype, static per-tensor scales on both sides."""
+    return mine["quant"] == d["quant"] == "per_tensor" and mine["storage"] == d["storage"] and \
+        None not in (mine["tensor_scales"], d["tensor_scales"])
+
+
+def check_tensor_scales(agent, cache, mine, d, peer, timeout=10.0):
+    """READs the sender's per-tensor scales (one descriptor, 8 bytes a layer) and raises ArgumentError naming
+    `scales` unless each equals this cache's: codes under another scale are other values."""
+    size = 8 * mine["layers"]
+    area = agent._take_staging(size, torch.device("cpu"))
+    try:
+        nixl = agent._nixl
+        local = nixl.get_xfer_descs(np.array([[area[0].data_ptr(), size, 0]], dtype=np.uint64), "DRAM")
+        remote = nixl.get_xfer_descs(np.array([[d["tensor_scales"], size, d["device_id"]]], dtype=np.uint64),
+                                     d["device"])
+        with agent._lock:
+            handle = nixl.initialize_xfer("READ", local, remote, peer)
+            state = nixl.transfer(handle)
+        deadline = time.monotonic() + timeout
+        while state == "PROC" and time.monotonic() < deadline:
+            with agent._lock:
+                state = nixl.check_xfer_state(handle)
+        if state != "DONE":
+            raise kvforge.BackendError(f"nixl: reading {peer}'s scales ended {state}; nothing was read into the pool")
+        handle.release()
+        theirs = area[0][:size].view(torch.float32).view(-1, 2)
+        for layer in range(mine["layers"]):
+            view = cache.view(layer)
+            for kv, side in enumerate("KV"):
+                scale = torch.from_dlpack(view[f"{side.lower()}_scales"])
+                want = float(scale[(0,) * scale.dim()])
+                if float(theirs[layer, kv]) != want:
+                    raise kvforge.ArgumentError(f"scales: {d['name']}'s {side} scale of layer {layer} is "
+                                                f"{float(theirs[layer, kv])!r}, this cache's {want!r}; codes under "
+                                                f"another scale are other values")
+    finally:
+        agent._spare.append(area)
+
+
 def direct(cache, mine, theirs, peer, source, target, begin, count):
     """The plan of a pull of whole pages from a cache of this variant (same_pages): a descriptor per layer
     per run of pages consecutive on both sides."""

@@ -40,13 +40,20 @@ def _describe(cache, rank):
         layers.append([k.data_ptr(), v.data_ptr()])
     strides = list(k.stride()[:3])  # [row or page, position or slot, head], in elements; dim is contiguous
     buffers = [[t.data_ptr(), t.numel()] for t in (torch.from_dlpack(b) for b in cache.buffers())]
+    # Static per-tensor scales (vLLM's k_scale, v_scale): fp32 [layers, K/V] at one address, which a
+    # receiver of the same codes reads to check that they mean the same values.
+    scales = None
+    if d.quant == "per_tensor":
+        at = [torch.from_dlpack(cache.view(layer)[side]).data_ptr() for layer in range(d.layers)
+              for side in ("k_scales", "v_scales")]
+        scales = at[0] if at == [at[0] + 4 * i for i in range(len(at))] else None
     return {"name": d.name, "model": d.shard_of, "layers": d.layers, "heads": d.heads, "model_heads": d.model_heads,
             "head_dim": d.head_dim, "storage": d.storage, "input": d.input, "quant": d.quant, "paged": d.paged,
             "page_size": d.page_size, "extent": [k.shape[0], k.shape[1]], "element_bytes": k.element_size(),
             "axes": list(d.axes), "lazy": d.lazy, "scales": d.scale_placement,
             "tp": d.tensor_parallel, "rank": rank, "heads_of_rank": list(d.shard_heads(rank)),
             "device": "VRAM" if k.device.type == "cuda" else "DRAM", "device_id": max(k.get_device(), 0),
-            "strides": strides, "addresses": layers, "buffers": buffers}
+            "strides": strides, "addresses": layers, "buffers": buffers, "tensor_scales": scales}
 
 
 def _check_pair(mine, theirs):
@@ -62,7 +69,7 @@ def _check_pair(mine, theirs):
         if d["rank"] != rank:
             raise kvforge.ArgumentError(f"sources[{rank}]: that cache is rank {d['rank']}; list the sources in rank "
                                         f"order")
-        if d["quant"] != "none" and not page_pulls.same_pages(mine, theirs):
+        if d["quant"] != "none" and not page_pulls.same_pages(mine, theirs) and not page_pulls.same_codes(mine, d):
             raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}); "
                                            f"pulls read float sources, or the whole pages of one sender of this "
                                            f"cache's own variant whose pages are blocks")

@@ -323,10 +323,13 @@ class Agent:
         positions = np.arange(begin, begin + count, dtype=np.int64)
         src_place = _places("source", theirs[0], source, positions)
         dst_place = _places("target", mine, target, positions)
-        if theirs[0]["quant"] != "none":  # one sender of this variant (_check_pair): its pages move whole
+        if theirs[0]["quant"] != "none":  # whole pages of this variant, or codes under equal per-tensor scales
             if ask:
-                raise kvforge.UnsupportedError("prepared: no prepared pull: a quantized source's pages go direct")
-            return page_pulls.direct(cache, mine, theirs[0], sources[0][0], source, target, begin, count)
+                raise kvforge.UnsupportedError("prepared: no prepared pull: a quantized source's codes go direct")
+            if page_pulls.same_pages(mine, theirs):
+                return page_pulls.direct(cache, mine, theirs[0], sources[0][0], source, target, begin, count)
+            for rank, d in enumerate(theirs):
+                page_pulls.check_tensor_scales(self, cache, mine, d, sources[rank][0])
         # A sender that serves writes this cache's page order, unless both pools place a request's bytes
         # alike: then a direct READ takes as few descriptors, with no pass on either side.
         if ask or (ask is None and not _same_geometry(mine, theirs)):
@@ -342,7 +345,8 @@ class Agent:
         sizes = dict(grid, kv=2, head=mine["heads"])
         shape = (mine["layers"],) + tuple(sizes[axis] for axis in order) + (mine["head_dim"],)
         layer_bytes = int(np.prod(shape[1:])) * element_bytes
-        may_go_direct = mine["storage"] == first["storage"] and mine["quant"] == "none"
+        codes = first["quant"] != "none"  # checked above: they mean here what they mean there
+        may_go_direct = mine["storage"] == first["storage"] and (mine["quant"] == "none" or codes)
         pieces = kvforge.shard_pieces(mine["model_heads"], len(theirs), mine["tp"])
         direct, staged = [], []
         for sender, receiver, head_begin, head_end in pieces:
@@ -364,7 +368,7 @@ class Agent:
         # (NHD pages into HND ones: a run per position and head, against one per page).
         runs = lambda pieces: sum(len(p[3][2]) for p in pieces)  # noqa: E731
         staging, area = None, None
-        if may_go_direct and runs(direct) <= 2 * runs(staged):
+        if may_go_direct and (codes or runs(direct) <= 2 * runs(staged)):
             chosen = direct
         else:
             area = self._take_staging(int(np.prod(shape)) * element_bytes,

@@ -8,7 +8,8 @@ through its caches' gather. Every value is checked bitwise against nixl_peer.val
     layer and K or V;
   - tensor parallelism 2 -> 1, 1 -> 2 and 4 -> 2 (five processes), over one layout and across layouts;
   - bf16 -> int8 on arrival, and bf16 -> fp32 (staged, then the cache's own append); an int8 cache's
-    whole pages (codes and their scales) from another of its variant, bitwise as this process's append;
+    whole pages (codes and their scales) from another of its variant, and fp8 codes under equal
+    per-tensor scales, both bitwise as this process's append; fp8 under another scale refused;
   - three pulls in flight at once into one cache, with no mixing;
   - refusals, each naming its field, with the target pool's bytes unchanged; and a pull abandoned on
     its timeout, after which the same pull completes whole.
@@ -107,6 +108,8 @@ def peer_plans():
     plans["p0"].append({"key": "three", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 12,
                         "requests": [[100 + r, {"pages": [3 * r + 2, 3 * r, 3 * r + 1, 11 - r]}, COUNT]
                                      for r in range(3)]})
+    plans["p0"].append({"key": "fp8", "variant": "vllm_paged_nhd.tiny.fp8_e4m3_in_bf16", "pages": 8,
+                        "requests": [[11, {"pages": [7, 6, 5, 4]}, COUNT]]})
     plans["p0"].append({"key": "quantized", "variant": "deepspeed_blocked.tiny.int8_in_bf16", "pages": 2,
                         "requests": [[7, {"pages": [1]}, COUNT]]})
     plans["p0"].append({"key": "tp1", "variant": TP[1], "pages": 8, "requests": [[42, {"pages": TP_PAGES}, COUNT]]})
@@ -247,8 +250,28 @@ def test_a_quantized_cache_pulls_whole_pages_from_its_own_variant(peers):
     assert_holds(cache, target, 7)
     with pytest.raises(kvforge.ArgumentError, match="begin: 10 is not a multiple of the page size 64"):
         agent.pull([("p0", "quantized")], "same_int8", 20, Placement(pages=[1]), target, begin=10)
-    with pytest.raises(kvforge.UnsupportedError, match="a quantized source's pages go direct"):
+    with pytest.raises(kvforge.UnsupportedError, match="a quantized source's codes go direct"):
         agent.pull([("p0", "quantized")], "same_int8", COUNT, Placement(pages=[1]), target, prepared=True)
+
+
+def test_fp8_codes_under_equal_per_tensor_scales_go_direct(peers):
+    agent, _ = peers
+    variant = "vllm_paged_nhd.tiny.fp8_e4m3_in_bf16"  # p0's "fp8": request 11, its K and V scales 1
+    cache, reference = kvforge.create(variant, pages=8), kvforge.create(variant, pages=8)
+    agent.register("fp8", cache)
+    target = Placement(pages=[6, 0, 3, 2])
+    report = agent.pull([("p0", "fp8")], "fp8", COUNT, Placement(pages=[7, 6, 5, 4]), target)
+    assert report["how"] == "direct"
+    write_request(reference, 0, 11, {"pages": target.pages.tolist()}, COUNT)
+    for layer in range(cache.descriptor.layers):
+        assert all(torch.equal(a, b) for a, b in zip(gathered(cache, layer, target), gathered(reference, layer, target)))
+    # Another V scale in layer 1 here: the sender's codes would mean other values. Refused, pool untouched.
+    torch.from_dlpack(cache.view(1)["v_scales"]).fill_(2.0)
+    cache.reset()
+    before = pool_bytes(cache)
+    with pytest.raises(kvforge.ArgumentError, match=r"scales: .*'s V scale of layer 1 is 1.0, this cache's 2.0"):
+        agent.pull([("p0", "fp8")], "fp8", COUNT, Placement(pages=[7, 6, 5, 4]), target)
+    assert all(torch.equal(a, b) for a, b in zip(before, pool_bytes(cache)))
 
 
 def test_three_pulls_in_flight_do_not_mix(peers):
