@@ -176,6 +176,9 @@ TEST(BlockHash, VllmSchemeKeysBlocksAsVllmDoes) {
   // The default seed is vLLM's default, and the kvforge scheme keys the same blocks otherwise.
   EXPECT_NE(BlockHasher(BlockHashScheme::vllm_sha256_cbor).none_hash(), pool.manager->hasher().none_hash());
   EXPECT_NE(BlockHasher().next({}, 0, prompt.data(), 16).key, 7876691182959014722ULL);
+  SequenceManagerOptions bad;
+  bad.block_hash = BlockHashScheme(7);
+  EXPECT_THROW(Pool(4, bad), OutOfRangeError);
 }
 
 }  // namespace

@@ -28,6 +28,8 @@ const SequenceManagerOptions& checked(const SequenceManagerOptions& o) {
   if (o.disk_blocks > 0 && o.host_blocks == 0)
     throw ArgumentError("options.disk_blocks", "blocks reach the disk tier from the host tier: give options.host_blocks too");
   if (o.read_ahead_blocks < 0) throw OutOfRangeError("options.read_ahead_blocks", o.read_ahead_blocks, 0, INT32_MAX, -1, "0: none");
+  if (o.block_hash != BlockHashScheme::kvforge && o.block_hash != BlockHashScheme::vllm_sha256_cbor)
+    throw OutOfRangeError("options.block_hash", int(o.block_hash), 0, 2, -1, "0: kvforge, 1: vllm_sha256_cbor");
   if (o.default_priority < kMinPriority || o.default_priority > kMaxPriority)
     throw OutOfRangeError("options.default_priority", o.default_priority, kMinPriority, kMaxPriority + 1);
   return o;
