@@ -9,6 +9,11 @@ page j to the receiver's pages[j], so the receiver's READs take one descriptor p
 pages, per layer, and copy each byte once, as a raw READ does. The sender must have the receiver's variant
 built (its registry, or kvforge.variant); it holds the request in that variant until the last layer is
 read.
+
+Quantized sources go direct, with no conversion: whole pages into a cache of their own variant whose pages
+are blocks (same_pages, direct), or codes under static per-tensor scales into any layout of that storage
+dtype, once the receiver has checked the sender's scales against its own (same_codes,
+check_tensor_scales).
 """
 
 import time
@@ -77,7 +82,10 @@ def check_tensor_scales(agent, cache, mine, d, peer, timeout=10.0):
         while state == "PROC" and time.monotonic() < deadline:
             with agent._lock:
                 state = nixl.check_xfer_state(handle)
-        if state != "DONE":
+        if state != "DONE":  # a READ NIXL could not finish may still write into the area: it is parked
+            agent._abandoned.append(([handle], area[0], area[1]))
+            agent._release_abandoned()
+            area = None
             raise kvforge.BackendError(f"nixl: reading {peer}'s scales ended {state}; nothing was read into the pool")
         handle.release()
         theirs = area[0][:size].view(torch.float32).view(-1, 2)
@@ -91,7 +99,8 @@ def check_tensor_scales(agent, cache, mine, d, peer, timeout=10.0):
                                                 f"{float(theirs[layer, kv])!r}, this cache's {want!r}; codes under "
                                                 f"another scale are other values")
     finally:
-        agent._spare.append(area)
+        if area is not None:
+            agent._spare.append(area)
 
 
 def direct(cache, mine, theirs, peer, source, target, begin, count):
