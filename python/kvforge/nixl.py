@@ -13,9 +13,12 @@ strides of the cache's own views (Cache.view), so the addresses are the runtime'
 receiver builds NIXL descriptors from both placements, a run of head_dim values per (layer, K or V,
 position, head), merges runs adjacent on both sides, and READs them:
   - direct, into its own pool, where the bytes map one to one (the same storage dtype, unquantized);
+  - prepared, where the sender serves: it writes the receiver's page order (_nixl_prepared.py), or for
+    another dtype its pages through a scratch cache of the receiver's variant (_nixl_pages.py);
   - through a staging area otherwise (another float dtype, or a quantizing receiver): the source's values
     arrive in a dense [positions, heads, head_dim] buffer and the cache's own append converts them.
-A quantized source is refused: its codes and scales would need the source's scale layout.
+A quantized source goes direct only into a cache whose codes mean the same (_nixl_pages.py: its own
+variant's whole pages, or codes under equal per-tensor scales); otherwise it is refused.
 
 Every check runs before anything is read: a pair of caches that disagree is refused naming the field.
 """
