@@ -158,14 +158,15 @@ class PageServing:
                 raise kvforge.ArgumentError(f"{field}: {variant} needs {want!r}, the request has {have!r}")
         self.area = take_scratch(agent, variant, pages)
         scratch = self.area[0]
-        described = {"paged": theirs.paged, "axes": list(theirs.axes), "lazy": theirs.lazy,
-                     "scales": theirs.scale_placement, "element_bytes": self._element(scratch),
-                     "strides": [torch.from_dlpack(scratch.view(0)["k"]).stride()[0]]}
-        if page_bytes(described) != int(head["page_bytes"]):
+        self.page_bytes = page_bytes(plans._describe(scratch, 0))  # any rank: pages are alike
+        if self.page_bytes != int(head["page_bytes"]):
             give_back(agent, self.area)
-            raise kvforge.ArgumentError(f"page_bytes: {variant}'s pages here take {page_bytes(described)} bytes, "
+            raise kvforge.ArgumentError(f"page_bytes: {variant}'s pages here take {self.page_bytes} bytes, "
                                         f"the receiver's {head['page_bytes']}")
-        self.scratch = scratch
+        self.scratch, self.pages = scratch, pages
+        # The pool as bytes: a reused scratch's last page still holds a former request's positions past this
+        # one's end, which must arrive as zeros, as in a fresh pool.
+        self.pool = torch.from_dlpack(scratch.buffers()[0]).view(torch.uint8)
         self.input = TORCH_DTYPES[theirs.input]
         self.slots = torch.arange(self.tokens, dtype=torch.int64)
         self.layers, self.next, self.read, self.last = theirs.layers, 0, set(), time.monotonic()
@@ -175,10 +176,6 @@ class PageServing:
             give_back(agent, self.area)
             raise
 
-    @staticmethod
-    def _element(cache):
-        return torch.from_dlpack(cache.view(0)["k"]).element_size()
-
     def write(self, layer):
         mine = self.cache.descriptor
         k, v = gather_buffers(self.agent, mine, self.tokens)
@@ -187,9 +184,13 @@ class PageServing:
         else:
             self.cache.gather(layer, k, v, row=self.row, begin=0, end=self.tokens)
         heads = slice(self.head_offset, self.head_offset + self.heads)
+        base = torch.from_dlpack(self.scratch.view(layer)["k"]).data_ptr()
+        if self.tokens < self.pages * self.scratch.descriptor.page_size:
+            last = base - self.pool.data_ptr() + (self.pages - 1) * self.page_bytes
+            self.pool[last:last + self.page_bytes].zero_()
         self.scratch.append(layer, k[heads].transpose(0, 1).to(self.input), v[heads].transpose(0, 1).to(self.input),
                             slots=self.slots)
-        head = {"id": self.id, "layer": layer, "at": torch.from_dlpack(self.scratch.view(layer)["k"]).data_ptr()}
+        head = {"id": self.id, "layer": layer, "at": base}
         if layer == 0:  # the scratch's registration, which the receiver's copy of this agent's metadata lacks
             head["ring"] = self.agent._nixl.get_partial_agent_metadata(self.area[1], False).hex()
         self.agent._nixl.send_notif(self.peer, prepared.encode(b"L", head))

@@ -97,6 +97,21 @@ TP_FP32 = {4: "deepspeed_blocked.tiny_tp_tp4.fp32", 2: "flashinfer_paged_hnd.tin
 TP_PAGES = [5, 2, 6, 1]
 
 
+# Quantized tiny variants, by property: one under static per-tensor scales (vLLM's fp8), and one whose pages
+# are each one block of a layer with its scales inside (pages of more than one slot, so that a begin can
+# fall inside one). Request PER_TENSOR_REQUEST / BLOCKS_REQUEST on the sender's pages SOURCE_PAGES(d).
+PER_TENSOR = next(d for d in variants_where(model="tiny", hybrid=False) if d.paged and d.quant == "per_tensor")
+BLOCKS = next(d for d in variants_where(model="tiny", hybrid=False)
+              if d.paged and d.quantized and d.scale_placement == "in_page" and not d.lazy and d.page_size > 1
+              and [a for a in d.axes if a != "layer"][0] == "page" and ("layer" not in d.axes or d.axes[0] == "layer"))
+
+
+def source_pages(d):
+    """The sender's pages of a request in a quantized cache of 2 x pages_needed(d) pages: the upper half,
+    descending."""
+    return [2 * pages_needed(d) - 1 - i for i in range(pages_needed(d))]
+
+
 def peer_plans():
     """Four sending processes. p0: every tiny layout (request i in layout i), three requests in one cache,
     an int8 cache; each pN: its rank of the tp-4 groups, p0 and p1 their rank of the tp-2 group, p0 the
@@ -108,10 +123,9 @@ def peer_plans():
     plans["p0"].append({"key": "three", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 12,
                         "requests": [[100 + r, {"pages": [3 * r + 2, 3 * r, 3 * r + 1, 11 - r]}, COUNT]
                                      for r in range(3)]})
-    plans["p0"].append({"key": "fp8", "variant": "vllm_paged_nhd.tiny.fp8_e4m3_in_bf16", "pages": 8,
-                        "requests": [[11, {"pages": [7, 6, 5, 4]}, COUNT]]})
-    plans["p0"].append({"key": "quantized", "variant": "deepspeed_blocked.tiny.int8_in_bf16", "pages": 2,
-                        "requests": [[7, {"pages": [1]}, COUNT]]})
+    for key, d, request in (("fp8", PER_TENSOR, 11), ("quantized", BLOCKS, 7)):
+        plans["p0"].append({"key": key, "variant": d.name, "pages": 2 * pages_needed(d),
+                            "requests": [[request, {"pages": source_pages(d)}, COUNT]]})
     plans["p0"].append({"key": "tp1", "variant": TP[1], "pages": 8, "requests": [[42, {"pages": TP_PAGES}, COUNT]]})
     for rank in range(4):
         for key, variant in (("tp4", TP[4]), ("tp4_fp32", TP_FP32[4])):
@@ -238,29 +252,30 @@ def test_another_dtype_arrives_through_the_caches_own_append(peers):
 
 def test_a_quantized_cache_pulls_whole_pages_from_its_own_variant(peers):
     agent, _ = peers
-    variant = "deepspeed_blocked.tiny.int8_in_bf16"  # p0's "quantized": request 7 on its page 1
-    cache, reference = kvforge.create(variant, pages=4), kvforge.create(variant, pages=4)
+    d, n = BLOCKS, pages_needed(BLOCKS)  # p0's "quantized": request 7
+    cache, reference = kvforge.create(d.name, pages=2 * n + 1), kvforge.create(d.name, pages=2 * n + 1)
     agent.register("same_int8", cache)
-    target = Placement(pages=[2])
-    report = agent.pull([("p0", "quantized")], "same_int8", COUNT, Placement(pages=[1]), target)
-    assert (report["how"], report["descriptors"]) == ("direct", cache.descriptor.layers)
-    write_request(reference, 0, 7, {"pages": [2]}, COUNT)  # codes and scales as this process's append writes them
-    for layer in range(cache.descriptor.layers):
+    source, target = Placement(pages=source_pages(d)), Placement(pages=[2 * n - i for i in range(n)])
+    report = agent.pull([("p0", "quantized")], "same_int8", COUNT, source, target)
+    # Pages descending on both sides: one descriptor a page and layer.
+    assert (report["how"], report["descriptors"]) == ("direct", n * d.layers)
+    write_request(reference, 0, 7, {"pages": target.pages.tolist()}, COUNT)  # codes and scales as this process writes them
+    for layer in range(d.layers):
         assert all(torch.equal(a, b) for a, b in zip(gathered(cache, layer, target), gathered(reference, layer, target)))
     assert_holds(cache, target, 7)
-    with pytest.raises(kvforge.ArgumentError, match="begin: 10 is not a multiple of the page size 64"):
-        agent.pull([("p0", "quantized")], "same_int8", 20, Placement(pages=[1]), target, begin=10)
+    with pytest.raises(kvforge.ArgumentError, match=f"begin: 1 is not a multiple of the page size {d.page_size}"):
+        agent.pull([("p0", "quantized")], "same_int8", COUNT - 1, source, target, begin=1)
     with pytest.raises(kvforge.UnsupportedError, match="a quantized source's codes go direct"):
-        agent.pull([("p0", "quantized")], "same_int8", COUNT, Placement(pages=[1]), target, prepared=True)
+        agent.pull([("p0", "quantized")], "same_int8", COUNT, source, target, prepared=True)
 
 
 def test_fp8_codes_under_equal_per_tensor_scales_go_direct(peers):
     agent, _ = peers
-    variant = "vllm_paged_nhd.tiny.fp8_e4m3_in_bf16"  # p0's "fp8": request 11, its K and V scales 1
-    cache, reference = kvforge.create(variant, pages=8), kvforge.create(variant, pages=8)
+    d, n = PER_TENSOR, pages_needed(PER_TENSOR)  # p0's "fp8": request 11, its K and V scales 1
+    cache, reference = kvforge.create(d.name, pages=2 * n), kvforge.create(d.name, pages=2 * n)
     agent.register("fp8", cache)
-    target = Placement(pages=[6, 0, 3, 2])
-    report = agent.pull([("p0", "fp8")], "fp8", COUNT, Placement(pages=[7, 6, 5, 4]), target)
+    source, target = Placement(pages=source_pages(d)), Placement(pages=[2 * i for i in range(n)])
+    report = agent.pull([("p0", "fp8")], "fp8", COUNT, source, target)
     assert report["how"] == "direct"
     write_request(reference, 0, 11, {"pages": target.pages.tolist()}, COUNT)
     for layer in range(cache.descriptor.layers):
@@ -270,7 +285,7 @@ def test_fp8_codes_under_equal_per_tensor_scales_go_direct(peers):
     cache.reset()
     before = pool_bytes(cache)
     with pytest.raises(kvforge.ArgumentError, match=r"scales: .*'s V scale of layer 1 is 1.0, this cache's 2.0"):
-        agent.pull([("p0", "fp8")], "fp8", COUNT, Placement(pages=[7, 6, 5, 4]), target)
+        agent.pull([("p0", "fp8")], "fp8", COUNT, source, target)
     assert all(torch.equal(a, b) for a, b in zip(before, pool_bytes(cache)))
 
 

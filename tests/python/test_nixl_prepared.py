@@ -8,7 +8,8 @@ test_nixl.py checks the other paths, against nixl_peer.value:
   - into every quantized or other-dtype paged variant of the tiny model: those whose pages are each one
     block of a layer (pages mode) get whole pages that the sender's scratch cache of their own variant
     quantized, the others stage; either way the values equal bitwise what this process's own append of
-    the same values gives, and pages outside the request are untouched;
+    the same values gives, and pages outside the request are untouched; a shorter request after a longer
+    one, through the same spare scratch, leaves its last page as a fresh pool's append would;
   - MLA records between vLLM's pages of 16 and FlashMLA's of 64, both ways;
   - a hybrid model's state slot, pulled whole in one READ, against the sender's value function, and
     refused where the two records differ;
@@ -196,6 +197,19 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
                 assert torch.equal(got, want), f"{d.name} layer {layer}"
         assert_holds(cache, place, nhd)
         assert others_unchanged(cache, before, place), d.name
+    # A shorter request after a longer one, through the same spare scratch: its last page's positions past
+    # its end arrive as a fresh pool's bytes, never the former request's.
+    for d in [d for d in targets if page_pulls.page_bytes(published(d)) is not None]:
+        cache, reference = kvforge.create(d.name, pages=8), kvforge.create(d.name, pages=8)
+        agent.register(f"short_{d.name}", cache)
+        short = Placement(pages=[1])
+        agent.pull([("s0", source.name)], f"short_{d.name}", COUNT, source_of(source, nhd), place)
+        agent.pull([("s0", source.name)], f"short_{d.name}", 5, source_of(source, nhd), short)
+        write_request(reference, 0, nhd, {"pages": [1]}, 5)
+        size = page_pulls.page_bytes(published(d))
+        for layer in range(d.layers):
+            got, want = (page_of(c, layer, 1, size) for c in (cache, reference))
+            assert torch.equal(got, want), f"{d.name} layer {layer}: page 1 is not what a fresh pool's append writes"
     # The sender checks what a receiver asks for before it takes memory: a page size it does not have.
     hnd = next(d for d in targets if page_pulls.page_bytes(published(d)) is not None)
     plan = agent._plan([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, 0, True)
@@ -211,6 +225,13 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
         assert agent.pull([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place)["how"] == "staged"
     finally:
         agent._peers["s0"][source.name]["built"] = built
+
+
+def page_of(cache, layer, page, size):
+    """The bytes of one page of a layer, where a page is one block of them."""
+    pool = torch.from_dlpack(cache.buffers()[0]).view(torch.uint8)
+    at = torch.from_dlpack(cache.view(layer)["k"]).data_ptr() - pool.data_ptr() + page * size
+    return pool[at:at + size].clone()
 
 
 def published(d):
