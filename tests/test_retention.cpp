@@ -1,7 +1,7 @@
 // Retention priorities and KV events of the sequence manager's prefix cache: what survives a flood,
 // when a priority's time runs out, what reset_prefix_cache refuses, and the events of each step
 // against what the test itself knows it stored and evicted. Block hashes: SHA-256 against FIPS 180-2's
-// published examples, and vLLM's construction against hashes a vLLM deployment published.
+// published examples, and vLLM's construction against hashes recorded from vLLM v0.17.0's own code.
 #include "support.hpp"
 
 namespace kvtest {
@@ -151,7 +151,7 @@ TEST(BlockHash, Sha256GivesFips180sExamples) {
   EXPECT_EQ(of(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
-// Hashes that a vLLM v0.17 deployment published for PYTHONHASHSEED=0, sha256_cbor and 16-token blocks
+// Hashes recorded from vLLM v0.17.0's own code for PYTHONHASHSEED=0, sha256_cbor and 16-token blocks
 // (loxilb-inference-gateway's kv_hash_vectors.json): its NONE_HASH, and two chained blocks' integer
 // block hashes, as its KV events carry them.
 TEST(BlockHash, VllmSchemeKeysBlocksAsVllmDoes) {

@@ -2,7 +2,7 @@
 msgpack event batches through a random trace and holds exactly each instance's cached blocks, per
 medium (device and host tier), at every step; the block hashes it checks are computed here in plain
 Python from docs/memory.md, kvforge's construction or vLLM's (SHA-256 of canonical CBOR, RFC 8949,
-encoded here; and hashes a vLLM deployment published); its prefix lookups agree with each instance's own, and conversations
+encoded here; and hashes recorded from vLLM v0.17.0's own code); its prefix lookups agree with each instance's own, and conversations
 that return for another turn after other traffic come back from the host tier (the model-based C++
 test checks their K/V); a system prompt at priority 100 outlives a flood; bad ranges are refused by
 name."""
@@ -186,7 +186,7 @@ def test_the_packaged_hash_is_the_documented_one():
         kv_events.prompt_hashes(tokens, 16, scheme="md5")
 
 
-def test_vllm_hashes_are_those_a_vllm_deployment_published():
+def test_vllm_hashes_are_those_recorded_from_vllms_own_code():
     """vLLM v0.17, PYTHONHASHSEED=0, sha256_cbor, 16-token blocks (loxilb-inference-gateway's
     kv_hash_vectors.json): NONE_HASH, and two chained blocks' integer hashes as its events carry them."""
     assert VllmHash("0").none.hex() == "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
