@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     common(sp)
     backends(sp)
     registry_function(sp)
+    sp.add_argument("--one-cpu-level", action="store_true",
+                    help="no CPU kernel files for the wider x86-64 levels: each variant's file holds the kernels of "
+                         "the level it is compiled for only (an on-demand library, built for one machine)")
     sp.add_argument("--out", required=True, help="output folder")
     sp = sub.add_parser("check", help="fail if a folder differs from what the specs generate (stale generated/)")
     common(sp)
@@ -123,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                                                "kernels too (default: none, CPU only)")
     sp.add_argument("--cuda-archs", type=_csv, default=("90",), metavar="A,A",
                     help="the CUDA architectures to compile for, with --nvcc (default: 90)")
+    sp.add_argument("--cpu-level", type=int, default=vocab.CPU_BASE_LEVEL,
+                    choices=(vocab.CPU_BASE_LEVEL,) + vocab.CPU_WIDE_LEVELS,
+                    help="the x86-64 level the library's CPU kernels are built for: the level the asking process "
+                         f"runs at (default: {vocab.CPU_BASE_LEVEL}, which every x86-64 CPU kvforge serves runs)")
     sp.add_argument("--link", action="append", default=[], metavar="ITEM",
                     help="what the library links for the runtime (repeat; --link=ITEM for an ITEM starting with -): "
                          "the runtime archive, or a library holding it")
@@ -162,10 +169,10 @@ def _build_variant(args: argparse.Namespace) -> int:
         if compiler is None:
             raise on_demand.no_compiler(args.compiler, wanted)
         cuda = on_demand.cuda_of(args.nvcc, args.cuda_archs, wanted)
-        key = on_demand.key_of(layouts, model, args.include, compiler, args.link, cuda)
+        key = on_demand.key_of(layouts, model, args.include, compiler, args.link, cuda, args.cpu_level)
         path, registry_function = on_demand.library(layouts, model, wanted, key, compiler=compiler[0],
                                                     include=args.include, link=args.link,
-                                                    cuda=cuda and (cuda[0][0], cuda[1]))
+                                                    cuda=cuda and (cuda[0][0], cuda[1]), cpu_level=args.cpu_level)
     except on_demand.OnDemandError as e:
         # First line: the kind and the argument it names; then the message (a spec's: one error a line).
         print(f"{e.kind} {e.argument or '-'}", file=sys.stderr)
@@ -230,7 +237,8 @@ def main(argv: List[str] | None = None) -> int:
             print(name)
         return 0
     if args.command == "generate":
-        written = write_changed(render(variants, args.registry_function, _built(args)), args.out)
+        written = write_changed(render(variants, args.registry_function, _built(args),
+                                       () if args.one_cpu_level else vocab.CPU_WIDE_LEVELS), args.out)
         print(f"kvforge-codegen: {len(variants)} variants, {len(written)} file(s) changed in {args.out}")
         return 0
     if args.command == "check":

@@ -28,13 +28,12 @@ from . import vocab
 from .naming import variant_name
 
 CODEGEN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What the build gives every kernel file (cmake/kvforge.cmake's KVFORGE_KERNEL_OPTIONS), and the levels it
-# builds: the base file at x86-64-v2, <variant>.cpu_v<N>.cpp at level N.
+# What the build gives every kernel file (cmake/kvforge.cmake's KVFORGE_KERNEL_OPTIONS). A library is built
+# for one machine, so its files are compiled once, at the x86-64 level the asking process runs at (the
+# generator's --one-cpu-level), where the build compiles every level.
 FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-fPIC", "-fopenmp", "-fno-trapping-math")
 # What the build gives a CUDA kernel file (kvforge::runtime's CUDA options, CMake's position-independent code).
 NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "--extended-lambda", "--expt-relaxed-constexpr")
-_LEVEL_FILE = re.compile(r"\.cpu_v(\d+)\.cpp$")
-_BASE_LEVEL = 2
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -150,11 +149,12 @@ def compiler_identity(compiler: str) -> Optional[Tuple[str, str]]:
 
 
 def key_of(layouts: List[Dict], model: Dict, include: str, compiler: Tuple[str, str], link: Sequence[str],
-           cuda: Optional[Tuple[Tuple[str, str], Sequence[str]]] = None) -> str:
-    """cuda: (nvcc's identity, architectures) where the library gets CUDA kernels too."""
+           cuda: Optional[Tuple[Tuple[str, str], Sequence[str]]] = None, cpu_level: int = vocab.CPU_BASE_LEVEL) -> str:
+    """cuda: (nvcc's identity, architectures) where the library gets CUDA kernels too. cpu_level: the x86-64
+    level its CPU kernels are built for."""
     runtime = [(item, os.path.getmtime(item)) if os.path.isfile(item) else item for item in link]
     return hashlib.sha256(yaml.safe_dump([layouts, model], sort_keys=True).encode() +
-                          repr((_digest_of_sources(include), compiler, FLAGS, runtime,
+                          repr((_digest_of_sources(include), compiler, FLAGS, cpu_level, runtime,
                                 cuda and (cuda, NVCC_FLAGS))).encode()).hexdigest()
 
 
@@ -183,7 +183,7 @@ def _intact(entry: str, key: str) -> bool:
 
 
 def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_function: str, compiler: str,
-           include: str, link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]]) -> None:
+           include: str, link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]], cpu_level: int) -> None:
     """Generates the variant into a scratch folder beside `entry` and compiles it into entry/variants.so."""
     scratch = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(entry))
     try:
@@ -196,19 +196,18 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
         env = dict(os.environ, PYTHONPATH=CODEGEN + os.pathsep + os.environ.get("PYTHONPATH", ""))
         command = [sys.executable, "-m", "kvforge_codegen", "generate", "--layouts", os.path.join(scratch, "layouts"),
                    "--models", os.path.join(scratch, "models"), "--tuning", "--backends", "cpu,cuda" if cuda else "cpu",
-                   "--source-root", scratch, "--out", generated, "--registry-function", registry_function,
+                   "--source-root", scratch, "--out", generated, "--registry-function", registry_function, "--one-cpu-level",
                    "--layout", layouts[0]["name"]]  # a hybrid's members only as its members
         out = subprocess.run(command, capture_output=True, text=True, env=env)
         if out.returncode != 0:
             lines = [line for line in out.stderr.splitlines() if line.strip()]
             raise OnDemandError("spec", "\n".join(lines), lines=lines)
         sources = sorted(f for f in os.listdir(generated) if f.endswith(".cpp"))
-        # The base-level files (the variant's class and base kernels, and the registry) in one unit: the
-        # runtime's headers are parsed once for both, and the wider levels compile beside it.
-        base = [f for f in sources if not _LEVEL_FILE.search(f)]
-        with open(os.path.join(generated, "base_unit.cpp"), "w", encoding="utf-8") as f:
-            f.writelines(f'#include "{source}"\n' for source in base)
-        sources = ["base_unit.cpp"] + [f for f in sources if _LEVEL_FILE.search(f)]
+        # Every CPU file (the variant's class and kernels, and the registry) in one unit: the runtime's
+        # headers are parsed once.
+        with open(os.path.join(generated, "cpu_unit.cpp"), "w", encoding="utf-8") as f:
+            f.writelines(f'#include "{source}"\n' for source in sources)
+        sources = ["cpu_unit.cpp"]
         if cuda:
             sources += sorted(f for f in os.listdir(generated) if f.endswith(".cu"))
 
@@ -220,9 +219,7 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
                 _run([nvcc, *NVCC_FLAGS, *codes, "-I", generated, "-I", include, "-c", os.path.join(generated, source),
                       "-o", obj], f"compiling {source}")
                 return obj
-            match = _LEVEL_FILE.search(source)
-            level = int(match.group(1)) if match else _BASE_LEVEL
-            _run([compiler, *FLAGS, f"-march=x86-64-v{level}", "-I", generated, "-I", include, "-c",
+            _run([compiler, *FLAGS, f"-march=x86-64-v{cpu_level}", "-I", generated, "-I", include, "-c",
                   os.path.join(generated, source), "-o", obj], f"compiling {source}")
             return obj
 
@@ -244,10 +241,11 @@ builds = 0  # libraries this process built (not found on disk)
 
 
 def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler: str, include: str,
-            link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]] = None) -> Tuple[str, str]:
+            link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]] = None,
+            cpu_level: int = vocab.CPU_BASE_LEVEL) -> Tuple[str, str]:
     """(path of the library that holds `wanted`, its registry function): found in the cache, else built
     under a file lock, so that two processes asking for one key build it once. cuda: (nvcc, architectures)
-    to give it CUDA kernels too."""
+    to give it CUDA kernels too. cpu_level: the x86-64 level of its CPU kernels, the one key_of was given."""
     registry_function = f"kvforge_on_demand::registry_{key[:16]}"
     root = cache_dir()
     os.makedirs(root, exist_ok=True)
@@ -256,7 +254,7 @@ def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler
         with open(os.path.join(root, key[:32] + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process building this key finishes first
             if not _intact(entry, key):
-                _build(entry, layouts, model, key, registry_function, compiler, include, link, cuda)
+                _build(entry, layouts, model, key, registry_function, compiler, include, link, cuda, cpu_level)
                 global builds
                 builds += 1
     return os.path.join(entry, "variants.so"), registry_function

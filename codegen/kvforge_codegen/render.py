@@ -31,9 +31,15 @@ def registry_header(registry_function: str) -> str:
 SOURCES = "SOURCES.txt"
 
 
+def _per_variant(cpu_wide_levels: Sequence[int]):
+    """PER_VARIANT, with the files of the wider x86-64 levels kept only where `cpu_wide_levels` has them."""
+    return [entry for entry in PER_VARIANT if entry[3].get("level", 0) in (0, *cpu_wide_levels)]
+
+
 def output_names(variants: List[Variant], built: Sequence[str] = tuple(vocab.BACKENDS),
-                 registry_function: str = "kvforge::registry") -> List[str]:
-    names = [pattern.format(name=v.name) for v in variants for pattern, _, backend, _ in PER_VARIANT
+                 registry_function: str = "kvforge::registry",
+                 cpu_wide_levels: Sequence[int] = vocab.CPU_WIDE_LEVELS) -> List[str]:
+    names = [pattern.format(name=v.name) for v in variants for pattern, _, backend, _ in _per_variant(cpu_wide_levels)
              if backend is None or backend in built]
     return names + [pattern for pattern, _ in PER_SET] + [registry_header(registry_function), SOURCES]
 
@@ -44,16 +50,20 @@ def _environment() -> jinja2.Environment:
 
 
 def render(variants: List[Variant], registry_function: str = "kvforge::registry",
-           built: Sequence[str] = tuple(vocab.BACKENDS)) -> Dict[str, str]:
-    """Every file of the expansion, for the backends `built` (the committed generated/ has them all)."""
+           built: Sequence[str] = tuple(vocab.BACKENDS),
+           cpu_wide_levels: Sequence[int] = vocab.CPU_WIDE_LEVELS) -> Dict[str, str]:
+    """Every file of the expansion, for the backends `built` (the committed generated/ has them all).
+    cpu_wide_levels: the wider x86-64 levels that get CPU kernel files of their own; none (an on-demand
+    library, built for one machine) gives each variant's file the kernels of the level it is compiled
+    for only."""
     env = _environment()
     common = {"version": VERSION, "dtypes": vocab.DTYPES, "scale_dtypes": vocab.SCALE_DTYPES, "tunables": vocab.TUNABLES, "registry_function": registry_function,
               "backends": tuple(vocab.BACKENDS), "built": tuple(built),
-              "cpu_wide_levels": vocab.CPU_WIDE_LEVELS, "registry_header": registry_header(registry_function),
+              "cpu_wide_levels": tuple(cpu_wide_levels), "registry_header": registry_header(registry_function),
               "registry_symbol": "kvforge_registry__" + registry_function.replace("::", "__")}
     files: Dict[str, str] = {}
     for v in variants:
-        for pattern, template, backend, extra in PER_VARIANT:
+        for pattern, template, backend, extra in _per_variant(cpu_wide_levels):
             if backend is None or backend in built:
                 files[pattern.format(name=v.name)] = env.get_template(template).render(v=v, **common, **extra)
     for name, template in PER_SET:

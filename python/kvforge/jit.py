@@ -5,8 +5,8 @@
 
 The layout is a default layout's name, a spec file's path or a dict of a spec's fields; the model is the
 same, or an HF `PretrainedConfig`. The same codegen as the build expands that one variant, the C++
-compiler builds its CPU kernels into a shared library (every x86-64 level, picked at run time as in the
-build), and the library joins the registry, so that create(), describe() and KvforgeCache see it.
+compiler builds its CPU kernels into a shared library (for the x86-64 level this process runs at, in one
+compile), and the library joins the registry, so that create(), describe() and KvforgeCache see it.
 
 Libraries are cached on disk (KVFORGE_CACHE_DIR, else ~/.cache/kvforge), keyed by a hash of everything
 that shapes them: the specs, the dtypes, kvforge's codegen and runtime headers, the compiler, its flags
@@ -195,7 +195,8 @@ def variant(layout, model, dtype, input=None, *, window=None, name=None):
         cuda = on_demand.cuda_of(NVCC, CUDA_ARCHS.split(","), wanted)  # CUDA kernels too where the runtime has CUDA
         if cuda:
             link += [f"-L{CUDA_LIB}", "-lcudart", f"-Wl,-rpath,{CUDA_LIB}"]
-        key = on_demand.key_of(layouts, model_spec_, INCLUDE, compiler, link, cuda)
+        level = _native.cpu_level()  # the library's CPU kernels: the level this process runs at, only
+        key = on_demand.key_of(layouts, model_spec_, INCLUDE, compiler, link, cuda, level)
         if wanted in set(_native.variants()):
             # Registered already: a default asked for by name, or a library loaded before from these very specs.
             if (_defaults(layout, model) and name is None and window is None) or _built.get(wanted) == key:
@@ -203,7 +204,8 @@ def variant(layout, model, dtype, input=None, *, window=None, name=None):
             raise ArgumentError(f"name: {wanted} is registered already, from other specs; give the layout or the "
                                 f"model a name of its own (variant(..., name=...), or the model's `name`)")
         path, registry_function = on_demand.library(layouts, model_spec_, wanted, key, compiler=compiler[0],
-                                                    include=INCLUDE, link=link, cuda=cuda and (cuda[0][0], cuda[1]))
+                                                    include=INCLUDE, link=link, cuda=cuda and (cuda[0][0], cuda[1]),
+                                                    cpu_level=level)
     except on_demand.OnDemandError as e:
         raise _raised(e) from None
     names = _native.load_variants(path, registry_function)

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 
+#include "kvforge/cpu_level.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/variant_library.hpp"
 
@@ -98,7 +99,9 @@ OnDemandVariant variant(const OnDemandRequest& request, const OnDemandTools& too
 
   std::vector<std::string> argv = {tools.python, "-m", "kvforge_codegen", "build-variant", "--layout", request.layout,
                                    "--model", request.model, "--dtype", request.storage, "--include", tools.include,
-                                   "--compiler", tools.compiler};
+                                   "--compiler", tools.compiler,
+                                   // The library's CPU kernels: the level this process runs at, only.
+                                   "--cpu-level", std::to_string(cpu_level())};
   if (!tools.specs.empty()) argv.insert(argv.end(), {"--specs", tools.specs});
   if (!request.input.empty()) argv.insert(argv.end(), {"--input", request.input});
   if (request.window > 0) argv.insert(argv.end(), {"--window", std::to_string(request.window)});

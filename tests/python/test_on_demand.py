@@ -5,6 +5,7 @@ built in a cache folder of this test's own, checked against plain references.
   - HF models of dimensions no spec names (head_dim 80 with one KV head, 5 KV heads of 24, a sliding
     window of 5 through a ring, Gemma-2's local and global layers through a hybrid layout) generate the
     same tokens as transformers' DynamicCache;
+  - one compile at the level the process runs at: a library for x86-64-v2 uses no AVX register;
   - the disk cache: a second process loads without building, a corrupt library is rebuilt, two
     processes asking at once build once, and a bad spec or a missing compiler is refused by name.
 """
@@ -154,9 +155,9 @@ def test_a_cache_of_another_dtype_returns_the_models_dtype():
         kvforge.hf.KvforgeCache.from_model(model, input="bf16")
 
 
-def run_python(code):
+def run_python(code, **env):
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         env=dict(os.environ))
+                         env=dict(os.environ, **env))
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -182,6 +183,40 @@ def test_the_disk_cache_builds_once_serves_other_processes_and_rebuilds_a_corrup
         f.seek(100)
         f.write(b"\0" * 64)  # corrupt: never loaded, rebuilt
     assert run_python(ASK).split() == [name, "1"]
+
+
+AT_LEVEL = """
+    import numpy as np, kvforge
+    d = kvforge.variant("vllm_paged_nhd", {"name": "level9", "layers": 1, "kv_heads": 2, "head_dim": 16,
+                                           "max_seq_len": 32}, "fp32")
+    cache = kvforge.create(d.name, pages=2)
+    k = np.random.default_rng(0).standard_normal((5, 2, 16), dtype=np.float32)
+    cache.append(0, k, -k, slots=np.arange(5, dtype=np.int64))
+    out, out_v = np.zeros((2, 5, 16), np.float32), np.zeros((2, 5, 16), np.float32)
+    cache.gather(0, out, out_v, pages=np.array([0], np.int32), begin=0, end=5)
+    assert np.array_equal(out, k.transpose(1, 0, 2)) and np.array_equal(out_v, -out)
+    print(kvforge.cpu_level())
+"""
+
+
+def test_a_library_holds_the_kernels_of_the_level_its_process_runs_at():
+    # One compile, for the level the asking process runs at (KVFORGE_CPU_LEVEL narrows it): x86-64-v2's
+    # library uses no AVX register, so it runs on any CPU kvforge serves; the widest level's is another
+    # library, which does.
+    widest = kvforge.cpu_level()
+    root = kvforge.jit.cache_dir()
+    avx_registers = {}
+    for level in sorted({2, widest}):
+        before = set(os.listdir(root)) if os.path.isdir(root) else set()
+        assert run_python(AT_LEVEL, KVFORGE_CPU_LEVEL=str(level)).split() == [str(level)]
+        (entry,) = {e for e in os.listdir(root) if os.path.isdir(os.path.join(root, e))} - before
+        code = subprocess.run(["objdump", "-d", os.path.join(root, entry, "variants.so")], capture_output=True,
+                              text=True, check=True).stdout
+        avx_registers[level] = code.count("%ymm") + code.count("%zmm")
+    assert avx_registers[2] == 0
+    if widest == 2:
+        pytest.skip("this CPU runs x86-64-v2 only, so there is no wider level's library to compare")
+    assert avx_registers[widest] > 0, avx_registers
 
 
 def test_refusals_name_what_is_wrong(monkeypatch):
