@@ -8,7 +8,8 @@ from tiny configs made here (nothing downloaded):
   - MiMo-V2-Flash as transformers builds it, its sliding layers keeping twice the full layers' KV heads:
     from_model reads each layer's heads from one token through DynamicCache and builds, on demand, a
     member cache of vLLM's layout for each group of heads, and generates DynamicCache's tokens;
-  - append_record and gather_record move each head's K then V, which come back as torch wrote them;
+  - append_record and gather_record move each head's K then V, which come back as torch wrote them, and
+    lie in the pool where its views of K's and V's own widths ("k_part", "v_part") say;
   - refusals name the argument: a record of the wrong width, a variant of another width.
 """
 
@@ -81,6 +82,15 @@ def test_records_come_back_as_k_then_v_and_refusals_name_the_argument():
     cache.gather_record(1, out, pages=torch.arange(3, dtype=torch.int32), end=48)
     for t, slot in enumerate(slots.tolist()):
         assert torch.equal(out[:, slot, :20], k[t]) and torch.equal(out[:, slot, 20:], v[t]), t
+    # The same records in place, as SGLang's k_buffer and v_buffer shapes: views of the pool at page, slot.
+    view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if key in ("k_part", "v_part", "record")}
+    assert view["k_part"].shape == (3, 16, 2, 20) and view["v_part"].shape == (3, 16, 2, 12)
+    for t, slot in enumerate(slots.tolist()):
+        assert torch.equal(view["k_part"][slot // 16, slot % 16], k[t]), t
+        assert torch.equal(view["v_part"][slot // 16, slot % 16], v[t]), t
+        assert torch.equal(view["record"][slot // 16, slot % 16], torch.cat([k[t], v[t]], dim=-1)), t
+    # Where the layout splits the record (K's and V's halves apart), there is no record to view.
+    assert "record" not in kvforge.create("jetstream_contiguous.tiny_kv_widths.fp32", rows=1).view(0)
     with pytest.raises(kvforge.ShapeError, match=r"^record: .*20 \+ 12 = 32"):
         cache.append_record(0, torch.zeros(3, 2, 40), slots=slots[:3])
     with pytest.raises(kvforge.UnsupportedError, match="^latent: .*append_record"):

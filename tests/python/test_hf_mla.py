@@ -12,9 +12,11 @@ pass their cache as (kv_nope, k_rot). Random weights from tiny configs made here
   - an absorbed-MLA step written here the way vLLM computes it (queries absorbed through kv_b_proj,
     attention over the latent records kvforge gathers, values expanded after) reproduces HF's own
     logits, the prompt's and the next token's (at most 0.47 here): within 1e-5 over fp32 records, 2e-3 over
-    bf16 and 2e-2 over fp8 per-tensor codes (measured 1e-7, 3.3e-4 and 4.9e-3);
+    bf16 and 2e-2 over fp8 per-tensor codes (measured 1e-7, 3.3e-4 and 4.9e-3); and so it does reading
+    the records in place, as FlashInfer's MLA kernel does, from the "ckv" and "kpe" views at the page
+    table's pages (vLLM's pages of 16 and FlashMLA's of 64);
   - the record's bytes sit in the pool as vLLM's [blocks, block_size, kv_lora_rank + rope] tensor,
-    addressed here by that formula alone;
+    addressed here by that formula alone, and the views ("record", "ckv", "kpe") are that memory;
   - refusals name the argument: a record of the wrong width or dtype, and a K/V variant asked for one.
 """
 
@@ -120,18 +122,26 @@ def test_any_dimensions_on_demand_over_split_k_v_tensors(layout):
 
 
 class LatentStore:
-    """One sequence's latent records in a kvforge paged MLA cache, page i of the sequence in pool page i."""
+    """One sequence's latent records in a kvforge paged MLA cache, page i of the sequence in pool page
+    pages[i]. They are read back by gather_latent, or (in_place) where FlashInfer's MLA kernel reads them:
+    the "ckv" and "kpe" views of the pool, at the page table's pages."""
 
-    def __init__(self, variant, dtype):
+    def __init__(self, variant, dtype, in_place=False):
         self.cache = kvforge.create(variant, pages=4)
-        self.length, self.dtype = {}, dtype
-        self.pages = torch.arange(4, dtype=torch.int32)
+        self.length, self.dtype, self.in_place = {}, dtype, in_place
+        self.pages, self.page_size = torch.tensor([2, 0, 3, 1], dtype=torch.int32), self.cache.descriptor.page_size
 
     def append(self, layer, latent):  # latent [T, R + P]
         begin = self.length.get(layer, 0)
-        slots = torch.arange(begin, begin + latent.shape[0], dtype=torch.int64)
+        positions = torch.arange(begin, begin + latent.shape[0])
+        slots = self.pages[positions // self.page_size].long() * self.page_size + positions % self.page_size
         self.cache.append_latent(layer, latent.to(self.dtype)[:, None].contiguous(), slots=slots)
         self.length[layer] = begin + latent.shape[0]
+        if self.in_place:
+            view = self.cache.view(layer)
+            positions = torch.arange(self.length[layer])
+            page, slot = self.pages[positions // self.page_size].long(), positions % self.page_size
+            return torch.cat([torch.from_dlpack(view[part])[page, slot] for part in ("ckv", "kpe")], dim=-1).float()
         out = torch.empty(1, self.length[layer], latent.shape[1], dtype=self.dtype)
         self.cache.gather_latent(layer, out, pages=self.pages, end=self.length[layer])
         return out[0].float()
@@ -162,9 +172,11 @@ def absorbed_attention(attn, store, hidden_states, position_embeddings, *args, *
     return attn.o_proj(out.reshape(batch, new, heads * v_dim)), None
 
 
-@pytest.mark.parametrize("variant,bound", [("vllm_mla.tiny_mla.fp32", 1e-5), ("vllm_mla.tiny_mla.bf16", 2e-3),
-                                           ("vllm_mla.tiny_mla.fp8_e4m3_in_bf16", 2e-2)])
-def test_an_absorbed_mla_step_over_kvforge_records_gives_hf_logits(variant, bound):
+@pytest.mark.parametrize("variant,bound,in_place", [
+    ("vllm_mla.tiny_mla.fp32", 1e-5, False), ("vllm_mla.tiny_mla.bf16", 2e-3, False),
+    ("vllm_mla.tiny_mla.fp8_e4m3_in_bf16", 2e-2, False),
+    ("vllm_mla.tiny_mla.fp32", 1e-5, True), ("flashmla_paged.tiny_mla.bf16", 2e-3, True)])
+def test_an_absorbed_mla_step_over_kvforge_records_gives_hf_logits(variant, bound, in_place):
     m = deepseek_v3()
     prompt, step = [5, 17, 99, 3, 42, 8, 61], 23
     with torch.no_grad():
@@ -172,7 +184,7 @@ def test_an_absorbed_mla_step_over_kvforge_records_gives_hf_logits(variant, boun
         want = [m(torch.tensor([prompt]), cache=theirs).logits[0, -1],
                 m(torch.tensor([[step]]), cache=theirs).logits[0, -1]]
     d = kvforge.describe(variant)
-    store = LatentStore(variant, {"fp32": torch.float32, "bf16": torch.bfloat16}[d.input])
+    store = LatentStore(variant, {"fp32": torch.float32, "bf16": torch.bfloat16}[d.input], in_place)
     if d.quant == "per_tensor":  # one scale a half, for records within +-8 (kv_a_layernorm keeps them there)
         for layer in range(d.layers):
             store.cache.set_tensor_scale(layer, 8.0 / kvforge.quant_max(d.storage), 8.0 / kvforge.quant_max(d.storage))
@@ -199,6 +211,12 @@ def test_records_lie_in_the_pool_as_vllms_mla_tensor():
     pool = pool.view(5, page, width)
     for t, slot in enumerate(slots.tolist()):
         assert torch.equal(pool[slot // page, slot % page], latent[t, 0])
+    # The views engines hand their kernels are that memory: the record as vLLM's tensor (and FlashMLA's,
+    # with its one head), its parts as FlashInfer's ckv_cache and kpe_cache.
+    view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if key in ("record", "ckv", "kpe")}
+    assert view["record"].data_ptr() == start and torch.equal(view["record"][:, :, 0], pool)
+    assert view["ckv"].data_ptr() == start and torch.equal(view["ckv"], pool[..., :d.mla[0]])
+    assert torch.equal(view["kpe"], pool[..., d.mla[0]:])
 
 
 def test_refusals_name_the_argument():
