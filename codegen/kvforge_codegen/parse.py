@@ -173,11 +173,9 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
         if groups:
             diags.error(r.loc_of("linear_layers"), "linear_layers", "cannot be combined with layer_groups yet",
                         "one of linear_layers and layer_groups")
-        elif tensor_parallel:
-            diags.error(r.loc_of("tensor_parallel"), "tensor_parallel", "a model with linear_layers cannot be sharded yet",
-                        "no tensor_parallel")
         else:
-            linear = parse_linear_layers(r.fields["linear_layers"].value, layers, diags, _Reader, _shown) or linear
+            linear = parse_linear_layers(r.fields["linear_layers"].value, layers, diags, _Reader, _shown,
+                                         tensor_parallel) or linear
     if len(diags.errors) != before:
         return None
     # The K/V variants hold the attention layers: all of them but the linear ones.

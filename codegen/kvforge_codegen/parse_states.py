@@ -11,10 +11,12 @@ from .spec import LINEAR_FIELDS, STATE_PART_FIELDS, StatePartSpec
 from .yamlnodes import Value
 
 
-def parse_linear_layers(value: Value, layers: int, diags: Diagnostics, reader, shown
+def parse_linear_layers(value: Value, layers: int, diags: Diagnostics, reader, shown,
+                        tensor_parallel: Tuple[int, ...] = ()
                         ) -> Optional[Tuple[Tuple[int, ...], Tuple[StatePartSpec, ...]]]:
     """(linear layer indices, state parts), or None after recording every problem. `reader` and `shown`
-    are parse.py's _Reader and _shown, so that every field reads and reports the same way."""
+    are parse.py's _Reader and _shown, so that every field reads and reports the same way. Every degree
+    of `tensor_parallel` must split each part's shard_axis evenly."""
     before = len(diags.errors)
     r = reader(diags, value, "linear_layers", LINEAR_FIELDS)
     if not r.fields:
@@ -46,7 +48,7 @@ def parse_linear_layers(value: Value, layers: int, diags: Diagnostics, reader, s
         diags.error(sv.value.loc, "linear_layers.states", "expected a list of 1 to 64 {name, shape, dtype}")
     else:
         for i, item in enumerate(sv.value.data):
-            part = _parse_part(item, i, diags, reader, shown)
+            part = _parse_part(item, i, diags, reader, shown, tensor_parallel)
             if part is not None and any(p.name == part.name for p in parts):
                 diags.error(item.loc, f"linear_layers.states[{i}].name", f"{part.name!r} names two parts")
             elif part is not None:
@@ -56,7 +58,8 @@ def parse_linear_layers(value: Value, layers: int, diags: Diagnostics, reader, s
     return tuple(sorted(indices)), tuple(parts)
 
 
-def _parse_part(item: Value, i: int, diags: Diagnostics, reader, shown) -> Optional[StatePartSpec]:
+def _parse_part(item: Value, i: int, diags: Diagnostics, reader, shown, tensor_parallel: Tuple[int, ...]
+                ) -> Optional[StatePartSpec]:
     at = f"linear_layers.states[{i}]"
     r = reader(diags, item, at, STATE_PART_FIELDS)
     if not r.fields:
@@ -86,6 +89,28 @@ def _parse_part(item: Value, i: int, diags: Diagnostics, reader, shown) -> Optio
         if ok and dtype is not None and elements * vocab.DTYPES[dtype]["bytes"] > vocab.MAX_STATE_PART_BYTES:
             diags.error(sv.value.loc, f"{at}.shape", "is too large", allowed)
             ok = False
-    if name is None or dtype is None or not ok:
+    axis = _shard_axis(r, at, shape if ok else None, tensor_parallel, diags, shown)
+    if name is None or dtype is None or not ok or axis is False:
         return None
-    return StatePartSpec(name, tuple(shape), dtype, item.loc)
+    return StatePartSpec(name, tuple(shape), dtype, item.loc, axis)
+
+
+def _shard_axis(r, at: str, shape: Optional[List[int]], tensor_parallel: Tuple[int, ...], diags: Diagnostics, shown):
+    """The part's shard_axis (None where it has none), or False after recording a problem: an index into
+    the shape whose extent every tensor-parallel degree divides."""
+    if not r.has("shard_axis"):
+        return None
+    v = r.fields["shard_axis"].value
+    if shape is None:
+        return False
+    allowed = f"an axis 0..{len(shape) - 1} of the shape"
+    if isinstance(v.data, bool) or not isinstance(v.data, int) or not 0 <= v.data < len(shape):
+        diags.error(v.loc, f"{at}.shard_axis", f"expected an axis of the shape, got {shown(v.data)}", allowed)
+        return False
+    extent = shape[v.data]
+    uneven = [tp for tp in tensor_parallel if extent % tp]
+    if uneven:
+        diags.error(v.loc, f"{at}.shard_axis", f"extent {extent} does not split evenly over {uneven[0]} ranks "
+                    f"(tensor_parallel)", "an axis whose extent every tensor_parallel degree divides")
+        return False
+    return v.data

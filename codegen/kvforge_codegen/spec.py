@@ -49,6 +49,18 @@ class StatePartSpec:
     shape: Tuple[int, ...]
     dtype: str
     loc: Loc
+    # The axis tensor parallelism splits among ranks (a conv window's channels, a recurrent state's
+    # heads), each rank holding extent / tp of it, as vLLM's per-rank Mamba and GDN shapes do; None: every
+    # rank holds the whole part.
+    shard_axis: Optional[int] = None
+
+    def sharded(self, tp: int) -> "StatePartSpec":
+        """One rank's part at degree tp."""
+        if self.shard_axis is None:
+            return self
+        shape = list(self.shape)
+        shape[self.shard_axis] //= tp
+        return replace(self, shape=tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -97,9 +109,11 @@ class ModelSpec:
 
     def shard(self, tp: int) -> "ModelSpec":
         """One rank's model at degree tp: its slice of the KV heads, or one head where there are
-        fewer heads than ranks (replicated, as vLLM does: each head lives on tp / kv_heads ranks)."""
+        fewer heads than ranks (replicated, as vLLM does: each head lives on tp / kv_heads ranks), and its
+        slice of each state part that names a shard_axis."""
         return replace(self, name=shard_model_name(self.name, tp), kv_heads=max(self.kv_heads // tp, 1),
-                       tensor_parallel=(), shard_of=self.name, model_kv_heads=self.kv_heads, tp=tp)
+                       tensor_parallel=(), shard_of=self.name, model_kv_heads=self.kv_heads, tp=tp,
+                       states=tuple(part.sharded(tp) for part in self.states))
 
     def with_shards(self) -> Tuple["ModelSpec", ...]:
         return (self,) + tuple(self.shard(tp) for tp in self.tensor_parallel)
@@ -172,7 +186,7 @@ MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "v_head_dim", "mla", "
                 "tensor_parallel", "linear_layers")
 MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 LINEAR_FIELDS = ("layers", "states")
-STATE_PART_FIELDS = ("name", "shape", "dtype")
+STATE_PART_FIELDS = ("name", "shape", "dtype", "shard_axis")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window", "kv_heads")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")

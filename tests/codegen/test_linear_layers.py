@@ -5,7 +5,30 @@ import os
 import unittest
 
 from kvforge_codegen.validate import load_specs
-from test_codegen import MODELS, REPO, model_errors, plan_variants, render  # tests/codegen is on the path
+from test_codegen import GOOD_LAYOUT, MODELS, REPO, SpecDir, model_errors, plan_variants, render  # on the path
+
+SHARDED = """\
+name: m
+layers: 4
+kv_heads: 4
+head_dim: 16
+max_seq_len: 64
+tensor_parallel: [2, 4]
+linear_layers:
+  layers: [0, 2]
+  states:
+    - name: conv
+      shape: [96, 3]
+      dtype: bf16
+      shard_axis: 0
+    - name: recurrent
+      shape: [8, 16, 4]
+      dtype: fp32
+      shard_axis: 0
+    - name: norm
+      shape: [12]
+      dtype: fp32
+"""
 
 
 class LinearLayers(unittest.TestCase):
@@ -56,6 +79,37 @@ class LinearLayers(unittest.TestCase):
         self.assertEqual(model_errors(head + groups + "linear_layers:\n  layers: [0]\n" + states), [
             "models/m.yaml:10: linear_layers: cannot be combined with layer_groups yet (allowed: one of "
             "linear_layers and layer_groups)"])
+
+    def test_tensor_parallel_splits_the_parts_that_name_a_shard_axis(self):
+        # Each rank holds extent / tp of a part's shard_axis (vLLM's per-rank conv channels and state
+        # heads); a part without one, whole on every rank.
+        d = SpecDir({"ok.yaml": GOOD_LAYOUT.format(name="ok").replace("[tiny]", "[m]")})
+        self.addCleanup(d.tmp.cleanup)
+        models = os.path.join(d.tmp.name, "models")
+        os.makedirs(models)
+        with open(os.path.join(models, "m.yaml"), "w") as f:
+            f.write(SHARDED)
+        specs = load_specs([d.layouts], [models], d.tmp.name)
+        written = {"conv": (96, 3), "recurrent": (8, 16, 4), "norm": (12,)}
+        for v in plan_variants(specs):
+            tp = v.model.tp
+            expected = {"conv": (96 // tp, 3), "recurrent": (8 // tp, 16, 4), "norm": (12,)}
+            self.assertEqual({p.name: p.shape for p in v.model.states}, expected if tp > 1 else written, v.name)
+            self.assertEqual(v.model.kv_heads, 4 // tp)
+        header = render([v for v in plan_variants(specs) if v.model.tp == 4])["ok.m_tp4.bf16.hpp"]
+        self.assertIn('{"conv", 2, {24, 3, 0, 0}, kvforge::DType::bf16}', header)
+
+    def test_a_shard_axis_that_tensor_parallel_cannot_split_is_refused(self):
+        bad = SHARDED.replace("shape: [96, 3]", "shape: [6, 3]").replace(
+            "      dtype: fp32\n      shard_axis: 0", "      dtype: fp32\n      shard_axis: 3").replace(
+            "shape: [12]\n      dtype: fp32", "shape: [12]\n      dtype: fp32\n      shard_axis: x")
+        self.assertEqual(model_errors(bad), [
+            "models/m.yaml:13: linear_layers.states[0].shard_axis: extent 6 does not split evenly over 4 ranks "
+            "(tensor_parallel) (allowed: an axis whose extent every tensor_parallel degree divides)",
+            "models/m.yaml:17: linear_layers.states[1].shard_axis: expected an axis of the shape, got 3 (allowed: "
+            "an axis 0..2 of the shape)",
+            "models/m.yaml:21: linear_layers.states[2].shard_axis: expected an axis of the shape, got 'x' (allowed: "
+            "an axis 0..0 of the shape)"])
 
     def test_the_variants_hold_the_attention_layers_and_state_the_record(self):
         specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
