@@ -3,12 +3,14 @@
 // model with float storage, on each device, paged or contiguous: K and V come back value for value at
 // their logical coordinates (token, head, index), written and read here by plain loops; and where the
 // layout keeps a head's halves adjacent ([page, slot, head, kv, dim]) each head's K then V sits in the
-// pool where that formula, written here, puts it: per layer [pages, page_size, heads, k + v].
+// pool where that formula, written here, puts it: per layer [pages, page_size, heads, k + v], which is
+// also where record_view says it is.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -93,6 +95,20 @@ TEST_P(KvWidths, KAndVComeBackAtTheirCoordinatesAndLieWholeInAHeadsRecord) {
             << "head " << h << " of token " << t << " is not where [pages, page_size, heads, k + v] holds it";
       }
     }
+  }
+  // Where that formula holds, record_view names its memory: the layer's tensor, K then V a head; where
+  // the layout puts K's and V's halves apart, there is no record to view.
+  const std::optional<RecordView> r = record_view(*cache, layer);
+  ASSERT_EQ(r.has_value(), head_records_whole(d));
+  if (r) {
+    const int64_t layer_elems = config.pages * d.page_size * H * width;
+    EXPECT_EQ(r->record, static_cast<const char*>(cache->storage()) + layer * layer_elems * es);
+    EXPECT_EQ(r->second, static_cast<const char*>(r->record) + K * es);
+    EXPECT_EQ(r->strides.row_or_page, d.page_size * H * width);
+    EXPECT_EQ(r->strides.seq_or_slot, H * width);
+    EXPECT_EQ(r->strides.head, width);
+    EXPECT_EQ((std::vector<int64_t>{r->rows_or_pages, r->seq_or_slots, r->heads, r->first_width, r->second_width}),
+              (std::vector<int64_t>{config.pages, d.page_size, H, K, V}));
   }
 }
 

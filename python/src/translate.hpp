@@ -320,28 +320,24 @@ void translate(const std::exception_ptr& p, void*) {
 
 // ---- cache views ----
 
-// Where a float layout keeps each head's record whole (its V half right after its K half: axes ending
-// [.., kv, head, dim] with one head, or [.., head, kv, dim]), the record and its two parts as the views
-// engines hand their kernels: "record" [.., heads, first + second]; an MLA model's "ckv" [.., R] and
-// "kpe" [.., P] without the heads axis (FlashInfer's ckv_cache and kpe_cache; SGLang slices its one
-// buffer so), K and V of other widths' "k_part" [.., heads, K] and "v_part" [.., heads, V].
-void record_views(const VariantDescriptor& d, const LayerView& v, std::vector<size_t> shape,
-                  std::vector<int64_t> strides, nb::handle owner, nb::dict& out) {
-  const int64_t half = v.head_dim, size = int64_t(dtype_size(v.dtype));
-  if (!d.records() || static_cast<const char*>(v.v) - static_cast<const char*>(v.k) != half * size) return;
-  const char* first = static_cast<const char*>(v.k);
-  const char* second = first + int64_t(d.record_first()) * size;
-  shape.back() = size_t(2 * half);
-  out["record"] = export_array(first, v.dtype, v.device, shape, strides, owner);
-  if (d.mla()) {
+// The record views of a float layout that keeps each head's record whole (kvforge::record_view): "record"
+// [.., heads, first + second]; an MLA model's "ckv" [.., R] and "kpe" [.., P] without the heads axis
+// (FlashInfer's ckv_cache and kpe_cache; SGLang slices its one buffer so), K and V of other widths'
+// "k_part" [.., heads, K] and "v_part" [.., heads, V].
+void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out) {
+  const std::optional<RecordView> r = record_view(cache, layer);
+  if (!r) return;
+  const size_t rows = size_t(r->rows_or_pages), slots = size_t(r->seq_or_slots), heads = size_t(r->heads);
+  const std::vector<int64_t> strides{r->strides.row_or_page, r->strides.seq_or_slot, r->strides.head, 1};
+  const size_t first = size_t(r->first_width), second = size_t(r->second_width);
+  out["record"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first + second}, strides, owner);
+  if (cache.descriptor().mla()) {
     const std::vector<int64_t> token{strides[0], strides[1], 1};
-    out["ckv"] = export_array(first, v.dtype, v.device, {shape[0], shape[1], size_t(d.record_first())}, token, owner);
-    out["kpe"] = export_array(second, v.dtype, v.device, {shape[0], shape[1], size_t(d.record_second())}, token, owner);
+    out["ckv"] = export_array(r->record, r->dtype, r->device, {rows, slots, first}, token, owner);
+    out["kpe"] = export_array(r->second, r->dtype, r->device, {rows, slots, second}, token, owner);
   } else {
-    shape.back() = size_t(d.record_first());
-    out["k_part"] = export_array(first, v.dtype, v.device, shape, strides, owner);
-    shape.back() = size_t(d.record_second());
-    out["v_part"] = export_array(second, v.dtype, v.device, shape, strides, owner);
+    out["k_part"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first}, strides, owner);
+    out["v_part"] = export_array(r->second, r->dtype, r->device, {rows, slots, heads, second}, strides, owner);
   }
 }
 
@@ -365,9 +361,8 @@ nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
     out["v_scales"] = export_array(v.v_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
     if (v.tensor_scales)  // [2]: K's and V's second-level scale, which every group scale of the layer sits on
       out["tensor_scales"] = export_array(v.tensor_scales, DType::f32, v.device, {2}, {1}, owner);
-  } else {
-    record_views(cache.descriptor(), v, shape, strides, owner, out);
   }
+  record_views(cache, layer, owner, out);
   return out;
 }
 

@@ -35,6 +35,22 @@ RecordHalves record_halves(const VariantDescriptor& d, const TensorView& record,
   return h;
 }
 
+std::optional<RecordView> record_view(const Cache& cache, int layer) {
+  const VariantDescriptor& d = cache.descriptor();
+  const LayerView v = cache.view(layer);
+  const int64_t size = dtype_size(v.dtype);
+  if (!d.records() || v.quant != Quant::none ||
+      static_cast<const char*>(v.v) - static_cast<const char*>(v.k) != int64_t(v.head_dim) * size)
+    return std::nullopt;
+  RecordView r;
+  r.record = v.k;
+  r.second = static_cast<const char*>(v.k) + int64_t(d.record_first()) * size;
+  r.dtype = v.dtype, r.device = v.device, r.strides = v.strides;
+  r.rows_or_pages = v.rows_or_pages, r.seq_or_slots = v.seq_or_slots, r.heads = v.heads;
+  r.first_width = d.record_first(), r.second_width = d.record_second();
+  return r;
+}
+
 // The latent calls are the record calls of an MLA variant, whose record has one head.
 static void require_mla(const VariantDescriptor& d, const char* arg) {
   if (!d.mla())

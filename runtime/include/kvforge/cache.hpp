@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kvforge/cache_ops.hpp"
@@ -90,6 +91,29 @@ struct RecordHalves {
   TensorView k, v;
 };
 RecordHalves record_halves(const VariantDescriptor& d, const TensorView& record, const char* arg);
+
+// A layer's records in place, where a float layout keeps each head's record whole (its V half right
+// after its K half: axes ending [.., kv, head, dim] with one head, or [.., head, kv, dim]), as engines
+// hand them to their kernels. Each part is [rows or pages, positions or slots, heads, width] with
+// `strides` (elements; the last axis contiguous): the whole record (2 * head_dim values) at `record`,
+// its first part (record_first() values: an MLA model's kv_lora_rank, FlashInfer's ckv_cache; K of
+// another width than V) there too, its second (record_second(): the RoPE part, kpe_cache; V) at `second`.
+struct RecordView {
+  const void* record = nullptr;
+  const void* second = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  Strides strides;  // row_or_page, seq_or_slot, head, as LayerView's
+  int64_t rows_or_pages = 0;
+  int64_t seq_or_slots = 0;
+  int heads = 0;
+  int first_width = 0;
+  int second_width = 0;
+};
+class Cache;
+// The view of `layer`, or nothing where the variant keeps no records, its layout splits them (K's and V's
+// halves apart), or it stores codes (each half with its own scales).
+std::optional<RecordView> record_view(const Cache& cache, int layer);
 
 // Every variant implements this interface (TypedCache<Traits> in cache_impl.hpp; the generic path too),
 // and so do the caches made of member caches (HybridCache, PairedCache). Its operations are the rows of
