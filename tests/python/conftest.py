@@ -12,6 +12,11 @@ import kvforge
 
 from kvforge.torch_dtypes import TORCH_DTYPES as TORCH_DTYPE
 
+# ctest runs as many test processes at once as there are cores (tools/test-all), so torch's intra-op
+# threads would wait for cores the other processes hold: a forward of test_hf's 24-layer model took
+# 3.6 s alone and 11.7 s beside one busy core on two threads, 5.5 s on one. No result depends on it.
+torch.set_num_threads(1)
+
 
 def variants_where(**wanted):
     """Registered variants whose descriptor attributes equal every given value (a callable is a test)."""
