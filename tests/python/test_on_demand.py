@@ -6,6 +6,7 @@ built in a cache folder of this test's own, checked against plain references.
     window of 5 through a ring, Gemma-2's local and global layers through a hybrid layout) generate the
     same tokens as transformers' DynamicCache;
   - one compile at the level the process runs at: a library for x86-64-v2 uses no AVX register;
+  - a hybrid model under tensor parallelism: each rank's variant holds its slice of the state parts;
   - the disk cache: a second process loads without building, a corrupt library is rebuilt, two
     processes asking at once build once, and a bad spec or a missing compiler is refused by name.
 """
@@ -217,6 +218,25 @@ def test_a_library_holds_the_kernels_of_the_level_its_process_runs_at():
     if widest == 2:
         pytest.skip("this CPU runs x86-64-v2 only, so there is no wider level's library to compare")
     assert avx_registers[widest] > 0, avx_registers
+
+
+def test_a_sharded_hybrid_model_gives_each_rank_its_slice_of_the_states():
+    # Qwen3-Next's pattern at a small size, under tensor parallelism 2 and 4: a rank holds its KV heads and
+    # 1/tp of each state part that names a shard_axis (vLLM's per-rank GDN shapes), all of one that names
+    # none.
+    states = [{"name": "conv", "shape": [96, 3], "dtype": "bf16", "shard_axis": 0},
+              {"name": "recurrent", "shape": [8, 16, 4], "dtype": "fp32", "shard_axis": 0},
+              {"name": "norm", "shape": [6], "dtype": "fp32"}]
+    model = {"name": "sharded_gdn", "layers": 4, "kv_heads": 4, "head_dim": 16, "max_seq_len": 64,
+             "tensor_parallel": [2, 4], "linear_layers": {"layers": [0, 1, 2], "states": states}}
+    kvforge.variant("vllm_paged_nhd", model, "fp32")
+    for tp in (2, 4):
+        d = kvforge.describe(f"vllm_paged_nhd.sharded_gdn_tp{tp}.fp32")
+        assert (d.heads, d.layers, d.linear_layers) == (4 // tp, 1, [0, 1, 2])
+        assert d.state_parts == [("conv", (96 // tp, 3), "bf16"), ("recurrent", (8 // tp, 16, 4), "fp32"),
+                                 ("norm", (6,), "fp32")]
+        pool = kvforge.StatePool.for_variant(d, slots=2)
+        assert torch.from_dlpack(pool.view(2, "recurrent")).shape == (2, 8 // tp, 16, 4)
 
 
 def test_refusals_name_what_is_wrong(monkeypatch):
