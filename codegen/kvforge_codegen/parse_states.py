@@ -66,33 +66,44 @@ def _parse_part(item: Value, i: int, diags: Diagnostics, reader, shown, tensor_p
         return None
     name = r.name("name")
     dtype = r.choice("dtype", vocab.STATE_DTYPES)
-    shape: List[int] = []
     allowed = f"1 to {vocab.MAX_STATE_RANK} extents >= 1, at most {vocab.MAX_STATE_PART_BYTES} bytes in all"
-    sv = r.fields.get("shape")
-    ok = True
-    if sv is None:
+    if "shape" not in r.fields:
         r._missing("shape", allowed)
-        ok = False
-    elif not isinstance(sv.value.data, list) or not 1 <= len(sv.value.data) <= vocab.MAX_STATE_RANK:
-        diags.error(sv.value.loc, f"{at}.shape", "expected a list of 1 to 4 extents", allowed)
-        ok = False
-    else:
-        for entry in sv.value.data:
-            if isinstance(entry.data, bool) or not isinstance(entry.data, int) or entry.data < 1:
-                diags.error(entry.loc, f"{at}.shape", f"expected an extent >= 1, got {shown(entry.data)}", allowed)
-                ok = False
-            else:
-                shape.append(entry.data)
-        elements = 1
-        for extent in shape:
-            elements *= extent
-        if ok and dtype is not None and elements * vocab.DTYPES[dtype]["bytes"] > vocab.MAX_STATE_PART_BYTES:
-            diags.error(sv.value.loc, f"{at}.shape", "is too large", allowed)
-            ok = False
+    shape = _extents(r.fields["shape"].value if "shape" in r.fields else None, f"{at}.shape", dtype, None, diags, shown,
+                     allowed)
+    ok = shape is not None
     axis = _shard_axis(r, at, shape if ok else None, tensor_parallel, diags, shown)
-    if name is None or dtype is None or not ok or axis is False:
+    shards = _shard_shapes(r, at, shape if ok else None, dtype, tensor_parallel, diags, shown)
+    if name is None or dtype is None or not ok or axis is False or shards is False:
         return None
-    return StatePartSpec(name, tuple(shape), dtype, item.loc, axis)
+    return StatePartSpec(name, tuple(shape), dtype, item.loc, axis, shards)
+
+
+def _extents(v: Optional[Value], field: str, dtype: Optional[str], rank: Optional[int], diags: Diagnostics, shown,
+             allowed: str) -> Optional[List[int]]:
+    """A shape: 1 to 4 extents >= 1 (`rank` of them where given), within the size limit where `dtype` is
+    known; None after recording a problem, or where `v` is absent."""
+    if v is None:
+        return None
+    if not isinstance(v.data, list) or not 1 <= len(v.data) <= vocab.MAX_STATE_RANK or \
+            (rank is not None and len(v.data) != rank):
+        diags.error(v.loc, field, f"expected a list of {rank if rank is not None else '1 to 4'} extents", allowed)
+        return None
+    shape: List[int] = []
+    for item in v.data:  # every bad extent is reported
+        if isinstance(item.data, bool) or not isinstance(item.data, int) or item.data < 1:
+            diags.error(item.loc, field, f"expected an extent >= 1, got {shown(item.data)}", allowed)
+        else:
+            shape.append(item.data)
+    if len(shape) != len(v.data):
+        return None
+    elements = 1
+    for extent in shape:
+        elements *= extent
+    if dtype is not None and elements * vocab.DTYPES[dtype]["bytes"] > vocab.MAX_STATE_PART_BYTES:
+        diags.error(v.loc, field, "is too large", allowed)
+        return None
+    return shape
 
 
 def _shard_axis(r, at: str, shape: Optional[List[int]], tensor_parallel: Tuple[int, ...], diags: Diagnostics, shown):
@@ -114,3 +125,37 @@ def _shard_axis(r, at: str, shape: Optional[List[int]], tensor_parallel: Tuple[i
                     f"(tensor_parallel)", "an axis whose extent every tensor_parallel degree divides")
         return False
     return v.data
+
+
+def _shard_shapes(r, at: str, shape: Optional[List[int]], dtype: Optional[str], tensor_parallel: Tuple[int, ...],
+                  diags: Diagnostics, shown):
+    """The part's shape on a rank at each degree, where a plain split is not it (Mamba-2 with fewer groups
+    than ranks: vLLM gives each rank a copy of a group): ((degree, shape), ...), () where the part gives
+    none, or False after recording a problem. Every degree of tensor_parallel needs one."""
+    if not r.has("shard_shapes"):
+        return ()
+    v = r.fields["shard_shapes"].value
+    field = f"{at}.shard_shapes"
+    if r.has("shard_axis"):
+        diags.error(v.loc, field, "a part gives its ranks' shapes one way", "one of shard_axis and shard_shapes")
+        return False
+    if shape is None:
+        return False
+    allowed = f"a mapping of each tensor_parallel degree to a shape of {len(shape)} extents"
+    if not isinstance(v.data, dict) or not v.data:
+        diags.error(v.loc, field, "expected a mapping of degrees to shapes", allowed)
+        return False
+    shards = {}
+    for key, entry in v.data.items():
+        if not key.isdigit() or int(key) < 2:
+            diags.error(entry.key_loc, field, f"{shown(key)} is not a degree above 1", allowed)
+            continue
+        extents = _extents(entry.value, f"{field}.{key}", dtype, len(shape), diags, shown, allowed)
+        if extents is not None:
+            shards[int(key)] = tuple(extents)
+    missing = [tp for tp in tensor_parallel if tp not in shards]
+    if missing and len(shards) == len(v.data):
+        diags.error(v.loc, field, f"gives no shape for degree {missing[0]}", allowed)
+    if missing or len(shards) != len(v.data):
+        return False
+    return tuple(sorted(shards.items()))

@@ -53,9 +53,13 @@ class StatePartSpec:
     # heads), each rank holding extent / tp of it, as vLLM's per-rank Mamba and GDN shapes do; None: every
     # rank holds the whole part.
     shard_axis: Optional[int] = None
+    # Or each degree's shape on a rank, given whole (`shard_shapes`), where a plain split is not it.
+    shard_shapes: Tuple[Tuple[int, Tuple[int, ...]], ...] = ()
 
     def sharded(self, tp: int) -> "StatePartSpec":
         """One rank's part at degree tp."""
+        if self.shard_shapes:
+            return replace(self, shape=dict(self.shard_shapes)[tp])
         if self.shard_axis is None:
             return self
         shape = list(self.shape)
@@ -186,7 +190,7 @@ MODEL_FIELDS = ("name", "layers", "kv_heads", "head_dim", "v_head_dim", "mla", "
                 "tensor_parallel", "linear_layers")
 MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 LINEAR_FIELDS = ("layers", "states")
-STATE_PART_FIELDS = ("name", "shape", "dtype", "shard_axis")
+STATE_PART_FIELDS = ("name", "shape", "dtype", "shard_axis", "shard_shapes")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window", "kv_heads")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")

@@ -28,6 +28,10 @@ linear_layers:
     - name: norm
       shape: [12]
       dtype: fp32
+    - name: mamba_conv
+      shape: [40, 3]
+      dtype: bf16
+      shard_shapes: {2: [24, 3], 4: [16, 3]}
 """
 
 
@@ -90,10 +94,13 @@ class LinearLayers(unittest.TestCase):
         with open(os.path.join(models, "m.yaml"), "w") as f:
             f.write(SHARDED)
         specs = load_specs([d.layouts], [models], d.tmp.name)
-        written = {"conv": (96, 3), "recurrent": (8, 16, 4), "norm": (12,)}
+        written = {"conv": (96, 3), "recurrent": (8, 16, 4), "norm": (12,), "mamba_conv": (40, 3)}
         for v in plan_variants(specs):
             tp = v.model.tp
-            expected = {"conv": (96 // tp, 3), "recurrent": (8 // tp, 16, 4), "norm": (12,)}
+            # mamba_conv: Mamba-2's 32 channels and one group's B and C (2 x 4), which vLLM copies to
+            # every rank where there are fewer groups than ranks.
+            expected = {"conv": (96 // tp, 3), "recurrent": (8 // tp, 16, 4), "norm": (12,),
+                        "mamba_conv": (32 // tp + 2 * 4, 3)}
             self.assertEqual({p.name: p.shape for p in v.model.states}, expected if tp > 1 else written, v.name)
             self.assertEqual(v.model.kv_heads, 4 // tp)
         header = render([v for v in plan_variants(specs) if v.model.tp == 4])["ok.m_tp4.bf16.hpp"]
@@ -110,6 +117,22 @@ class LinearLayers(unittest.TestCase):
             "an axis 0..2 of the shape)",
             "models/m.yaml:21: linear_layers.states[2].shard_axis: expected an axis of the shape, got 'x' (allowed: "
             "an axis 0..0 of the shape)"])
+
+    def test_shard_shapes_must_give_each_degree_a_shape_of_the_parts_rank(self):
+        one_way = SHARDED.replace("shard_shapes: {2: [24, 3], 4: [16, 3]}",
+                                  "shard_shapes: {2: [24, 3], 4: [16, 3]}\n      shard_axis: 0")
+        self.assertEqual(model_errors(one_way), [
+            "models/m.yaml:24: linear_layers.states[3].shard_shapes: a part gives its ranks' shapes one way "
+            "(allowed: one of shard_axis and shard_shapes)"])
+        bad = SHARDED.replace("{2: [24, 3], 4: [16, 3]}", "{2: [24], one: [16, 3]}")
+        self.assertEqual(model_errors(bad), [
+            "models/m.yaml:24: linear_layers.states[3].shard_shapes: 'one' is not a degree above 1 (allowed: a "
+            "mapping of each tensor_parallel degree to a shape of 2 extents)",
+            "models/m.yaml:24: linear_layers.states[3].shard_shapes.2: expected a list of 2 extents (allowed: a "
+            "mapping of each tensor_parallel degree to a shape of 2 extents)"])
+        self.assertEqual(model_errors(SHARDED.replace("{2: [24, 3], 4: [16, 3]}", "{2: [24, 3]}")), [
+            "models/m.yaml:24: linear_layers.states[3].shard_shapes: gives no shape for degree 4 (allowed: a "
+            "mapping of each tensor_parallel degree to a shape of 2 extents)"])
 
     def test_the_variants_hold_the_attention_layers_and_state_the_record(self):
         specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
