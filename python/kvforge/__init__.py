@@ -14,7 +14,9 @@ Shapes, per operation (H = heads, D = head_dim, L = layers, P = page_size of the
     cache.append_record(layer, kv, slots=slots)  # K and V of other widths: kv [T, H, K + V], K then V a head
     cache.gather_record(layer, out, pages=pages, end=n)  # out [H, n, K + V]  (K, V = descriptor.kv_widths)
     cache.view(layer)   # {"k", "v"[, "k_scales", "v_scales"]}: the cache's own memory, zero-copy,
-                        # [rows or pages, positions or slots, H, D] with the layout's strides
+                        # [rows or pages, positions or slots, H, D] with the layout's strides; where a
+                        # float layout keeps each head's record whole, also "record" and its parts:
+                        # "ckv", "kpe" (MLA) or "k_part", "v_part" (K and V of other widths)
     pool = kvforge.StatePool([("conv", (C, K), "bf16"), ("ssm", (H, D, N), "fp32")], layers=L, slots=S)
     pool.view(layer, "ssm")  # [S, H, D, N]: a hybrid model's per-sequence state, updated in place
 

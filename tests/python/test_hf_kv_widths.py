@@ -84,11 +84,12 @@ def test_records_come_back_as_k_then_v_and_refusals_name_the_argument():
         assert torch.equal(out[:, slot, :20], k[t]) and torch.equal(out[:, slot, 20:], v[t]), t
     # The same records in place, as SGLang's k_buffer and v_buffer shapes: views of the pool at page, slot.
     view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if key in ("k_part", "v_part", "record")}
-    assert view["k_part"].shape == (3, 16, 2, 20) and view["v_part"].shape == (3, 16, 2, 12)
+    page = cache.descriptor.page_size
+    assert view["k_part"].shape == (3, page, 2, 20) and view["v_part"].shape == (3, page, 2, 12)
     for t, slot in enumerate(slots.tolist()):
-        assert torch.equal(view["k_part"][slot // 16, slot % 16], k[t]), t
-        assert torch.equal(view["v_part"][slot // 16, slot % 16], v[t]), t
-        assert torch.equal(view["record"][slot // 16, slot % 16], torch.cat([k[t], v[t]], dim=-1)), t
+        assert torch.equal(view["k_part"][slot // page, slot % page], k[t]), t
+        assert torch.equal(view["v_part"][slot // page, slot % page], v[t]), t
+        assert torch.equal(view["record"][slot // page, slot % page], torch.cat([k[t], v[t]], dim=-1)), t
     # Where the layout splits the record (K's and V's halves apart), there is no record to view.
     assert "record" not in kvforge.create("jetstream_contiguous.tiny_kv_widths.fp32", rows=1).view(0)
     with pytest.raises(kvforge.ShapeError, match=r"^record: .*20 \+ 12 = 32"):
