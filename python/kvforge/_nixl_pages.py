@@ -10,10 +10,8 @@ pages, per layer, and copy each byte once, as a raw READ does. The sender must h
 built (its registry, or kvforge.variant); it holds the request in that variant until the last layer is
 read.
 
-Quantized sources go direct, with no conversion: whole pages into a cache of their own variant whose pages
-are blocks (same_pages, direct), or codes under static per-tensor scales into any layout of that storage
-dtype, once the receiver has checked the sender's scales against its own (same_codes,
-check_tensor_scales).
+A quantized source's whole pages go direct into a cache of its own variant whose pages are blocks
+(same_pages, direct); its codes under per-tensor scales are _nixl_staged.py's.
 """
 
 import time
@@ -56,51 +54,6 @@ def same_pages(mine, theirs):
     codes and scales alike, can be read whole, a quantized one too."""
     return len(theirs) == 1 and theirs[0]["name"] == mine["name"] and theirs[0]["rank"] == mine["rank"] \
         and page_bytes(mine) is not None
-
-
-def same_codes(mine, d):
-    """Whether a sender's codes mean in this cache what they mean in the sender's once both per-tensor
-    scales agree (check_tensor_scales): the same storage dtype, static per-tensor scales on both sides."""
-    return mine["quant"] == d["quant"] == "per_tensor" and mine["storage"] == d["storage"] and \
-        None not in (mine["tensor_scales"], d["tensor_scales"])
-
-
-def check_tensor_scales(agent, cache, mine, d, peer, timeout=10.0):
-    """READs the sender's per-tensor scales (one descriptor, 8 bytes a layer) and raises ArgumentError naming
-    `scales` unless each equals this cache's: codes under another scale are other values."""
-    size = 8 * mine["layers"]
-    area = agent._take_staging(size, torch.device("cpu"))
-    try:
-        nixl = agent._nixl
-        local = nixl.get_xfer_descs(np.array([[area[0].data_ptr(), size, 0]], dtype=np.uint64), "DRAM")
-        remote = nixl.get_xfer_descs(np.array([[d["tensor_scales"], size, d["device_id"]]], dtype=np.uint64),
-                                     d["device"])
-        with agent._lock:
-            handle = nixl.initialize_xfer("READ", local, remote, peer)
-            state = nixl.transfer(handle)
-        deadline = time.monotonic() + timeout
-        while state == "PROC" and time.monotonic() < deadline:
-            with agent._lock:
-                state = nixl.check_xfer_state(handle)
-        if state != "DONE":  # a READ NIXL could not finish may still write into the area: it is parked
-            agent._abandoned.append(([handle], area[0], area[1]))
-            agent._release_abandoned()
-            area = None
-            raise kvforge.BackendError(f"nixl: reading {peer}'s scales ended {state}; nothing was read into the pool")
-        handle.release()
-        theirs = area[0][:size].view(torch.float32).view(-1, 2)
-        for layer in range(mine["layers"]):
-            view = cache.view(layer)
-            for kv, side in enumerate("KV"):
-                scale = torch.from_dlpack(view[f"{side.lower()}_scales"])
-                want = float(scale[(0,) * scale.dim()])
-                if float(theirs[layer, kv]) != want:
-                    raise kvforge.ArgumentError(f"scales: {d['name']}'s {side} scale of layer {layer} is "
-                                                f"{float(theirs[layer, kv])!r}, this cache's {want!r}; codes under "
-                                                f"another scale are other values")
-    finally:
-        if area is not None:
-            agent._spare.append(area)
 
 
 def direct(cache, mine, theirs, peer, source, target, begin, count):

@@ -9,6 +9,7 @@ import torch
 import kvforge
 
 from . import _nixl_pages as page_pulls
+from . import _nixl_staged as staged_pulls
 
 
 class Placement:
@@ -69,9 +70,10 @@ def _check_pair(mine, theirs):
         if d["rank"] != rank:
             raise kvforge.ArgumentError(f"sources[{rank}]: that cache is rank {d['rank']}; list the sources in rank "
                                         f"order")
-        if d["quant"] != "none" and not page_pulls.same_pages(mine, theirs) and not page_pulls.same_codes(mine, d):
-            raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}); "
-                                           f"pulls read float sources, or the whole pages of one sender of this "
+        if d["quant"] != "none" and not page_pulls.same_pages(mine, theirs) and not staged_pulls.decodable(d):
+            raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}, "
+                                           f"{d['quant']} scales); pulls read float sources, int8 or fp8 codes under "
+                                           f"static per-tensor scales, or the whole pages of one sender of this "
                                            f"cache's own variant whose pages are blocks")
         if d["device"] != theirs[0]["device"]:
             raise kvforge.ArgumentError("sources: every rank's cache must be in one kind of memory")

@@ -17,8 +17,9 @@ position, head), merges runs adjacent on both sides, and READs them:
     another dtype its pages through a scratch cache of the receiver's variant (_nixl_pages.py);
   - through a staging area otherwise (another float dtype, or a quantizing receiver): the source's values
     arrive in a dense [positions, heads, head_dim] buffer and the cache's own append converts them.
-A quantized source goes direct only into a cache whose codes mean the same (_nixl_pages.py: its own
-variant's whole pages, or codes under equal per-tensor scales); otherwise it is refused.
+A quantized source goes direct into a cache whose codes mean the same (_nixl_pages.py: its own variant's
+whole pages, or codes under equal per-tensor scales). Other int8 and fp8 codes under per-tensor scales are
+staged, decoded with the sender's scales and appended; other quantized sources are refused.
 
 Every check runs before anything is read: a pair of caches that disagree is refused naming the field.
 """
@@ -38,12 +39,13 @@ import kvforge
 
 from . import _nixl_pages as page_pulls
 from . import _nixl_prepared as prepared
+from . import _nixl_staged as staged_pulls
 from . import _nixl_states as states
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
                          _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
                          _same_geometry, _source_grid)
 from ._nixl_wait import InFlight, PullTimeout  # noqa: F401  (kvforge.nixl.PullTimeout)
-from .torch_dtypes import TORCH_DTYPES
+from .torch_dtypes import CODE_DTYPES, TORCH_DTYPES
 
 _MAGIC = b"KVFN"
 _VERSION = 1
@@ -326,16 +328,18 @@ class Agent:
         positions = np.arange(begin, begin + count, dtype=np.int64)
         src_place = _places("source", theirs[0], source, positions)
         dst_place = _places("target", mine, target, positions)
-        if theirs[0]["quant"] != "none":  # whole pages of this variant, or codes under equal per-tensor scales
+        scales = None  # each sender's per-tensor scales, where its codes are decoded on arrival
+        if theirs[0]["quant"] != "none":  # whole pages of this variant, codes under equal scales, or decoded
             if ask:
                 raise kvforge.UnsupportedError("prepared: no prepared pull: a quantized source's codes go direct")
             if page_pulls.same_pages(mine, theirs):
                 return page_pulls.direct(cache, mine, theirs[0], sources[0][0], source, target, begin, count)
-            for rank, d in enumerate(theirs):
-                page_pulls.check_tensor_scales(self, cache, mine, d, sources[rank][0])
+            scales = [staged_pulls.read_tensor_scales(self, d, sources[rank][0]) for rank, d in enumerate(theirs)]
+            if all(staged_pulls.same_codes(cache, mine, d, s) for d, s in zip(theirs, scales)):
+                scales = None
         # A sender that serves writes this cache's page order, unless both pools place a request's bytes
         # alike: then a direct READ takes as few descriptors, with no pass on either side.
-        if ask or (ask is None and not _same_geometry(mine, theirs)):
+        if scales is None and (ask or (ask is None and not _same_geometry(mine, theirs))):
             plan, why = self._prepared_plan(cache, mine, theirs, sources, source, target, count, begin)
             if plan or ask:
                 return plan or _refuse(kvforge.UnsupportedError(f"prepared: no prepared pull: {why}"))
@@ -348,16 +352,18 @@ class Agent:
         sizes = dict(grid, kv=2, head=mine["heads"])
         shape = (mine["layers"],) + tuple(sizes[axis] for axis in order) + (mine["head_dim"],)
         layer_bytes = int(np.prod(shape[1:])) * element_bytes
-        codes = first["quant"] != "none"  # checked above: they mean here what they mean there
-        may_go_direct = mine["storage"] == first["storage"] and (mine["quant"] == "none" or codes)
+        codes = first["quant"] != "none" and scales is None  # checked above: they mean here what they mean there
+        may_go_direct = mine["storage"] == first["storage"] and (mine["quant"] == "none" or codes) and scales is None
         pieces = kvforge.shard_pieces(mine["model_heads"], len(theirs), mine["tp"])
-        direct, staged = [], []
+        direct, staged, decode = [], [], []
         for sender, receiver, head_begin, head_end in pieces:
             if receiver != mine["rank"]:
                 continue
             d, peer = theirs[sender], sources[sender][0]
             heads = np.arange(head_begin, head_end, dtype=np.int64)
             theirs_heads, local = heads - d["heads_of_rank"][0], heads - mine["heads_of_rank"][0]
+            if scales is not None:
+                decode.append((int(local[0]), int(local[-1]) + 1, scales[sender]))
             run = d["head_dim"] * d["element_bytes"]
             cells = _page_cells(order, dict(grid, kv=2, head=len(heads)), start, positions)
             src = _at(d, src_place, theirs_heads, cells)
@@ -376,7 +382,8 @@ class Agent:
         else:
             area = self._take_staging(int(np.prod(shape)) * element_bytes,
                                       torch.device("cuda" if mine["device"] == "VRAM" else "cpu"))
-            staging = area[0][:int(np.prod(shape)) * element_bytes].view(TORCH_DTYPES[first["storage"]]).view(shape)
+            element = CODE_DTYPES[first["storage"]] if scales is not None else TORCH_DTYPES[first["storage"]]
+            staging = area[0][:int(np.prod(shape)) * element_bytes].view(element).view(shape)
             # Each layer as [K/V, page, slot, head, dim]; _finish makes positions of (page, slot).
             staging = staging.permute(0, *(1 + order.index(axis) for axis in ("kv", "page", "slot", "head")), 5)
             chosen = [(peer, src_bases, dst_bases + area[0].data_ptr(), runs_, d)
@@ -387,7 +394,8 @@ class Agent:
                                     (dst_bases[:, None] + dst[None, :]).reshape(-1), np.tile(lengths, mine["layers"])),
                              d))
         return {"cache": cache, "mine": mine, "staging": staging, "area": area, "requests": requests,
-                "dst_place": dst_place, "first_position": int(positions[0]) - start, "count": count}
+                "dst_place": dst_place, "first_position": int(positions[0]) - start, "count": count,
+                "decode": decode if scales is not None else None}
 
 
     def _prepared_plan(self, cache, mine, theirs, sources, source, target, count, begin):
@@ -465,24 +473,8 @@ class Pull(InFlight):
         for handle in self._handles:
             handle.release()
         self._handles = []
-        staging = plan["staging"]
-        if staging is not None:
-            cache, mine = plan["cache"], plan["mine"]
-            rows, slots = plan["dst_place"]
-            into = TORCH_DTYPES[mine["input"]]
-            at, count = plan["first_position"], plan["count"]
-            for layer in range(mine["layers"]):
-                kv = staging[layer]  # [K/V, page, slot, head, dim]: a view of the pages as they came, or
-                # (heads outside slots in the source's pages) a copy with positions outside heads
-                kv = kv.reshape(2, kv.shape[1] * kv.shape[2], kv.shape[3], kv.shape[4])[:, at:at + count]
-                k, v = kv[0].to(into), kv[1].to(into)  # [positions, heads, dim]
-                if mine["paged"]:
-                    cache.append(layer, k, v, slots=torch.from_numpy(rows * mine["page_size"] + slots))
-                else:
-                    cache.append(layer, k, v, rows=torch.from_numpy(rows.astype(np.int32)),
-                                 positions=torch.from_numpy(slots.astype(np.int32)))
-            if cache.descriptor.lazy:
-                cache.commit()
+        if plan["staging"] is not None:
+            staged_pulls.write_staged(plan)
             self._agent._spare.append(plan["area"])
         self._finished = True
 

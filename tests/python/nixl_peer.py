@@ -81,6 +81,8 @@ def main():
             continue
         cache = kvforge.create(entry["variant"], **{k: entry[k] for k in ("pages", "rows", "max_staged_tokens")
                                                     if k in entry})
+        for layer in range(cache.descriptor.layers if "tensor_scales" in entry else 0):
+            cache.set_tensor_scale(layer, *entry["tensor_scales"])
         for request, placement, count in entry["requests"]:
             write_request(cache, entry.get("rank", 0), request, placement, count)
         agent.register(entry["key"], cache, rank=entry.get("rank", 0))

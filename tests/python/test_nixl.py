@@ -9,7 +9,8 @@ through its caches' gather. Every value is checked bitwise against nixl_peer.val
   - tensor parallelism 2 -> 1, 1 -> 2 and 4 -> 2 (five processes), over one layout and across layouts;
   - bf16 -> int8 on arrival, and bf16 -> fp32 (staged, then the cache's own append); an int8 cache's
     whole pages (codes and their scales) from another of its variant, and fp8 codes under equal
-    per-tensor scales, both bitwise as this process's append; fp8 under another scale refused;
+    per-tensor scales, both bitwise as this process's append; fp8 codes under another scale, and into
+    a bf16 cache, decoded with the sender's scales and appended;
   - three pulls in flight at once into one cache, with no mixing;
   - refusals, each naming its field, with the target pool's bytes unchanged; and a pull abandoned on
     its timeout, after which the same pull completes whole.
@@ -34,7 +35,7 @@ pytest.importorskip("nixl_cu13", reason="NIXL is not installed (tools/setup inst
 from conftest import quantization_bound, variants_where  # noqa: E402
 from kvforge.nixl import Placement  # noqa: E402
 from kvforge.torch_dtypes import TORCH_DTYPES  # noqa: E402
-from nixl_peer import value, write_request  # noqa: E402
+from nixl_peer import value, where, write_request  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COUNT = 50  # positions per request: several pages of 16, within the tiny model's 64
@@ -106,6 +107,9 @@ BLOCKS = next(d for d in variants_where(model="tiny", hybrid=False)
               and [a for a in d.axes if a != "layer"][0] == "page" and ("layer" not in d.axes or d.axes[0] == "layer"))
 
 
+SENDER_SCALES = [0.5, 0.125]  # p0's "fp8_scaled" K and V scales, every layer
+
+
 def source_pages(d):
     """The sender's pages of a request in a quantized cache of 2 x pages_needed(d) pages: the upper half,
     descending."""
@@ -123,9 +127,10 @@ def peer_plans():
     plans["p0"].append({"key": "three", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 12,
                         "requests": [[100 + r, {"pages": [3 * r + 2, 3 * r, 3 * r + 1, 11 - r]}, COUNT]
                                      for r in range(3)]})
-    for key, d, request in (("fp8", PER_TENSOR, 11), ("quantized", BLOCKS, 7)):
+    for key, d, request in (("fp8", PER_TENSOR, 11), ("quantized", BLOCKS, 7), ("fp8_scaled", PER_TENSOR, 12)):
         plans["p0"].append({"key": key, "variant": d.name, "pages": 2 * pages_needed(d),
-                            "requests": [[request, {"pages": source_pages(d)}, COUNT]]})
+                            "requests": [[request, {"pages": source_pages(d)}, COUNT]],
+                            **({"tensor_scales": SENDER_SCALES} if key == "fp8_scaled" else {})})
     plans["p0"].append({"key": "tp1", "variant": TP[1], "pages": 8, "requests": [[42, {"pages": TP_PAGES}, COUNT]]})
     for rank in range(4):
         for key, variant in (("tp4", TP[4]), ("tp4_fp32", TP_FP32[4])):
@@ -280,13 +285,44 @@ def test_fp8_codes_under_equal_per_tensor_scales_go_direct(peers):
     write_request(reference, 0, 11, {"pages": target.pages.tolist()}, COUNT)
     for layer in range(cache.descriptor.layers):
         assert all(torch.equal(a, b) for a, b in zip(gathered(cache, layer, target), gathered(reference, layer, target)))
-    # Another V scale in layer 1 here: the sender's codes would mean other values. Refused, pool untouched.
-    torch.from_dlpack(cache.view(1)["v_scales"]).fill_(2.0)
-    cache.reset()
-    before = pool_bytes(cache)
-    with pytest.raises(kvforge.ArgumentError, match=r"scales: .*'s V scale of layer 1 is 1.0, this cache's 2.0"):
-        agent.pull([("p0", "fp8")], "fp8", COUNT, source, target)
-    assert all(torch.equal(a, b) for a, b in zip(before, pool_bytes(cache)))
+
+
+def test_codes_under_other_scales_are_decoded_with_the_senders_and_appended(peers):
+    """p0's fp8 request 12 (K and V scales SENDER_SCALES) into a cache of its variant whose scales are 1 but
+    V's of layer 1, 2, and into a bf16 cache of another layout: the codes come staged, decoded with the
+    sender's scales, and the receiver's append writes them. Each holds what its append makes of the
+    sender's gather."""
+    agent, _ = peers
+    d, n = PER_TENSOR, pages_needed(PER_TENSOR)
+    source = Placement(pages=source_pages(d))
+    sender = kvforge.create(d.name, pages=2 * n)  # the sender's codes, decoded by its own gather
+    for layer in range(d.layers):
+        sender.set_tensor_scale(layer, *SENDER_SCALES)
+    write_request(sender, 0, 12, {"pages": source.pages.tolist()}, COUNT)
+    sent = [gathered(sender, layer, source) for layer in range(d.layers)]
+    bf16 = next(t for t in LAYOUTS if t.paged and t.page_size != d.page_size)
+    for name, v_scale in ((d.name, 2.0), (bf16.name, None)):
+        cache, reference = (kvforge.create(name, pages=2 * n + 2) for _ in range(2))
+        if v_scale is not None:
+            for c in (cache, reference):
+                torch.from_dlpack(c.view(1)["v_scales"]).fill_(v_scale)
+        agent.register(f"decoded_{name}", cache)
+        t = cache.descriptor
+        target = Placement(pages=[1 + 2 * i for i in range(pages_needed(t))])
+        report = agent.pull([("p0", "fp8_scaled")], f"decoded_{name}", COUNT, source, target)
+        assert report["how"] == "staged", name
+        positions = np.arange(COUNT)
+        for layer, (k, v) in enumerate(sent):
+            reference.append(layer, k.transpose(0, 1).to(TORCH_DTYPES[t.input]), v.transpose(0, 1).to(TORCH_DTYPES[t.input]),
+                             **where(t, {"pages": target.pages.tolist()}, positions))
+        if t.lazy:
+            reference.commit()
+        for layer in range(d.layers):
+            got = gathered(cache, layer, target)
+            assert all(torch.equal(a, b) for a, b in zip(got, gathered(reference, layer, target))), (name, layer)
+            for kv in (0, 1):  # within two quantizations of the values the sender was given
+                want = expect(12, t, 0, layer, kv).float()
+                assert ((got[kv].float() - want).abs() <= 2 * quantization_bound(d, want)).all(), (name, layer, kv)
 
 
 def test_three_pulls_in_flight_do_not_mix(peers):

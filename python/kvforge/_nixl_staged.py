@@ -1,0 +1,100 @@
+"""The staged way of a kvforge.nixl pull, and codes under per-tensor scales (docs/transfer.md, "Over NIXL").
+
+A staged pull READs the source's values into a staging area dense over the source's axes; the receiver's own
+append then writes them in its layout and dtype. Codes under static per-tensor scales go direct into any
+layout of that storage dtype whose scales equal the sender's, which the receiver READs first
+(read_tensor_scales, same_codes). Other int8 and fp8 codes under per-tensor scales (another scale, another
+storage dtype, a float receiver) come staged and are decoded with the sender's scales (decode_codes) before
+that append, which quantizes them under the receiver's own scales.
+"""
+
+import time
+
+import numpy as np
+import torch
+
+import kvforge
+
+from .torch_dtypes import CODE_DTYPES, TORCH_DTYPES
+
+
+def decodable(d):
+    """Whether a quantized sender's codes can be read and decoded here: static per-tensor scales published at
+    one address, and codes of one element each (int8, fp8)."""
+    return d["quant"] == "per_tensor" and d["tensor_scales"] is not None and d["storage"] in CODE_DTYPES
+
+
+def read_tensor_scales(agent, d, peer, timeout=10.0):
+    """The sender's per-tensor scales, fp32 [layers, K/V], by one READ of 8 bytes a layer."""
+    size = 8 * d["layers"]
+    area = agent._take_staging(size, torch.device("cpu"))
+    try:
+        nixl = agent._nixl
+        local = nixl.get_xfer_descs(np.array([[area[0].data_ptr(), size, 0]], dtype=np.uint64), "DRAM")
+        remote = nixl.get_xfer_descs(np.array([[d["tensor_scales"], size, d["device_id"]]], dtype=np.uint64),
+                                     d["device"])
+        with agent._lock:
+            handle = nixl.initialize_xfer("READ", local, remote, peer)
+            state = nixl.transfer(handle)
+        deadline = time.monotonic() + timeout
+        while state == "PROC" and time.monotonic() < deadline:
+            with agent._lock:
+                state = nixl.check_xfer_state(handle)
+        if state != "DONE":  # a READ NIXL could not finish may still write into the area: it is parked
+            agent._abandoned.append(([handle], area[0], area[1]))
+            agent._release_abandoned()
+            area = None
+            raise kvforge.BackendError(f"nixl: reading {peer}'s scales ended {state}; nothing was read into the pool")
+        handle.release()
+        return area[0][:size].view(torch.float32).view(-1, 2).clone()
+    finally:
+        if area is not None:
+            agent._spare.append(area)
+
+
+def same_codes(cache, mine, d, theirs_scales):
+    """Whether a sender's codes mean in this cache what they mean in the sender's: the same storage dtype
+    under static per-tensor scales, each equal to this cache's. Codes under another scale are other
+    values, so they are decoded on arrival instead (decode_codes)."""
+    if not (mine["quant"] == d["quant"] == "per_tensor" and mine["storage"] == d["storage"] and
+            None not in (mine["tensor_scales"], d["tensor_scales"])):
+        return False
+    for layer in range(mine["layers"]):
+        view = cache.view(layer)
+        for kv, side in enumerate("kv"):
+            scale = torch.from_dlpack(view[f"{side}_scales"])
+            if float(scale[(0,) * scale.dim()]) != float(theirs_scales[layer, kv]):
+                return False
+    return True
+
+
+def decode_codes(kv, layer, decode):
+    """[K/V, positions, heads, dim] codes as they came, to fp32 values: each sender's heads [h0, h1) times
+    its scales of `layer` (decode: [(h0, h1, fp32 [layers, K/V])]), as the sender's own gather decodes."""
+    values = kv.to(torch.float32)
+    for h0, h1, scales in decode:
+        values[:, :, h0:h1] *= scales[layer].view(2, 1, 1, 1)
+    return values
+
+
+def write_staged(plan):
+    """Writes a completed staged pull from its staging area into the cache, a layer at a time, through the
+    cache's own append (and commit, for a lazy variant)."""
+    cache, mine, staging = plan["cache"], plan["mine"], plan["staging"]
+    rows, slots = plan["dst_place"]
+    into = TORCH_DTYPES[mine["input"]]
+    at, count = plan["first_position"], plan["count"]
+    for layer in range(mine["layers"]):
+        kv = staging[layer]  # [K/V, page, slot, head, dim]: a view of the pages as they came, or
+        # (heads outside slots in the source's pages) a copy with positions outside heads
+        kv = kv.reshape(2, kv.shape[1] * kv.shape[2], kv.shape[3], kv.shape[4])[:, at:at + count]
+        if plan["decode"] is not None:
+            kv = decode_codes(kv, layer, plan["decode"])
+        k, v = kv[0].to(into), kv[1].to(into)  # [positions, heads, dim]
+        if mine["paged"]:
+            cache.append(layer, k, v, slots=torch.from_numpy(rows * mine["page_size"] + slots))
+        else:
+            cache.append(layer, k, v, rows=torch.from_numpy(rows.astype(np.int32)),
+                         positions=torch.from_numpy(slots.astype(np.int32)))
+    if cache.descriptor.lazy:
+        cache.commit()
