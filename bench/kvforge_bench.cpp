@@ -444,7 +444,10 @@ int main(int argc, char** argv) {
     register_memory_benchmarks();
     register_simulations();
     register_state_benchmarks();
-    if (preset_name != "short") register_disk_tier_benchmarks();  // 128 MiB of disk reads an iteration
+    if (preset_name != "short") {  // 128 MiB of disk reads, or of promotion and other work, an iteration
+      register_disk_tier_benchmarks();
+      register_promote_ahead_benchmarks();
+    }
     const VariantEntry& e = registry().at(kMemoryVariant);
     copies.insert({2 * 64 * e.descriptor->bytes_per_token * e.descriptor->page_size, Mode::hot});
   }

@@ -9,7 +9,8 @@ inline constexpr const char* kMemoryVariant = "vllm_paged_nhd.llama3_8b.bf16";
 
 void register_memory_benchmarks();  // memory/...: allocator, step metadata, offload and restore
 void register_simulations();        // simulate/<variant>: one per paged bf16 layout of the tiny model
-void register_state_benchmarks();
-void register_disk_tier_benchmarks();  // memory/disk/...: promotion from the disk tier, prefetch (disk_tier_bench.cpp)   // memory/state/<record>/<op>: StatePool against a copy (state_bench.cpp)
+void register_state_benchmarks();         // memory/state/<record>/<op>: StatePool against a copy (state_bench.cpp)
+void register_disk_tier_benchmarks();     // memory/disk/...: promotion from the disk tier, prefetch (disk_tier_bench.cpp)
+void register_promote_ahead_benchmarks();  // memory/host/...: host-tier promotion copied ahead (promote_ahead_bench.cpp)
 
 }  // namespace kvforge_bench

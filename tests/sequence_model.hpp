@@ -55,7 +55,8 @@ struct ModelMismatch : std::runtime_error {
 
 class SequenceModel {
  public:
-  SequenceModel(const VariantEntry& e, int64_t pages, int32_t host_pages, bool prefix_caching, int32_t window = 0)
+  SequenceModel(const VariantEntry& e, int64_t pages, int32_t host_pages, bool prefix_caching, int32_t window = 0,
+                bool promote_ahead = false)
       : d_(*e.descriptor), arena_(Device::cpu), window_(window) {
     CacheConfig cfg;
     cfg.pages = pages;
@@ -66,6 +67,7 @@ class SequenceModel {
     o.host_blocks = host_pages;
     o.window = window;
     o.kv_events = true;
+    o.promote_ahead = promote_ahead;
     if (host_pages > 0) {  // a disk tier below the host tier, in a file of this model's own
       static int models = 0;
       disk_path_ = "/tmp/kvforge_model_" + std::to_string(getpid()) + "_" + std::to_string(models++);

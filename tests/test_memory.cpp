@@ -226,6 +226,16 @@ TEST_P(EveryPagedTinyVariant, RandomOperationsWithASlidingWindowMatchTheModel) {
   EXPECT_GT(model.verified_sequences, 0);
 }
 
+// The same, with host-tier promotions copied on the manager's thread (promote_ahead): whatever comes
+// between an add() and its step, every sequence the model verifies reads back what was written.
+TEST_P(EveryPagedTinyVariant, RandomOperationsWithPromotionAheadMatchTheModel) {
+  const VariantDescriptor& d = *GetParam()->descriptor;
+  SequenceModel model(*GetParam(), 64 / d.page_size * 3 + 8, 24, true, 0, true);
+  ASSERT_NO_FATAL_FAILURE(run_model(model, 44, 1500));
+  EXPECT_GT(model.verified_sequences, 0);
+  RecordProperty("promoted_ahead", std::to_string(model.manager().stats().promoted_ahead));
+}
+
 // The same prompts give the same cache contents whether prefixes are reused or recomputed.
 TEST_P(EveryPagedTinyVariant, PrefixReuseGivesIdenticalContents) {
   const VariantDescriptor& d = *GetParam()->descriptor;

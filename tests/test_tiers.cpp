@@ -1,7 +1,8 @@
 // The prefix cache's tiers below the device: blocks that eviction moves to the host tier and on to the
 // disk tier come back on a prefix hit with the K/V that was written (read back through gather and
 // compared with the values the test wrote); a restart serves the disk tier's records; a record with
-// flipped bytes, a file cut short and a writer killed mid-record all end as misses, never wrong data.
+// flipped bytes, a file cut short and a writer killed mid-record all end as misses, never wrong data;
+// host-tier blocks copied ahead on the manager's thread read back right whatever comes between.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -28,7 +29,8 @@ struct Tiers {
   std::unique_ptr<Cache> cache;
   std::unique_ptr<SequenceManager> manager;
   const VariantDescriptor& d = *registry().at(kVariant).descriptor;
-  Tiers(const std::string& disk, int64_t pages = 6, int32_t host = 4, int64_t disk_blocks = 32, int32_t read_ahead = 64) {
+  Tiers(const std::string& disk, int64_t pages = 6, int32_t host = 4, int64_t disk_blocks = 32, int32_t read_ahead = 64,
+        bool promote_ahead = false) {
     CacheConfig cfg;
     cfg.pages = pages;
     cache = registry().at(kVariant).create(cfg);
@@ -38,11 +40,17 @@ struct Tiers {
     o.disk_blocks = disk_blocks;
     o.kv_events = true;
     o.read_ahead_blocks = read_ahead;
+    o.promote_ahead = promote_ahead;
     manager = std::make_unique<SequenceManager>(*cache, o);
   }
   // Adds `prompt` as `id`, writes what it did not find cached, and returns the tokens it found.
   int64_t serve(int64_t id, const std::vector<int32_t>& prompt) {
     const int64_t cached = manager->add(id, prompt);
+    write(id, prompt, cached);
+    return cached;
+  }
+  // Steps sequence `id` alone and writes its new tokens, those after the `cached` ones.
+  void write(int64_t id, const std::vector<int32_t>& prompt, int64_t cached) {
     const BatchMetadata b = manager->step({id});
     const int64_t T = int64_t(b.slots.size());
     std::vector<float> k(size_t(T * d.heads * d.head_dim)), v(k.size());
@@ -58,7 +66,6 @@ struct Tiers {
                     TensorView::contiguous(v.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
                     TokenTargets::paged(IndexView::of(b.slots.data(), T)));
     }
-    return cached;
   }
   // Serves every prompt again, each read back against the values written, and frees it.
   void serve_and_check_all(const std::vector<std::vector<int32_t>>& prompts) {
@@ -250,6 +257,50 @@ TEST(Tiers, PrefetchReadsDiskBlocksAheadAndAddTakesThem) {
   one.expect_contents(102, again[0]);
   EXPECT_EQ(one.manager->stats().read_ahead_hits, 1);
   std::remove(path.c_str());
+}
+
+// promote_ahead: host-tier blocks come back on the manager's thread. Each sequence reads back the values
+// written, whether its step came at once, after another sequence's step, or never (freed first, its
+// pages then taken by other prompts); the invariants hold between operations.
+TEST(Tiers, PromotionAheadCopiesBeforeAnyoneReadsThePages) {
+  Tiers t("", 8, 16, 0, 64, true);  // no disk tier: every hit below the device is a host-tier block
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) {  // two blocks each through 8 pages: most end on the host tier
+    prompts.push_back(prompt_of(i + 1, 2, t.P()));
+    t.serve(i, prompts.back());
+    t.manager->free(i);
+  }
+  ASSERT_EQ(t.manager->cached_prefix(prompts[0]), 2 * t.P());
+  // Two prompts come back at once; the second one's step comes first, then both read back.
+  EXPECT_EQ(t.manager->add(100, prompts[0]), 2 * t.P());
+  EXPECT_EQ(t.manager->add(101, prompts[1]), 2 * t.P());
+  EXPECT_EQ(t.manager->stats().promoted_ahead, 4) << "the host-tier blocks were not copied ahead";
+  t.manager->check_invariants();
+  t.write(101, prompts[1], 2 * t.P());
+  t.write(100, prompts[0], 2 * t.P());
+  t.expect_contents(100, prompts[0]);
+  t.expect_contents(101, prompts[1]);
+  t.manager->free(100);
+  t.manager->free(101);
+  // One comes back and is freed before any step: its pages go to the prompts after it, and it comes
+  // back again with its values.
+  ASSERT_EQ(t.manager->cached_prefix(prompts[2]), 2 * t.P());
+  const int64_t ahead = t.manager->stats().promoted_ahead;
+  t.manager->add(102, prompts[2]);
+  EXPECT_GT(t.manager->stats().promoted_ahead, ahead);
+  t.manager->free(102);
+  t.manager->check_invariants();
+  for (int i = 3; i < 8; ++i) {
+    t.serve(200 + i, prompts[size_t(i)]);
+    t.expect_contents(200 + i, prompts[size_t(i)]);
+    t.manager->free(200 + i);
+    t.manager->check_invariants();
+  }
+  t.serve(300, prompts[2]);
+  t.expect_contents(300, prompts[2]);
+  t.manager->free(300);
+  t.manager->reset_prefix_cache();
+  t.manager->check_invariants();
 }
 
 TEST(Tiers, AWriterKilledMidRecordLeavesOnlyIntactRecords) {

@@ -50,10 +50,14 @@ void SequenceManager::check_invariants() const {
     free_pages += want == 0;
   }
   if (free_pages != device_.free_count()) fail("the free count disagrees with the owners");
+  std::vector<uint8_t> promoting_from(size_t(host_.total()), 0);  // held until their copy is settled
+  for (const auto& copy : promoting_host_)
+    for (int32_t h : copy.second) promoting_from[size_t(h)] = 1;
   for (int32_t b = 0; b < host_.total(); ++b)
     if (host_.ref_count(b) != host_owners[size_t(b)] + (host_prefix_.cached(b) ? 1 : 0))
       fail("host page " + std::to_string(b) + " has the wrong owners");
-    else if (host_prefix_.cached(b) && (host_owners[size_t(b)] != 0 || !host_prefix_.evictable(b) || !host_prefix_.consistent(b)))
+    else if (host_prefix_.cached(b) && (host_owners[size_t(b)] != 0 || !(host_prefix_.evictable(b) || promoting_from[size_t(b)]) ||
+                                        !host_prefix_.consistent(b)))
       fail("host page " + std::to_string(b) + " holds a demoted block and something else");
   if (disk_) {  // every record is free or holds one cached block, never both
     std::vector<uint8_t> free(size_t(disk_->capacity()), 0);

@@ -1,6 +1,7 @@
 #include "kvforge/sequence_manager.hpp"
 
 #include "disk_read_ahead.hpp"
+#include "promotion_ahead.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -265,6 +266,7 @@ void SequenceManager::append(int64_t seq, const std::vector<int32_t>& tokens) {
   if (needed + (copy_last ? 1 : 0) > available_blocks())
     throw CapacityError("pages", needed + (copy_last ? 1 : 0), available_blocks());
   if (copy_last) {
+    settle_pages({s.pages.back()});
     std::vector<int32_t> fresh;
     allocate(1, fresh);
     const std::vector<int32_t> pair{s.pages.back(), fresh[0]};
@@ -293,8 +295,12 @@ void SequenceManager::fork(int64_t parent, int64_t child) {
 void SequenceManager::free(int64_t seq) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) throw StateError("seq", "sequence " + std::to_string(seq) + " does not exist");
-  if (it->second.offloaded) host_.release(it->second.host_pages);
-  else release(held(it->second));
+  if (it->second.offloaded) {
+    host_.release(it->second.host_pages);
+  } else {
+    if (!promoting_.empty()) settle_pages(held(it->second));  // its pages may go to another sequence next
+    release(held(it->second));
+  }
   free_rows_.push_back(it->second.row);
   last_batch_.clear();  // its Sequence* may be in the last batch
   sequences_.erase(it);
@@ -342,7 +348,9 @@ BatchMetadata SequenceManager::describe_step(const std::vector<int64_t>& seqs, b
 
 BatchMetadata SequenceManager::step(const std::vector<int64_t>& seqs) {
   check_listed_once(seqs);  // one listed twice would come out as two requests, the second with no tokens
-  return describe_step(seqs, true);
+  BatchMetadata m = describe_step(seqs, true);
+  settle_pages(m.indices);  // the step's own promoted pages, and no others
+  return m;
 }
 
 int32_t SequenceManager::take_row() {
@@ -422,6 +430,8 @@ const DeviceStep& SequenceManager::step_on_device(const std::vector<int64_t>& se
   int32_t longest = 0;
   for (const Sequence* s : batch) longest = std::max(longest, int32_t(s->pages.size()));
   ensure_device_table(next_row_, longest);
+  if (!promoting_.empty())
+    for (const Sequence* s : batch) settle_pages(held(*s));
   record_changes(batch, changes_);
   return device_state_->build(changes_, indices);
 }
@@ -436,6 +446,7 @@ GatherRange SequenceManager::range(int64_t seq, int64_t begin, int64_t end) {
     throw OutOfRangeError("begin", begin, first, end + 1, -1,
                           "positions before " + std::to_string(first) + " have left the window of " +
                               std::to_string(options_.window) + " and their pages are freed");
+  if (!promoting_.empty()) settle_pages(held(s));
   GatherRange g;
   g.pages = device_index(s.pages, 1);
   g.begin = begin;

@@ -68,6 +68,7 @@ void SequenceManager::offload(int64_t seq) {
   if (s.pending) throw StateError("seq", "sequence " + std::to_string(seq) + " has tokens no step() has written yet");
   const std::vector<int32_t> pages = held(s);
   const int32_t n = int32_t(pages.size());
+  settle_pages(pages);  // before host_free(): a settled copy's host blocks are evictable again
   if (n > host_free()) throw CapacityError("host_blocks", n, host_free());
   host_room(n);
   std::vector<int32_t> host_pages;

@@ -92,6 +92,7 @@ void SequenceManager::reset_prefix_cache() {
   if (prefix_.evictable_count() != prefix_.size())
     throw StateError("prefix_cache", std::to_string(prefix_.size() - prefix_.evictable_count()) +
                                          " cached blocks are held by live sequences; free them first");
+  settle_all();
   device_.release(prefix_.evict_all());
   host_.release(host_prefix_.evict_all());
   for (int32_t slot : disk_prefix_.evict_all()) disk_free_.push_back(slot);

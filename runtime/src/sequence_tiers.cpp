@@ -5,6 +5,7 @@
 #include <string>
 
 #include "disk_read_ahead.hpp"
+#include "promotion_ahead.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/sequence_manager.hpp"
 
@@ -30,7 +31,32 @@ void SequenceManager::open_disk_tier() {
   record_stored(disk_prefix_, found, "DISK");
 }
 
-SequenceManager::~SequenceManager() = default;
+SequenceManager::~SequenceManager() {
+  promotion_.reset();  // its copies finish while the host pool they read is alive
+}
+
+void SequenceManager::settle(uint64_t ticket) {
+  promotion_->wait(ticket);
+  const uint64_t done = promotion_->finished();
+  for (auto it = promoting_.begin(); it != promoting_.end();) it = it->second <= done ? promoting_.erase(it) : std::next(it);
+  auto copied = promoting_host_.begin();
+  for (; copied != promoting_host_.end() && copied->first <= done; ++copied)
+    for (int32_t h : copied->second)
+      if (host_prefix_.cached(h)) host_prefix_.make_evictable(h);
+  promoting_host_.erase(promoting_host_.begin(), copied);
+}
+
+void SequenceManager::settle_pages(const std::vector<int32_t>& pages) {
+  if (promoting_.empty()) return;
+  uint64_t last = 0;
+  for (int32_t p : pages)
+    if (const auto it = promoting_.find(p); it != promoting_.end()) last = std::max(last, it->second);
+  if (last) settle(last);
+}
+
+void SequenceManager::settle_all() {
+  if (!promoting_host_.empty()) settle(promoting_host_.back().first);
+}
 
 int64_t SequenceManager::prefetch(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
   if (!disk_ || options_.read_ahead_blocks == 0) return 0;
@@ -90,6 +116,7 @@ void SequenceManager::evict(int32_t n) {
   while (device_.free_count() + int32_t(victims.size()) < n) {
     victims.push_back(prefix_.take_victim());
   }
+  settle_pages(victims);  // a promoted block whose sequence went before its step: its copy ends first
   // Demoted to the host tier, as many as it has room for: packed there before the pages are reused.
   const bool demote = options_.demote_to_host && host_.total() > 0;
   std::vector<int32_t> moved, host_pages;
@@ -170,7 +197,18 @@ void SequenceManager::promote(std::vector<LowerBlock> blocks) {
     if (blocks[i].on_disk) disk_pages.push_back(pages[i]);
     else host_blocks.push_back(blocks[i].index), host_pages.push_back(pages[i]);
   }
-  pages_from_host(host_blocks, host_pages);
+  const bool ahead = options_.promote_ahead && !host_blocks.empty() && &backend_.host() == &backend_;
+  if (ahead) {
+    if (!promotion_) promotion_ = std::make_unique<PromotionAhead>(cache_);
+    std::vector<const unsigned char*> from;
+    for (int32_t h : host_blocks) from.push_back(static_cast<const unsigned char*>(host_pool_.data()) + h * ppb);
+    const uint64_t ticket = promotion_->queue(std::move(from), host_pages);
+    for (int32_t p : host_pages) promoting_[p] = ticket;
+    promoting_host_.emplace_back(ticket, host_blocks);
+    stats_.promoted_ahead += int64_t(host_blocks.size());
+  } else {
+    pages_from_host(host_blocks, host_pages);
+  }
   if (!disk_pages.empty()) {
     const int64_t bytes = int64_t(disk_pages.size()) * ppb;
     if (&backend_.host() == &backend_) {
@@ -185,7 +223,7 @@ void SequenceManager::promote(std::vector<LowerBlock> blocks) {
   for (size_t i = 0; i < pages.size(); ++i) {
     PrefixCache& tier = blocks[i].on_disk ? disk_prefix_ : host_prefix_;
     prefix_.adopt(tier, blocks[i].index, pages[i]);
-    tier.make_evictable(blocks[i].index);
+    if (blocks[i].on_disk || !ahead) tier.make_evictable(blocks[i].index);  // else once its copy is settled
   }
   stats_.promoted_blocks += int64_t(pages.size());
   stats_.disk_reads += int64_t(disk_pages.size());

@@ -122,8 +122,9 @@ def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step
     instances = []
     for i in range(2):
         cache = kvforge.create(VARIANT, pages=12)
-        # Instance 0 demotes evicted blocks to a host tier of 4 pages and a disk tier of 16; instance 1 has none.
-        tiers = dict(host_blocks=4, disk_path=str(tmp_path / "blocks"), disk_blocks=16) if i == 0 else {}
+        # Instance 0 demotes evicted blocks to a host tier of 4 pages and a disk tier of 16, and copies host-tier
+        # hits back on its own thread (promote_ahead: the events are add()'s all the same); instance 1 has none.
+        tiers = dict(host_blocks=4, disk_path=str(tmp_path / "blocks"), disk_blocks=16, promote_ahead=True) if i == 0 else {}
         instances.append(kvforge.SequenceManager(cache, kv_events=True, salt=7 * i, block_hash=scheme,
                                                  hash_seed="kvforge-test", **tiers))
     block = kvforge.describe(VARIANT).page_size
@@ -171,6 +172,7 @@ def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step
     assert sum(m.stats["evictions"] for m in instances) > 0, "the trace never evicted"
     assert instances[0].stats["promoted_blocks"] > 0, "no prefix hit came back from a lower tier"
     assert instances[0].stats["disk_reads"] > 0, "no prefix hit came back from the disk tier"
+    assert instances[0].stats["promoted_ahead"] > 0, "no host-tier hit was copied ahead"
     assert all(router.seen.values()), router.seen
 
 

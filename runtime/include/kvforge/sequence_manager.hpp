@@ -23,6 +23,7 @@
 namespace kvforge {
 
 class DiskReadAhead;
+class PromotionAhead;
 
 // What a step hands to the kernels, as host arrays; `DeviceBatch` puts them on the cache's device.
 // Building costs O(new tokens) for the slots plus O(pages) for the page tables, which are that big.
@@ -79,6 +80,13 @@ struct SequenceManagerOptions {
   // Disk-tier blocks that prefetch() may hold at once, queued or read and not yet promoted (each one
   // packed page of host memory); 0: prefetch() reads nothing ahead.
   int32_t read_ahead_blocks = 64;
+  // Host-tier blocks that add() promotes are copied into their device pages on a thread of this
+  // manager's, so that add() returns at once and the copy overlaps the caller's work. step(),
+  // step_on_device() and range() of a sequence wait for its own pages only; free(), offload(),
+  // eviction and reset_prefix_cache() wait for the pages they touch. Read a promoted prefix only
+  // through those (a gather straight after add() may see the copy unfinished). The CPU backend: a
+  // CUDA cache's promotions are already asynchronous on its stream, and this changes nothing there.
+  bool promote_ahead = false;
 };
 
 // How long a token range of a sequence's prefix stays cached once nobody holds it, as TensorRT-LLM's
@@ -105,6 +113,7 @@ struct SequenceStats {
   int64_t disk_reads = 0;       // of promoted_blocks, those read from the disk tier
   int64_t disk_misses = 0;      // disk records that did not check out when read (torn, cut short, changed)
   int64_t read_ahead_hits = 0;  // of disk_reads, those prefetch() had read ahead
+  int64_t promoted_ahead = 0;   // of promoted_blocks, host-tier ones copied on promote_ahead's thread
 };
 
 // Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
@@ -268,6 +277,11 @@ class SequenceManager {
   // Copies lower-tier blocks back into fresh device pages and caches them there; a disk record that
   // does not check out ends them there.
   void promote(std::vector<LowerBlock> blocks);
+  // Waits for the promote_ahead copies into `pages` (settle_pages), or every one (settle_all), then
+  // makes the host blocks that finished copies read evictable again.
+  void settle_pages(const std::vector<int32_t>& pages);
+  void settle_all();
+  void settle(uint64_t ticket);
   void open_disk_tier();
   int32_t take_disk_slot();  // a free record, or the disk tier's eviction victim's
   // Packed pages between device pages and host pages, one launch (and one copy per run) per call.
@@ -302,6 +316,11 @@ class SequenceManager {
   std::vector<int32_t> disk_free_;
   std::vector<unsigned char> disk_io_;
   std::unique_ptr<DiskReadAhead> read_ahead_;  // after disk_: its thread reads disk_ until it goes
+  // promote_ahead: the copy of each device page not yet settled (its ticket), and the host blocks each
+  // copy reads, held (not evictable) until it is settled.
+  std::unique_ptr<PromotionAhead> promotion_;
+  std::unordered_map<int32_t, uint64_t> promoting_;
+  std::vector<std::pair<uint64_t, std::vector<int32_t>>> promoting_host_;
   Buffer host_pool_;
   Buffer staging_;
   Buffer index_scratch_[2];
