@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const VariantEntry& e = *variants[choices.below(uint32_t(variants.size()))];
   try {
     const int32_t window = choices.below(3) == 0 ? int32_t(e.descriptor->page_size + choices.below(40)) : 0;
-    SequenceModel model(e, 128 / e.descriptor->page_size * 2 + 4, 8, choices.below(4) != 0, window);
+    const bool prefix_caching = choices.below(4) != 0, promote_ahead = choices.below(2) == 0;
+    SequenceModel model(e, 128 / e.descriptor->page_size * 2 + 4, 8, prefix_caching, window, promote_ahead);
     for (int i = 0; i < 400 && !choices.exhausted(); ++i) model.random_op(choices);
     model.verify();
   } catch (const ModelMismatch& m) {
