@@ -29,7 +29,8 @@ PAIRS = [("vllm_paged_nhd", "flashinfer_paged_hnd"), ("deepspeed_blocked", "vllm
          ("vllm_paged_nhd", "jetstream_contiguous"),
          ("flashinfer_paged_hnd", "flashinfer_paged_hnd.llama3_8b.int8_in_bf16"),
          ("flashinfer_paged_hnd.llama3_8b.int8_in_bf16", "flashinfer_paged_hnd.llama3_8b.int8_in_bf16"),
-         ("vllm_paged_nhd.llama3_8b.fp8_e4m3_in_bf16", "vllm_paged_nhd.llama3_8b.fp8_e4m3_in_bf16")]
+         ("vllm_paged_nhd.llama3_8b.fp8_e4m3_in_bf16", "vllm_paged_nhd.llama3_8b.fp8_e4m3_in_bf16"),
+         ("vllm_paged_nhd.llama3_8b.fp8_e4m3_in_bf16", "vllm_paged_nhd")]  # fp8 codes decoded into bf16
 
 
 def variant(layout):

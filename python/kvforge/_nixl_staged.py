@@ -4,8 +4,11 @@ A staged pull READs the source's values into a staging area dense over the sourc
 append then writes them in its layout and dtype. Codes under static per-tensor scales go direct into any
 layout of that storage dtype whose scales equal the sender's, which the receiver READs first
 (read_tensor_scales, same_codes). Other int8 and fp8 codes under per-tensor scales (another scale, another
-storage dtype, a float receiver) come staged and are decoded with the sender's scales (decode_codes) before
-that append, which quantizes them under the receiver's own scales.
+storage dtype, a float receiver) are decoded with the sender's scales before that append, which quantizes
+them under the receiver's own scales: by the sender's own kernels, where one sender's paged, eager cache
+sends from position 0 and its variant is built here (scratch_plan: the codes go direct into a scratch cache
+of that variant under the sender's scales, whose gather decodes them), else in torch from a staging area
+(decode_codes), about 8x slower (bench/RESULTS.md §14d).
 """
 
 import time
@@ -15,6 +18,8 @@ import torch
 
 import kvforge
 
+from . import _nixl_pages as page_pulls
+from . import _nixl_plan as plans
 from .torch_dtypes import CODE_DTYPES, TORCH_DTYPES
 
 
@@ -98,3 +103,63 @@ def write_staged(plan):
                          positions=torch.from_numpy(slots.astype(np.int32)))
     if cache.descriptor.lazy:
         cache.commit()
+
+
+def scratch_plan(agent, cache, mine, theirs, scales, sources, source, target, begin, count):
+    """The plan of a pull whose codes go direct into a scratch cache of the sender's own variant, under the
+    sender's scales, to be gathered from there (decoded by the variant's kernels) and appended here; None
+    where it cannot go that way (several senders, begin > 0, a lazy or contiguous sender, or its variant
+    not built here)."""
+    d = theirs[0]
+    if len(theirs) != 1 or begin or d["lazy"] or not d["paged"]:
+        return None
+    pages = -(-count // d["page_size"])
+    try:
+        area = page_pulls.take_scratch(agent, d["name"], pages)
+    except kvforge.errors.UnknownVariantError:
+        return None
+    scratch = area[0]
+    for layer in range(d["layers"]):
+        scratch.set_tensor_scale(layer, float(scales[0][layer, 0]), float(scales[0][layer, 1]))
+    into = plans.Placement(pages=np.arange(pages))
+    described = plans._describe(scratch, d["rank"])
+    if not same_codes(scratch, described, d, scales[0]):  # its codes go direct, never through here again
+        page_pulls.give_back(agent, area)
+        return None
+    try:
+        plan = agent._plan_into(scratch, described, sources, count, source, into, 0, False)
+    except Exception:
+        page_pulls.give_back(agent, area)
+        raise
+    plan.update(how="scratch", area=area, then={"cache": cache, "mine": mine, "into": into,
+                                                "dst_place": plans._places("target", mine, target, np.arange(count))})
+    return plan
+
+
+def write_decoded(agent, plan):
+    """Gathers a completed scratch_plan pull from the scratch, a layer at a time (the sender's variant decoding
+    its codes), appends it into the cache, and keeps the scratch for the next pull."""
+    then, scratch = plan["then"], plan["area"][0]
+    cache, mine, count = then["cache"], then["mine"], plan["count"]
+    d = scratch.descriptor
+    key = (d.input, d.heads, d.head_dim)
+    held = agent._decode_buffers.get(key)
+    if held is None or held[0].shape[1] < count:  # kept: a fresh buffer's page faults cost a layer's gather
+        held = tuple(torch.zeros(d.heads, count, d.head_dim, dtype=TORCH_DTYPES[d.input]) for _ in range(2))
+        agent._decode_buffers[key] = held
+    k, v = held[0][:, :count], held[1][:, :count]
+    rows, slots = then["dst_place"]
+    into = TORCH_DTYPES[mine["input"]]
+    pages = torch.from_numpy(then["into"].pages.astype(np.int32))
+    for layer in range(d.layers):
+        scratch.gather(layer, k, v, pages=pages, begin=0, end=count)  # [heads, positions, head_dim]
+        kt, vt = k.transpose(0, 1).to(into), v.transpose(0, 1).to(into)
+        if mine["paged"]:
+            cache.append(layer, kt, vt, slots=torch.from_numpy(rows * mine["page_size"] + slots))
+        else:
+            cache.append(layer, kt, vt, rows=torch.from_numpy(rows.astype(np.int32)),
+                         positions=torch.from_numpy(slots.astype(np.int32)))
+    if cache.descriptor.lazy:
+        cache.commit()
+    with agent._lock:
+        page_pulls.give_back(agent, plan["area"])

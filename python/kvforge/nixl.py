@@ -115,6 +115,7 @@ class Agent:
         self._spare = []  # (byte buffer, registration): staging areas that pulls reuse, each in one at a time
         self._scratch = []  # (cache, registration): a serving agent's spare scratch caches (_nixl_pages.py)
         self._gather_buffers = {}  # (dtype, heads, head_dim) -> K and V buffers that scratch writes gather into
+        self._decode_buffers = {}  # the same, for a pull's codes decoded in a scratch of the sender's variant
 
     def close(self):
         """Deregisters every cache, forgets every peer and ends the NIXL agent. Call it (or use the agent as
@@ -271,7 +272,8 @@ class Agent:
         timeout: seconds; then PullTimeout. notify: bytes each sender gets in notifications() when done.
         prepared: None lets the pull ask a serving sender (Agent(serve=True)) to write the request in this
         cache's page order where the bytes do not map one to one; False never asks; True requires it.
-        Returns a dict: how (direct, prepared or staged), descriptors and bytes read.
+        Returns a dict: how (direct, prepared, staged, or scratch: codes decoded in a scratch of the sender's
+        variant), descriptors and bytes read.
         """
         return self.start_pull(sources, key, count, source, target, begin, notify, prepared).wait(timeout)
 
@@ -309,6 +311,9 @@ class Agent:
         if key not in self._caches:
             raise kvforge.ArgumentError(f"key: {key!r} is not registered here (registered: {sorted(self._caches)})")
         cache, mine, _ = self._caches[key]
+        return self._plan_into(cache, mine, sources, count, source, target, begin, ask)
+
+    def _plan_into(self, cache, mine, sources, count, source, target, begin, ask=None):
         if not sources:
             raise kvforge.ArgumentError("sources: give (agent name, key) for each rank of the sending group")
         theirs = []
@@ -337,12 +342,16 @@ class Agent:
             scales = [staged_pulls.read_tensor_scales(self, d, sources[rank][0]) for rank, d in enumerate(theirs)]
             if all(staged_pulls.same_codes(cache, mine, d, s) for d, s in zip(theirs, scales)):
                 scales = None
+            elif plan := staged_pulls.scratch_plan(self, cache, mine, theirs, scales, sources, source, target, begin, count):
+                return plan  # decoded by the sender's own kernels, in a scratch of its variant
         # A sender that serves writes this cache's page order, unless both pools place a request's bytes
         # alike: then a direct READ takes as few descriptors, with no pass on either side.
         if scales is None and (ask or (ask is None and not _same_geometry(mine, theirs))):
             plan, why = self._prepared_plan(cache, mine, theirs, sources, source, target, count, begin)
-            if plan or ask:
-                return plan or _refuse(kvforge.UnsupportedError(f"prepared: no prepared pull: {why}"))
+            if ask and not plan:
+                raise kvforge.UnsupportedError(f"prepared: no prepared pull: {why}")
+            if plan:
+                return plan
         # Runs are enumerated in the source's own order: its (page, slot, K/V, head) axes from the widest
         # stride in, so that its adjacent runs come one after another and merge without sorting. The
         # staging area is dense over the same axes: a source page lands whole.
@@ -423,17 +432,12 @@ class Agent:
                 "layers": mine["layers"], "layer_bases": _layer_bases(mine), "device_id": mine["device_id"]}, None
 
 
-def _refuse(error):
-    raise error
-
-
 def _stop_polling(stop, thread):
     stop.set()
     thread.join()
 
 
-def prepared_pull(agent, plan, notify):
-    return prepared.PreparedPull(agent, plan, notify)
+prepared_pull = prepared.PreparedPull  # (agent, plan, notify)
 
 
 class Pull(InFlight):
@@ -442,7 +446,8 @@ class Pull(InFlight):
     def __init__(self, agent, plan, notify):
         self._agent, self._plan, self._handles = agent, plan, []
         nixl, mine = agent._nixl, plan["mine"]
-        self.report = {"how": "staged" if plan["staging"] is not None else "direct", "descriptors": 0, "bytes": 0}
+        how = plan.get("how") or ("staged" if plan["staging"] is not None else "direct")
+        self.report = {"how": how, "descriptors": 0, "bytes": 0}
         for peer, (src, dst, lengths), theirs in plan["requests"]:
             local = np.stack([dst, lengths, np.full_like(dst, mine["device_id"])], axis=1).astype(np.uint64)
             remote = np.stack([src, lengths, np.full_like(src, theirs["device_id"])], axis=1).astype(np.uint64)
@@ -473,7 +478,9 @@ class Pull(InFlight):
         for handle in self._handles:
             handle.release()
         self._handles = []
-        if plan["staging"] is not None:
+        if plan.get("then") is not None:
+            staged_pulls.write_decoded(self._agent, plan)
+        elif plan["staging"] is not None:
             staged_pulls.write_staged(plan)
             self._agent._spare.append(plan["area"])
         self._finished = True

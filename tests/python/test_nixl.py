@@ -287,12 +287,16 @@ def test_fp8_codes_under_equal_per_tensor_scales_go_direct(peers):
         assert all(torch.equal(a, b) for a, b in zip(gathered(cache, layer, target), gathered(reference, layer, target)))
 
 
-def test_codes_under_other_scales_are_decoded_with_the_senders_and_appended(peers):
+@pytest.mark.parametrize("through", ["scratch", "staged"])
+def test_codes_under_other_scales_are_decoded_with_the_senders_and_appended(peers, monkeypatch, through):
     """p0's fp8 request 12 (K and V scales SENDER_SCALES) into a cache of its variant whose scales are 1 but
-    V's of layer 1, 2, and into a bf16 cache of another layout: the codes come staged, decoded with the
-    sender's scales, and the receiver's append writes them. Each holds what its append makes of the
-    sender's gather."""
+    V's of layer 1, 2, and into a bf16 cache of another layout: the codes are decoded with the sender's
+    scales, in a scratch of the sender's variant (its gather) or, where none can be had, in torch from a
+    staging area; the receiver's append writes them. Each holds what its append makes of the sender's
+    gather, bitwise."""
     agent, _ = peers
+    if through == "staged":
+        monkeypatch.setattr(kvforge._nixl_staged, "scratch_plan", lambda *args: None)
     d, n = PER_TENSOR, pages_needed(PER_TENSOR)
     source = Placement(pages=source_pages(d))
     sender = kvforge.create(d.name, pages=2 * n)  # the sender's codes, decoded by its own gather
@@ -306,11 +310,11 @@ def test_codes_under_other_scales_are_decoded_with_the_senders_and_appended(peer
         if v_scale is not None:
             for c in (cache, reference):
                 torch.from_dlpack(c.view(1)["v_scales"]).fill_(v_scale)
-        agent.register(f"decoded_{name}", cache)
+        agent.register(f"decoded_{through}_{name}", cache)
         t = cache.descriptor
         target = Placement(pages=[1 + 2 * i for i in range(pages_needed(t))])
-        report = agent.pull([("p0", "fp8_scaled")], f"decoded_{name}", COUNT, source, target)
-        assert report["how"] == "staged", name
+        report = agent.pull([("p0", "fp8_scaled")], f"decoded_{through}_{name}", COUNT, source, target)
+        assert report["how"] == through, name
         positions = np.arange(COUNT)
         for layer, (k, v) in enumerate(sent):
             reference.append(layer, k.transpose(0, 1).to(TORCH_DTYPES[t.input]), v.transpose(0, 1).to(TORCH_DTYPES[t.input]),
