@@ -200,6 +200,7 @@ void SequenceManager::promote(std::vector<LowerBlock> blocks) {
   const bool ahead = options_.promote_ahead && !host_blocks.empty() && &backend_.host() == &backend_;
   if (ahead) {
     if (!promotion_) promotion_ = std::make_unique<PromotionAhead>(cache_);
+    settle(0);  // copies done since the last settle give their host blocks back, whoever steps next
     std::vector<const unsigned char*> from;
     for (int32_t h : host_blocks) from.push_back(static_cast<const unsigned char*>(host_pool_.data()) + h * ppb);
     const uint64_t ticket = promotion_->queue(std::move(from), host_pages);
