@@ -86,7 +86,6 @@ def write_staged(plan):
     """Writes a completed staged pull from its staging area into the cache, a layer at a time, through the
     cache's own append (and commit, for a lazy variant)."""
     cache, mine, staging = plan["cache"], plan["mine"], plan["staging"]
-    rows, slots = plan["dst_place"]
     into = TORCH_DTYPES[mine["input"]]
     at, count = plan["first_position"], plan["count"]
     for layer in range(mine["layers"]):
@@ -95,14 +94,19 @@ def write_staged(plan):
         kv = kv.reshape(2, kv.shape[1] * kv.shape[2], kv.shape[3], kv.shape[4])[:, at:at + count]
         if plan["decode"] is not None:
             kv = decode_codes(kv, layer, plan["decode"])
-        k, v = kv[0].to(into), kv[1].to(into)  # [positions, heads, dim]
-        if mine["paged"]:
-            cache.append(layer, k, v, slots=torch.from_numpy(rows * mine["page_size"] + slots))
-        else:
-            cache.append(layer, k, v, rows=torch.from_numpy(rows.astype(np.int32)),
-                         positions=torch.from_numpy(slots.astype(np.int32)))
+        append_at(cache, mine, layer, kv[0].to(into), kv[1].to(into), plan["dst_place"])  # [positions, heads, dim]
     if cache.descriptor.lazy:
         cache.commit()
+
+
+def append_at(cache, mine, layer, k, v, place):
+    """Appends one layer's k, v [positions, heads, dim] where `place` (_places' rows and slots) puts them."""
+    rows, slots = place
+    if mine["paged"]:
+        cache.append(layer, k, v, slots=torch.from_numpy(rows * mine["page_size"] + slots))
+    else:
+        cache.append(layer, k, v, rows=torch.from_numpy(rows.astype(np.int32)),
+                     positions=torch.from_numpy(slots.astype(np.int32)))
 
 
 def scratch_plan(agent, cache, mine, theirs, scales, sources, source, target, begin, count):
@@ -148,17 +152,11 @@ def write_decoded(agent, plan):
         held = tuple(torch.zeros(d.heads, count, d.head_dim, dtype=TORCH_DTYPES[d.input]) for _ in range(2))
         agent._decode_buffers[key] = held
     k, v = held[0][:, :count], held[1][:, :count]
-    rows, slots = then["dst_place"]
     into = TORCH_DTYPES[mine["input"]]
     pages = torch.from_numpy(then["into"].pages.astype(np.int32))
     for layer in range(d.layers):
         scratch.gather(layer, k, v, pages=pages, begin=0, end=count)  # [heads, positions, head_dim]
-        kt, vt = k.transpose(0, 1).to(into), v.transpose(0, 1).to(into)
-        if mine["paged"]:
-            cache.append(layer, kt, vt, slots=torch.from_numpy(rows * mine["page_size"] + slots))
-        else:
-            cache.append(layer, kt, vt, rows=torch.from_numpy(rows.astype(np.int32)),
-                         positions=torch.from_numpy(slots.astype(np.int32)))
+        append_at(cache, mine, layer, k.transpose(0, 1).to(into), v.transpose(0, 1).to(into), then["dst_place"])
     if cache.descriptor.lazy:
         cache.commit()
     with agent._lock:
