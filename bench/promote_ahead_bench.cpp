@@ -19,8 +19,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kPages = 64;  // 128 MiB of llama3-8b bf16 pages
 
 // The caller's other work between add() and step(), of two kinds: a copy of 128 MiB (bound by memory,
-// as the promotion is) or arithmetic on one core (bound by it, as a step's compute is), each about
-// 13 ms here alone (memory/host/work_alone).
+// as the promotion is; 16-21 ms here alone) or arithmetic on one core (bound by it, as a step's compute
+// is; 13 ms), each timed alone in the same run (memory/host/work_alone).
 enum class Work { none, copy, compute };
 
 constexpr int64_t kWorkBytes = int64_t(128) << 20;

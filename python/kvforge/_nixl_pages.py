@@ -131,7 +131,7 @@ class PageServing:
 
     def write(self, layer):
         mine = self.cache.descriptor
-        k, v = gather_buffers(self.agent, mine, self.tokens)
+        k, v = gather_buffers(self.agent._gather_buffers, mine, self.tokens)
         if self.source_pages is not None:
             self.cache.gather(layer, k, v, pages=self.source_pages, begin=0, end=self.tokens)
         else:
@@ -175,15 +175,16 @@ def take_scratch(agent, variant, pages):
     return cache, agent._nixl.register_memory([torch.from_dlpack(b) for b in cache.buffers()])
 
 
-def gather_buffers(agent, d, tokens):
-    """K and V [heads, tokens, head_dim] of `d`'s input dtype that a serving agent gathers a layer into: views
-    of buffers it keeps, the largest asked for, whose pages were faulted in once (a fresh 128 MiB a layer
-    took 60-180 ms here, twice the gather and the quantizing append together)."""
+def gather_buffers(kept, d, tokens):
+    """K and V [heads, tokens, head_dim] of `d`'s input dtype that a layer is gathered into: views of buffers
+    kept in `kept` (an agent's dict, one per thread that gathers), the largest asked for, whose pages were
+    faulted in once (a fresh 128 MiB a layer took 60-180 ms here, twice the gather and the quantizing append
+    together)."""
     key = (d.input, d.heads, d.head_dim)
-    held = agent._gather_buffers.get(key)
+    held = kept.get(key)
     if held is None or held[0].shape[1] < tokens:
         held = tuple(torch.zeros(d.heads, tokens, d.head_dim, dtype=TORCH_DTYPES[d.input]) for _ in range(2))
-        agent._gather_buffers[key] = held
+        kept[key] = held
     return held[0][:, :tokens], held[1][:, :tokens]
 
 

@@ -146,12 +146,7 @@ def write_decoded(agent, plan):
     then, scratch = plan["then"], plan["area"][0]
     cache, mine, count = then["cache"], then["mine"], plan["count"]
     d = scratch.descriptor
-    key = (d.input, d.heads, d.head_dim)
-    held = agent._decode_buffers.get(key)
-    if held is None or held[0].shape[1] < count:  # kept: a fresh buffer's page faults cost a layer's gather
-        held = tuple(torch.zeros(d.heads, count, d.head_dim, dtype=TORCH_DTYPES[d.input]) for _ in range(2))
-        agent._decode_buffers[key] = held
-    k, v = held[0][:, :count], held[1][:, :count]
+    k, v = page_pulls.gather_buffers(agent._decode_buffers, d, count)
     into = TORCH_DTYPES[mine["input"]]
     pages = torch.from_numpy(then["into"].pages.astype(np.int32))
     for layer in range(d.layers):

@@ -114,8 +114,9 @@ class Agent:
         self._parked = []  # abandoned pulls' staging areas (and registrations), kept until close()
         self._spare = []  # (byte buffer, registration): staging areas that pulls reuse, each in one at a time
         self._scratch = []  # (cache, registration): a serving agent's spare scratch caches (_nixl_pages.py)
-        self._gather_buffers = {}  # (dtype, heads, head_dim) -> K and V buffers that scratch writes gather into
-        self._decode_buffers = {}  # the same, for a pull's codes decoded in a scratch of the sender's variant
+        # (dtype, heads, head_dim) -> K and V gather buffers (_nixl_pages.gather_buffers): the serving thread's,
+        # for scratch writes, and the caller's, for codes decoded in a scratch of the sender's variant.
+        self._gather_buffers, self._decode_buffers = {}, {}
 
     def close(self):
         """Deregisters every cache, forgets every peer and ends the NIXL agent. Call it (or use the agent as

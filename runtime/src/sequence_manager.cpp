@@ -298,7 +298,7 @@ void SequenceManager::free(int64_t seq) {
   if (it->second.offloaded) {
     host_.release(it->second.host_pages);
   } else {
-    if (!promoting_.empty()) settle_pages(held(it->second));  // its pages may go to another sequence next
+    settle_pages(it->second.pages);  // its pages may go to another sequence next
     release(held(it->second));
   }
   free_rows_.push_back(it->second.row);
@@ -430,8 +430,7 @@ const DeviceStep& SequenceManager::step_on_device(const std::vector<int64_t>& se
   int32_t longest = 0;
   for (const Sequence* s : batch) longest = std::max(longest, int32_t(s->pages.size()));
   ensure_device_table(next_row_, longest);
-  if (!promoting_.empty())
-    for (const Sequence* s : batch) settle_pages(held(*s));
+  for (const Sequence* s : batch) settle_pages(s->pages);
   record_changes(batch, changes_);
   return device_state_->build(changes_, indices);
 }
@@ -446,7 +445,7 @@ GatherRange SequenceManager::range(int64_t seq, int64_t begin, int64_t end) {
     throw OutOfRangeError("begin", begin, first, end + 1, -1,
                           "positions before " + std::to_string(first) + " have left the window of " +
                               std::to_string(options_.window) + " and their pages are freed");
-  if (!promoting_.empty()) settle_pages(held(s));
+  settle_pages(s.pages);
   GatherRange g;
   g.pages = device_index(s.pages, 1);
   g.begin = begin;

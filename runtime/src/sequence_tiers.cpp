@@ -46,6 +46,8 @@ void SequenceManager::settle(uint64_t ticket) {
   promoting_host_.erase(promoting_host_.begin(), copied);
 }
 
+// A sequence's page list as it is: its -1 entries (pages that left the window) match no copy, and while
+// no copy is pending this costs one test, on step()'s path too.
 void SequenceManager::settle_pages(const std::vector<int32_t>& pages) {
   if (promoting_.empty()) return;
   uint64_t last = 0;
