@@ -191,6 +191,7 @@ NB_MODULE(_native, m) {
       .def("physical_placement", [](const Cache& c, int64_t tokens, nb::handle pages, int64_t row) {
         const IndexView p = optional_index(pages, "pages");
         if (tokens < 1) throw OutOfRangeError("tokens", tokens, 1, int64_t(1) << 40);
+        if (c.descriptor().is_hybrid()) return placement_dict(std::nullopt);  // no one placement: a group has one
         check_physical_range(c, GatherRange{row, p, 0, tokens}, tokens);
         // kvforge.nixl registers host memory: a device cache's placement would name memory it cannot reach.
         if (c.config().device != Device::cpu) return placement_dict(std::nullopt);

@@ -31,7 +31,9 @@ PhysicalPlacement placement_from(const nb::dict& f) {
   PhysicalPlacement p;
   const auto field = [&](const char* name) -> int64_t {
     if (!f.contains(name)) throw ArgumentError(std::string("placement.") + name, "missing");
-    return nb::cast<int64_t>(f[name]);
+    int64_t value = 0;
+    if (!nb::try_cast<int64_t>(f[name], value)) throw ArgumentError(std::string("placement.") + name, "must be an integer");
+    return value;
   };
   p.page_size = field("page_size"), p.slot_stride = field("slot_stride"), p.head_stride = field("head_stride");
   p.pages = field("pages"), p.head_blocks = field("head_blocks"), p.wire_bytes = field("wire_bytes");

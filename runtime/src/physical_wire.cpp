@@ -32,6 +32,10 @@ std::string placement_problem(const PhysicalPlacement& p, int64_t tokens, int he
     return "a negative size or stride";
   if (p.head_blocks != 1 && (p.head_blocks != heads || p.head_stride != 0)) return "blocks that are not per page or per head";
   if (!pages_cover(p, tokens)) return "a page count that does not cover the tokens";
+  // Every slot of a page is written (the last page's past the tokens with zeros): slots that share
+  // memory, or more of them than the wire holds rows, are no placement, and would loop past the wire.
+  if (p.page_size > 1 && p.slot_stride < D) return "slots that overlap (a slot_stride under head_dim)";
+  if (__int128(p.pages) * p.page_size * D > p.wire_bytes / es) return "more slots than the wire holds";
   if (p.block.size() != 2 * size_t(p.pages) * size_t(p.head_blocks)) return "a block count that is not 2 x pages x head_blocks";
   int64_t total = 0;
   for (int64_t r : p.runs) {
@@ -132,6 +136,10 @@ void write_physical(const LayerView& src, const int32_t* pages, int64_t src_page
 
 void check_physical_range(const Cache& c, const GatherRange& range, int64_t tokens) {
   const VariantDescriptor& d = c.descriptor();
+  // A hybrid cache's groups each have their own pages and page size: a placement is a group's.
+  if (d.is_hybrid())
+    throw UnsupportedError(std::string("cache: ") + d.name + " is hybrid; a physical placement is one group's "
+                           "(cache.group(g))");
   const Capacity capacity = detail::capacity_of(d, c.config());
   if (d.paged()) {
     const int64_t pages = (tokens + d.page_size - 1) / d.page_size;

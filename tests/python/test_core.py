@@ -187,6 +187,31 @@ def test_refused_calls_raise_the_mapped_class_and_write_nothing(generator):
     assert all(np.array_equal(a, b) for a, b in zip(before, pool_bytes(drv.cache)))
 
 
+def test_hostile_physical_placements_are_refused_before_a_byte_is_written():
+    # kvforge.nixl's sender writes a layer where a placement from another process says; one that a
+    # hostile or faulty receiver made up must fail naming the field, never loop, crash or write.
+    d = variants_where(addressing="contiguous", storage="fp32", update="eager", hybrid=False, quantized=False)[0]
+    cache = kvforge.create(d.name, rows=1, max_seq_len=8)
+    good = cache.physical_placement(1)
+    wire = np.full(good["wire_bytes"], 7, np.uint8)
+    cache.write_physical(0, 1, good, wire)
+    assert not (wire == 7).any()
+    wire[:] = 7
+    overlapping = dict(good, page_size=2 ** 40, pages=1)  # one page of 2^40 slots, every one at offset 0
+    with pytest.raises(kvforge.ArgumentError, match="placement: has slots that overlap"):
+        cache.write_physical(0, 1, overlapping, wire)
+    too_many = dict(good, page_size=2 ** 20, slot_stride=d.head_dim, pages=1)  # more slots than the wire's rows
+    with pytest.raises(kvforge.ArgumentError, match="placement: has more slots than the wire holds"):
+        cache.write_physical(0, 1, too_many, wire)
+    with pytest.raises(kvforge.ArgumentError, match="placement.page_size: must be an integer"):
+        cache.write_physical(0, 1, dict(good, page_size="16"), wire)
+    assert (wire == 7).all(), "a refused placement wrote to the wire"
+    # A hybrid cache has no one placement (each group has its own pages): None, as for a quantized one.
+    hybrid = variants_where(hybrid=True)[0]
+    mixed = kvforge.create(hybrid.name, pages=2)
+    assert mixed.physical_placement(3) is None
+
+
 def read_only(array):
     """The same values in a read-only numpy array, as np.frombuffer and memory maps give them."""
     out = np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)

@@ -43,7 +43,7 @@ bool pages_cover(const PhysicalPlacement& p, int64_t tokens);
 
 // A placement that came from elsewhere, checked before anything is written by it: every value of
 // `heads` heads of head_dim D and `tokens` positions, elements of `element_bytes`, falls inside the
-// wire, and the runs add up to it. Empty when it holds, else what is wrong.
+// wire, each slot its own, and the runs add up to it. Empty when it holds, else what is wrong.
 std::string placement_problem(const PhysicalPlacement& p, int64_t tokens, int heads, int64_t D, int64_t element_bytes);
 
 // The sender's side: one layer of its heads [head_offset, head_offset + heads) of positions [0, tokens)
