@@ -21,8 +21,8 @@ void DeviceStepState::grow(int32_t rows, int32_t pages) {
   // times and not at the next page. The new table starts empty (allocate() zero-fills): the manager
   // uploads every row again.
   auto grown = [](int32_t need, int32_t have) { return need <= have ? have : std::max({need + need / 4, 2 * have, 16}); };
-  table_rows_ = grown(rows, table_rows_);
-  stride_ = grown(pages, stride_);
+  table_rows_ = grown(std::max(rows, 1), table_rows_);
+  stride_ = grown(std::max(pages, 1), stride_);
   table_ = Buffer(backend_, int64_t(table_rows_) * stride_ * int64_t(sizeof(int32_t)));
   lengths_ = Buffer(backend_, int64_t(table_rows_) * int64_t(sizeof(int32_t)));
   dropped_ = Buffer(backend_, int64_t(table_rows_) * int64_t(sizeof(int32_t)));

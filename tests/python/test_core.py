@@ -304,6 +304,10 @@ def test_sequence_manager_batch_arrays_and_offload(generator):
     d = kvforge.describe("vllm_paged_nhd.tiny.fp32")
     cache = kvforge.create(d.name, pages=12)
     manager = kvforge.SequenceManager(cache, host_blocks=8)
+    # An empty batch, before any table exists: empty arrays (its table's stride was 0, and the
+    # block_table's shape divided by it).
+    empty = manager.step_on_device([])
+    assert np.from_dlpack(empty["query_start"]).tolist() == [0] and np.from_dlpack(empty["slots"]).size == 0
     prompt = list(range(100, 140))
     assert manager.add(1, prompt) == 0
     batch = manager.step([1])

@@ -6,6 +6,7 @@
 // device, by the kernels of step_build.hpp, from one source for both backends. See docs/memory.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -54,7 +55,10 @@ class DeviceStepState {
   DeviceStepState(Device device, void* stream, int32_t page_size);
   // Whether the table holds `rows` rows of `pages` entries; when it does not, grow() must run and
   // every row be uploaded again.
-  bool fits(int32_t rows, int32_t pages) const { return rows <= table_rows_ && pages <= stride_; }
+  // A table of no rows or no pages never fits: block_table_stride is never 0, even for an empty batch.
+  bool fits(int32_t rows, int32_t pages) const {
+    return std::max(rows, 1) <= table_rows_ && std::max(pages, 1) <= stride_;
+  }
   void grow(int32_t rows, int32_t pages);
   // Uploads `c` and builds the step's arrays (FlashInfer's `indices` too where `indices` is set).
   const DeviceStep& build(const StepChanges& c, bool indices);
