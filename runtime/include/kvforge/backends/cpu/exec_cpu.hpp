@@ -107,16 +107,16 @@ template <int Level> struct CpuExec {
     if constexpr (std::is_same_v<Dst, Src>) {
       const size_t bytes = size_t(int(d)) * sizeof(Dst);
       if (streaming() && stream_row(dst, src, bytes)) return;
-      if constexpr (Level >= 4) {
-        // Rows move in 16-byte pieces, as GCC moves them for v2 and v3: with AVX-512 on it moves them
-        // in 64- and 32-byte ones, which ran a decode append into [row, head, seq, dim] (rows 4 KiB
-        // apart) at half the speed on this EPYC (bench/RESULTS.md, section 8).
-        if (bytes % 16 == 0) {
+      // Rows move in 16-byte pieces at every level. GCC moves a row of up to 256 bytes so for v2 and v3,
+      // but a longer one (an MLA record's 576 bytes, fp32 rows of 128) with `rep movsq`, whose start-up
+      // cost made 80% of a DeepSeek-V3 decode append's time on this EPYC. With AVX-512 on it moves
+      // rows in 64- and 32-byte pieces, which ran a decode append into [row, head, seq, dim] (rows
+      // 4 KiB apart) at half the speed (bench/RESULTS.md, section 8).
+      if (bytes % 16 == 0) {
 #pragma GCC unroll 16
-          for (size_t i = 0; i < bytes; i += 16)
-            std::memcpy(reinterpret_cast<char*>(dst) + i, reinterpret_cast<const char*>(src) + i, 16);
-          return;
-        }
+        for (size_t i = 0; i < bytes; i += 16)
+          std::memcpy(reinterpret_cast<char*>(dst) + i, reinterpret_cast<const char*>(src) + i, 16);
+        return;
       }
       std::memcpy(dst, src, bytes);
     } else {
