@@ -5,6 +5,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "kvforge/physical_wire.hpp"
 #include "support.hpp"
 
 namespace kvtest {
@@ -466,6 +467,29 @@ TEST(Errors, RingAppendKeepsTheLaterOfTwoPositionsSharingACell) {
       EXPECT_TRUE(std::equal(k_out.begin(), k_out.end(), f.k.begin() + later * token_bytes));
       EXPECT_TRUE(std::equal(v_out.begin(), v_out.end(), f.v.begin() + later * token_bytes));
     }
+}
+
+// A hybrid cache's groups each have their own pages and page size, so it has no one physical placement:
+// the range check refuses it (it divided by its page size of 0) and points at a group.
+TEST(Errors, PhysicalRangeOfAHybridCacheIsRefused) {
+  int hybrids = 0;
+  for (const auto& e : registry().variants()) {
+    if (!e.descriptor->is_hybrid()) continue;
+    SCOPED_TRACE(e.descriptor->name);
+    ++hybrids;
+    CacheConfig cfg;
+    cfg.pages = 4;
+    const auto cache = e.create(cfg);
+    GatherRange range;
+    range.end = 1;
+    try {
+      check_physical_range(*cache, range, 1);
+      ADD_FAILURE() << "a hybrid cache's physical range was accepted";
+    } catch (const UnsupportedError& err) {
+      EXPECT_NE(std::string(err.what()).find("cache.group(g)"), std::string::npos) << err.what();
+    }
+  }
+  if (hybrids == 0) GTEST_SKIP() << "no hybrid variant is registered";
 }
 
 }  // namespace

@@ -189,27 +189,33 @@ def test_refused_calls_raise_the_mapped_class_and_write_nothing(generator):
 
 def test_hostile_physical_placements_are_refused_before_a_byte_is_written():
     # kvforge.nixl's sender writes a layer where a placement from another process says; one that a
-    # hostile or faulty receiver made up must fail naming the field, never loop, crash or write.
-    d = variants_where(addressing="contiguous", storage="fp32", update="eager", hybrid=False, quantized=False)[0]
-    cache = kvforge.create(d.name, rows=1, max_seq_len=8)
-    good = cache.physical_placement(1)
-    wire = np.full(good["wire_bytes"], 7, np.uint8)
-    cache.write_physical(0, 1, good, wire)
-    assert not (wire == 7).any()
-    wire[:] = 7
-    overlapping = dict(good, page_size=2 ** 40, pages=1)  # one page of 2^40 slots, every one at offset 0
-    with pytest.raises(kvforge.ArgumentError, match="placement: has slots that overlap"):
-        cache.write_physical(0, 1, overlapping, wire)
-    too_many = dict(good, page_size=2 ** 20, slot_stride=d.head_dim, pages=1)  # more slots than the wire's rows
-    with pytest.raises(kvforge.ArgumentError, match="placement: has more slots than the wire holds"):
-        cache.write_physical(0, 1, too_many, wire)
-    with pytest.raises(kvforge.ArgumentError, match="placement.page_size: must be an integer"):
-        cache.write_physical(0, 1, dict(good, page_size="16"), wire)
-    assert (wire == 7).all(), "a refused placement wrote to the wire"
+    # hostile or faulty receiver made up must fail naming the field, never loop, crash or write. Every
+    # unquantized eager variant with a placement: pages of one position (contiguous) and of many.
+    checked = 0
+    for d in variants_where(storage="fp32", update="eager", hybrid=False, quantized=False,
+                            addressing=lambda a: a in ("contiguous", "paged")):
+        cache = kvforge.create(d.name, pages=2) if d.paged else kvforge.create(d.name, rows=1, max_seq_len=8)
+        pages = np.array([0], np.int32) if d.paged else None
+        good = cache.physical_placement(1, pages)
+        if good is None:
+            continue  # a layout with one message a head row (physical_wire.cpp): no placement to abuse
+        checked += 1
+        wire = np.full(good["wire_bytes"], 7, np.uint8)
+        cache.write_physical(0, 1, good, wire, pages=pages)
+        assert not (wire == 7).all(), d.name
+        wire[:] = 7
+        bad = [(dict(good, page_size=2 ** 40, pages=1, slot_stride=0), "slots that overlap"),  # 2^40 slots at one offset
+               (dict(good, page_size=max(good["page_size"], 2), pages=1, slot_stride=d.head_dim - 1), "slots that overlap"),
+               (dict(good, page_size=2 ** 20, slot_stride=d.head_dim, pages=1), "more slots than the wire holds"),
+               (dict(good, page_size="16"), r"placement\.page_size: must be an integer")]
+        for placement, message in bad:
+            with pytest.raises(kvforge.ArgumentError, match=message):
+                cache.write_physical(0, 1, placement, wire, pages=pages)
+        assert (wire == 7).all(), f"{d.name}: a refused placement wrote to the wire"
+    assert checked, "no variant has a physical placement"
     # A hybrid cache has no one placement (each group has its own pages): None, as for a quantized one.
-    hybrid = variants_where(hybrid=True)[0]
-    mixed = kvforge.create(hybrid.name, pages=2)
-    assert mixed.physical_placement(3) is None
+    for hybrid in variants_where(hybrid=True):
+        assert kvforge.create(hybrid.name, pages=2).physical_placement(3) is None, hybrid.name
 
 
 def read_only(array):
