@@ -14,16 +14,12 @@
 #include <thread>
 
 #include "support.hpp"
+#include "tier_values.hpp"
 
 namespace kvtest {
 namespace {
 
 constexpr const char* kVariant = "vllm_paged_nhd.tiny.fp32";
-
-// K (kv 0) or V (kv 1) of a token: a function of (token id, position, layer, head, dim) only.
-float value(int32_t token, int64_t pos, int layer, int head, int dim, int kv) {
-  return float((token * 131 + pos * 7 + layer * 3 + head * 5 + dim + kv * 1000) % 4093) * 0.25f;
-}
 
 struct Tiers {
   std::unique_ptr<Cache> cache;
@@ -53,15 +49,9 @@ struct Tiers {
   void write(int64_t id, const std::vector<int32_t>& prompt, int64_t cached) {
     const BatchMetadata b = manager->step({id});
     const int64_t T = int64_t(b.slots.size());
-    std::vector<float> k(size_t(T * d.heads * d.head_dim)), v(k.size());
+    std::vector<float> k, v;
     for (int layer = 0; layer < d.layers; ++layer) {
-      for (int64_t t = 0; t < T; ++t)
-        for (int h = 0; h < d.heads; ++h)
-          for (int x = 0; x < d.head_dim; ++x) {
-            const int64_t pos = cached + t, at = (t * d.heads + h) * d.head_dim + x;
-            k[size_t(at)] = value(prompt[size_t(pos)], pos, layer, h, x, 0);
-            v[size_t(at)] = value(prompt[size_t(pos)], pos, layer, h, x, 1);
-          }
+      tier_inputs(d, prompt, cached, T, layer, k, v);
       cache->append(layer, TensorView::contiguous(k.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
                     TensorView::contiguous(v.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
                     TokenTargets::paged(IndexView::of(b.slots.data(), T)));
@@ -83,23 +73,12 @@ struct Tiers {
     for (int layer = 0; layer < d.layers; ++layer) {
       cache->gather(layer, manager->range(id, 0, n), TensorView::contiguous(k.data(), d.input, Device::cpu, d.heads, n, d.head_dim),
                     TensorView::contiguous(v.data(), d.input, Device::cpu, d.heads, n, d.head_dim));
-      for (int h = 0; h < d.heads; ++h)
-        for (int64_t p = 0; p < n; ++p)
-          for (int x = 0; x < d.head_dim; ++x) {
-            const size_t at = size_t((h * n + p) * d.head_dim + x);
-            ASSERT_EQ(k[at], value(prompt[size_t(p)], p, layer, h, x, 0)) << "layer " << layer << " position " << p;
-            ASSERT_EQ(v[at], value(prompt[size_t(p)], p, layer, h, x, 1)) << "layer " << layer << " position " << p;
-          }
+      expect_tier_layer(d, prompt, layer, k, v);
     }
   }
   int P() const { return d.page_size; }
 };
 
-std::vector<int32_t> prompt_of(int seed, int blocks, int P) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < blocks * P + 1; ++i) t.push_back(seed * 1000 + i);
-  return t;
-}
 
 std::string temp_file(const std::string& name) {
   const std::string path = testing::TempDir() + "/kvforge_" + name + "_" + std::to_string(getpid());
@@ -112,7 +91,7 @@ std::string temp_file(const std::string& name) {
 std::vector<std::vector<int32_t>> fill(Tiers& t) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 10; ++i) {
-    prompts.push_back(prompt_of(i + 1, 2, t.P()));
+    prompts.push_back(tier_prompt(i + 1, 2, t.P()));
     t.serve(i, prompts.back());
     t.manager->free(i);
   }
@@ -266,7 +245,7 @@ TEST(Tiers, PromotionAheadCopiesBeforeAnyoneReadsThePages) {
   Tiers t("", 8, 16, 0, 64, true);  // no disk tier: every hit below the device is a host-tier block
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) {  // two blocks each through 8 pages: most end on the host tier
-    prompts.push_back(prompt_of(i + 1, 2, t.P()));
+    prompts.push_back(tier_prompt(i + 1, 2, t.P()));
     t.serve(i, prompts.back());
     t.manager->free(i);
   }

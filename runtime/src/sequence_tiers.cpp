@@ -35,8 +35,8 @@ SequenceManager::~SequenceManager() {
   promotion_.reset();  // its copies finish while the host pool they read is alive
 }
 
-void SequenceManager::settle(uint64_t ticket) {
-  promotion_->wait(ticket);
+void SequenceManager::settle(uint64_t ticket, bool host_waits) {
+  if (ticket) host_waits ? promotion_->wait(ticket) : promotion_->order(ticket);
   const uint64_t done = promotion_->finished();
   for (auto it = promoting_.begin(); it != promoting_.end();) it = it->second <= done ? promoting_.erase(it) : std::next(it);
   auto copied = promoting_host_.begin();
@@ -53,11 +53,11 @@ void SequenceManager::settle_pages(const std::vector<int32_t>& pages) {
   uint64_t last = 0;
   for (int32_t p : pages)
     if (const auto it = promoting_.find(p); it != promoting_.end()) last = std::max(last, it->second);
-  if (last) settle(last);
+  if (last) settle(last, false);
 }
 
 void SequenceManager::settle_all() {
-  if (!promoting_host_.empty()) settle(promoting_host_.back().first);
+  if (!promoting_host_.empty()) settle(promoting_host_.back().first, true);
 }
 
 int64_t SequenceManager::prefetch(const std::vector<int32_t>& prompt, std::optional<uint64_t> salt) {
@@ -199,10 +199,10 @@ void SequenceManager::promote(std::vector<LowerBlock> blocks) {
     if (blocks[i].on_disk) disk_pages.push_back(pages[i]);
     else host_blocks.push_back(blocks[i].index), host_pages.push_back(pages[i]);
   }
-  const bool ahead = options_.promote_ahead && !host_blocks.empty() && &backend_.host() == &backend_;
+  const bool ahead = options_.promote_ahead && !host_blocks.empty();
   if (ahead) {
-    if (!promotion_) promotion_ = std::make_unique<PromotionAhead>(cache_);
-    settle(0);  // copies done since the last settle give their host blocks back, whoever steps next
+    if (!promotion_) promotion_ = PromotionAhead::start(cache_, backend_);
+    settle(0, false);  // copies done since the last settle give their host blocks back, whoever steps next
     std::vector<const unsigned char*> from;
     for (int32_t h : host_blocks) from.push_back(static_cast<const unsigned char*>(host_pool_.data()) + h * ppb);
     const uint64_t ticket = promotion_->queue(std::move(from), host_pages);

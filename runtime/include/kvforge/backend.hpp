@@ -36,6 +36,22 @@ class Backend {
   // of at least that many bytes.
   virtual int64_t step_scratch_bytes(int64_t items) = 0;
   virtual void build_step(const detail::StepBuildArgs& args, void* stream, void* scratch, int64_t scratch_bytes) = 0;
+
+  // Work queued beside a stream's and ordered against it by events: the sequence manager's promotions
+  // ahead of a step (SequenceManagerOptions::promote_ahead). Host memory queues nothing (an operation
+  // is done when it returns), so it has no streams and its events are done at once.
+  virtual void* create_stream() { return nullptr; }
+  virtual void destroy_stream(void*) noexcept {}
+  // A new event, done once the work queued on `stream` so far is.
+  virtual void* record_event(void* /*stream*/) { return nullptr; }
+  // Work queued on `stream` from now on waits for `event`; the host does not (except where `stream` is
+  // being captured into a graph, which cannot wait for an event recorded outside it: the host waits).
+  virtual void wait_event(void* /*stream*/, void* /*event*/) {}
+  virtual bool event_done(void* /*event*/) { return true; }
+  virtual void destroy_event(void*) noexcept {}
+  // from_host without waiting for the copy: `host` (of host().allocate, or the copy is not truly
+  // queued) must stay as it is until the stream has copied it.
+  virtual void from_host_queued(void* dst, const void* host, int64_t bytes, void* stream) { from_host(dst, host, bytes, stream); }
 };
 
 // The backend for a device; throws BackendError when it is not built in or no device is present.

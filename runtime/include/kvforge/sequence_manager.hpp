@@ -80,12 +80,14 @@ struct SequenceManagerOptions {
   // Disk-tier blocks that prefetch() may hold at once, queued or read and not yet promoted (each one
   // packed page of host memory); 0: prefetch() reads nothing ahead.
   int32_t read_ahead_blocks = 64;
-  // Host-tier blocks that add() promotes are copied into their device pages on a thread of this
-  // manager's, so that add() returns at once and the copy overlaps the caller's work. step(),
-  // step_on_device() and range() of a sequence wait for its own pages only; free(), offload(),
-  // eviction and reset_prefix_cache() wait for the pages they touch. Read a promoted prefix only
-  // through those (a gather straight after add() may see the copy unfinished). The CPU backend: a
-  // CUDA cache's promotions are already asynchronous on its stream, and this changes nothing there.
+  // Host-tier blocks that add() promotes are copied into their device pages ahead, so that add()
+  // returns at once and the copy overlaps the caller's work: on a thread of this manager's (CPU), or
+  // on a CUDA stream of its own, which the cache's stream waits for by an event (without it, a CUDA
+  // promotion's host-to-device copies are waited for inside add()). step(), step_on_device() and
+  // range() of a sequence wait for its own pages only; free(), offload(), eviction and
+  // reset_prefix_cache() for the pages they touch. On CUDA "wait" is the cache's stream's: the host
+  // goes on. Read a promoted prefix only through those (a gather straight after add() may see the
+  // copy unfinished).
   bool promote_ahead = false;
 };
 
@@ -113,7 +115,7 @@ struct SequenceStats {
   int64_t disk_reads = 0;       // of promoted_blocks, those read from the disk tier
   int64_t disk_misses = 0;      // disk records that did not check out when read (torn, cut short, changed)
   int64_t read_ahead_hits = 0;  // of disk_reads, those prefetch() had read ahead
-  int64_t promoted_ahead = 0;   // of promoted_blocks, host-tier ones copied on promote_ahead's thread
+  int64_t promoted_ahead = 0;   // of promoted_blocks, host-tier ones copied ahead (promote_ahead)
 };
 
 // Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
@@ -277,11 +279,12 @@ class SequenceManager {
   // Copies lower-tier blocks back into fresh device pages and caches them there; a disk record that
   // does not check out ends them there.
   void promote(std::vector<LowerBlock> blocks);
-  // Waits for the promote_ahead copies into `pages` (settle_pages), or every one (settle_all), then
-  // makes the host blocks that finished copies read evictable again.
+  // Orders the cache's later work after the promote_ahead copies into `pages` (settle_pages; on a GPU
+  // the stream waits, not the host), or makes the host wait for every one (settle_all), then makes the
+  // host blocks that finished copies read evictable again.
   void settle_pages(const std::vector<int32_t>& pages);
   void settle_all();
-  void settle(uint64_t ticket);
+  void settle(uint64_t ticket, bool host_waits);
   void open_disk_tier();
   int32_t take_disk_slot();  // a free record, or the disk tier's eviction victim's
   // Packed pages between device pages and host pages, one launch (and one copy per run) per call.

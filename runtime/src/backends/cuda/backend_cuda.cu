@@ -107,6 +107,42 @@ class CudaBackend final : public Backend {
   void build_step(const detail::StepBuildArgs& args, void* stream, void* scratch, int64_t scratch_bytes) override {
     detail::build_step_cuda(args, stream, scratch, scratch_bytes);
   }
+  // Non-blocking: the legacy default stream, which a cache may be on, would otherwise serialize with it.
+  void* create_stream() override {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }
+  void destroy_stream(void* s) noexcept override { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
+  void* record_event(void* s) override {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t err = cudaEventRecord(e, static_cast<cudaStream_t>(s));
+    if (err != cudaSuccess) {
+      cudaEventDestroy(e);
+      check(err, "cudaEventRecord");
+    }
+    return e;
+  }
+  void wait_event(void* s, void* e) override {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &capturing), "cudaStreamIsCapturing");
+    if (capturing != cudaStreamCaptureStatusNone)
+      check(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
+    else
+      check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0), "cudaStreamWaitEvent");
+  }
+  bool event_done(void* e) override {
+    const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (err == cudaErrorNotReady) return false;
+    check(err, "cudaEventQuery");
+    return true;
+  }
+  void destroy_event(void* e) noexcept override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+  void from_host_queued(void* dst, const void* host, int64_t bytes, void* s) override {
+    check(cudaMemcpyAsync(dst, host, size_t(bytes), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s)),
+          "cudaMemcpyAsync h2d");
+  }
 };
 }  // namespace
 
