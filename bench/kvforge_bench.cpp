@@ -442,6 +442,7 @@ int main(int argc, char** argv) {
   }
   if (preset_name == "memory" || preset_name == "full" || preset_name == "short") {
     register_memory_benchmarks();
+    register_multiturn_benchmarks(preset_name != "short");
     register_simulations();
     register_state_benchmarks();
     if (preset_name != "short") {  // 128 MiB of disk reads, or of promotion and other work, an iteration
