@@ -9,14 +9,13 @@
 
 #include "kvforge/kvforge.hpp"
 #include "memory_bench.hpp"
+#include "promotion_setup.hpp"
 
 namespace kvforge_bench {
 namespace {
 
 using namespace kvforge;
 using Clock = std::chrono::steady_clock;
-
-constexpr int64_t kPages = 64;  // 128 MiB of llama3-8b bf16 pages
 
 // The caller's other work between add() and step(), of two kinds: a copy of 128 MiB (bound by memory,
 // as the promotion is; 16-21 ms here alone) or arithmetic on one core (bound by it, as a step's compute
@@ -40,20 +39,14 @@ struct OtherWork {
 
 const char* name_of(Work w) { return w == Work::none ? "none" : w == Work::copy ? "copy_128mib" : "compute"; }
 
-// A prompt of `kPages` blocks that lives on the host tier only, served each iteration: add() (which
-// promotes it), the caller's other work, then step(), all timed. Without `ahead` add() copies the
+// A prompt of PromotionSetup::kPages blocks that lives on the host tier only, served each iteration:
+// add() (which promotes it), the caller's other work, then step(), all timed. Without `ahead` add() copies the
 // pages itself; with it the copy runs beside the work and step() waits for what is left. Between
 // iterations another prompt pushes it down again.
 void run_promote_then_work(benchmark::State& state, Work work, bool ahead) {
-  CacheConfig config;
-  config.pages = kPages + 1;
-  auto cache = registry().at(kMemoryVariant).create(config);
-  const int P = cache->descriptor().page_size;
-  SequenceManagerOptions o;
-  o.host_blocks = int32_t(2 * kPages);
-  o.promote_ahead = ahead;
-  SequenceManager m(*cache, o);
-  const std::vector<int32_t> a(size_t(kPages * P + 1), 1), b(size_t(kPages * P + 1), 2);
+  PromotionSetup setup(CacheConfig{}, ahead);
+  SequenceManager& m = *setup.manager;
+  const std::vector<int32_t>&a = setup.a, &b = setup.b;
   OtherWork other;
   int64_t id = 0;
   auto serve = [&](const std::vector<int32_t>& prompt, bool work, Work kind) {
