@@ -1,7 +1,12 @@
-// Retention priorities and KV events of the sequence manager's prefix cache: what survives a flood,
-// when a priority's time runs out, what reset_prefix_cache refuses, and the events of each step
-// against what the test itself knows it stored and evicted. Block hashes: SHA-256 against FIPS 180-2's
-// published examples, and vLLM's construction against hashes recorded from vLLM v0.17.0's own code.
+// Retention priorities and KV events of the sequence manager's prefix cache: what survives a flood of
+// the device pool and of every tier, when a priority's time runs out, what reset_prefix_cache refuses,
+// and the events of each step against what the test itself knows it stored and evicted. Block hashes:
+// SHA-256 against FIPS 180-2's published examples, and vLLM's construction against hashes recorded from
+// vLLM v0.17.0's own code.
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "support.hpp"
 
 namespace kvtest {
@@ -45,6 +50,28 @@ TEST(Retention, ASystemPromptAtPriority100OutlivesAFloodThatFillsThePoolTwice) {
   EXPECT_GT(pool.manager->stats().evictions, 16);
   EXPECT_EQ(pool.manager->cached_prefix(system), 2 * pool.P) << "the system prompt's blocks were evicted";
   pool.manager->check_invariants();
+}
+
+// The same with tiers below 8 device pages: an 8-page host tier and a 16-record disk tier, and a flood
+// of priority-0 blocks twice what all three hold. Every victim of each tier is a priority-0 block, so
+// the system prompt never leaves the device.
+TEST(Retention, ASystemPromptAtPriority100OutlivesAFloodThatFillsEveryTierTwice) {
+  SequenceManagerOptions o;
+  o.host_blocks = 8;
+  o.disk_path = testing::TempDir() + "/kvforge_flood_" + std::to_string(getpid());
+  std::remove(o.disk_path.c_str());
+  o.disk_blocks = 16;
+  Pool pool(8, o);
+  const std::vector<int32_t> system = pool.cache_prompt(0, 2, 1, {{0, 2 * pool.P, 100, 0}});
+  for (int r = 0; r < 22; ++r) pool.cache_prompt(1 + r, 3, 2 + r, {{0, 3 * pool.P + 1, 0, 0}});  // 66 blocks
+  const SequenceStats st = pool.manager->stats();
+  EXPECT_GE(st.demoted_blocks, 2 * 8) << "the flood did not fill the host tier twice";
+  EXPECT_GE(st.disk_writes, 2 * 16) << "the flood did not fill the disk tier twice";
+  EXPECT_EQ(pool.manager->cached_prefix(system), 2 * pool.P) << "the system prompt's blocks were evicted";
+  pool.manager->add(100, system);  // served from the device: nothing comes back from a lower tier
+  EXPECT_EQ(pool.manager->stats().promoted_blocks, st.promoted_blocks) << "the system prompt left the device";
+  pool.manager->check_invariants();
+  std::remove(o.disk_path.c_str());
 }
 
 TEST(Retention, WithinAPriorityTheLeastRecentlyReleasedGoesFirst) {
