@@ -160,13 +160,16 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening o
 
 void register_multiturn_benchmarks(bool documents) {
   const VariantEntry* chat = &registry().at("vllm_paged_nhd.tiny.bf16");
-  for (const auto& [host_factor, disk_factor] : {std::pair{0, 0}, {1, 0}, {4, 0}, {1, 10}})
-    benchmark::RegisterBenchmark(("memory/multiturn/host:" + std::to_string(host_factor) + "x/disk:" +
-                                  std::to_string(disk_factor) + "x").c_str(),
-                                 run_multiturn, chat, ChatOpening::shared_system_prompt, host_factor, disk_factor, 0,
-                                 BlockHashScheme::kvforge)
-        ->Iterations(1)
-        ->UseRealTime();
+  // A trace through each set of tiers: none (free on evict), host 1x and 4x, host 1x with disk 10x.
+  const auto through_tiers = [chat](const std::string& trace, ChatOpening opening) {
+    for (const auto& [host_factor, disk_factor] : {std::pair{0, 0}, {1, 0}, {4, 0}, {1, 10}})
+      benchmark::RegisterBenchmark(("memory/" + trace + "/host:" + std::to_string(host_factor) + "x/disk:" +
+                                    std::to_string(disk_factor) + "x").c_str(),
+                                   run_multiturn, chat, opening, host_factor, disk_factor, 0, BlockHashScheme::kvforge)
+          ->Iterations(1)
+          ->UseRealTime();
+  };
+  through_tiers("multiturn", ChatOpening::shared_system_prompt);
   // The same trace keyed as vLLM keys blocks: what its hash costs the manager, beside host:4x above.
   benchmark::RegisterBenchmark("memory/multiturn/host:4x/disk:0x/hash:vllm_sha256_cbor", run_multiturn, chat,
                                ChatOpening::shared_system_prompt, 4, 0, 0, BlockHashScheme::vllm_sha256_cbor)
@@ -180,14 +183,7 @@ void register_multiturn_benchmarks(bool documents) {
   // Conversations over documents of their own: nothing is shared between them, so what a cache saves
   // is what it kept of each conversation while the others went by. 2.4 times the tokens, and its disk
   // tier's run takes about 11 s here.
-  if (!documents) return;
-  for (const auto& [host_factor, disk_factor] : {std::pair{0, 0}, {1, 0}, {4, 0}, {1, 10}})
-    benchmark::RegisterBenchmark(("memory/multiturn_documents/host:" + std::to_string(host_factor) + "x/disk:" +
-                                  std::to_string(disk_factor) + "x").c_str(),
-                                 run_multiturn, chat, ChatOpening::own_document, host_factor, disk_factor, 0,
-                                 BlockHashScheme::kvforge)
-        ->Iterations(1)
-        ->UseRealTime();
+  if (documents) through_tiers("multiturn_documents", ChatOpening::own_document);
 }
 
 }  // namespace kvforge_bench
