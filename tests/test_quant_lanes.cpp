@@ -9,6 +9,7 @@
 
 #include "kvforge/detail/quant_ops.hpp"
 #include "kvforge/detail/quant_chunks.hpp"
+#include "kvforge/backends/cpu/exec_cpu.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {
@@ -333,6 +334,45 @@ TEST(ChunkedQuantizer, TensorScaledGroupsAcrossEmulatedLanesMatchTheReference) {
       DType::f8e4m3, DType::bf16, DType::f8e4m3, 42);
   static_assert(detail::Ops<ChunkedTraits<fp8_e4m3, bf16, fp8_e4m3, Quant::per_group, 4, 64, 16, true>,
                             EmulatedCudaExec>::kChunkedQuant);
+}
+
+// One CPU lane's amaxes over a whole token (row_codecs.hpp's group_amaxes: pairs of neighbours folded
+// for groups of up to 16, a loop a group otherwise), against a loop over each group's values
+// in floats: the largest finite |x|, 0 for a group of none. Inputs are random bit patterns, so infinities,
+// NaNs and subnormals all occur; rows are strided (src_head past D).
+template <class In, int H, int D, int G> void check_group_amaxes(uint32_t seed) {
+  constexpr int64_t src_head = D + 8;
+  std::mt19937 rng(seed);
+  std::vector<In> x(static_cast<size_t>(H) * src_head);
+  for (int rep = 0; rep < 50; ++rep) {
+    for (In& v : x) {
+      const uint32_t bits = rng();
+      if constexpr (sizeof(In) == 2) v = In{uint16_t(bits)};
+      else std::memcpy(&v, &bits, 4);
+    }
+    std::vector<uint32_t> amax(static_cast<size_t>(H) * (D / G), 0xdeadbeefu);
+    detail::group_amaxes<H, D, G, detail::CpuExec<2>>(amax.data(), x.data(), src_head);
+    for (int h = 0; h < H; ++h)
+      for (int g = 0; g < D / G; ++g) {
+        float m = 0.0f;
+        for (int i = 0; i < G; ++i) {
+          const float v = to_float(x[size_t(h) * src_head + size_t(g) * G + i]);
+          if (std::isfinite(v)) m = std::max(m, std::fabs(v));
+        }
+        uint32_t want;
+        std::memcpy(&want, &m, 4);
+        ASSERT_EQ(amax[size_t(h) * (D / G) + g], want) << "head " << h << ", group " << g << ", round " << rep;
+      }
+  }
+}
+
+TEST(OneLaneGroupAmaxes, EqualALoopOverEachGroupsFiniteValues) {
+  check_group_amaxes<bf16, 8, 128, 16>(51);    // NVFP4 on llama3-8b's shape: folded
+  check_group_amaxes<fp16, 2, 64, 8>(52);
+  check_group_amaxes<float, 3, 64, 2>(53);
+  check_group_amaxes<bf16, 4, 64, 32>(56);     // MXFP4's groups: a loop a group
+  check_group_amaxes<bf16, 3, 96, 96>(54);     // a per_token_head row of 96: a loop a group
+  check_group_amaxes<float, 128, 192, 16>(55); // 24576 values, past the folded path's buffer
 }
 
 }  // namespace

@@ -248,11 +248,12 @@ struct UE8M0 {
   // group saturates.
   KVF_HD static KVF_INLINE uint8_t encode_up(float s) {
     const uint32_t u = float_bits(s);
-    if (u > 0x7f000000u) return 254;   // above 2^127
-    if (u <= 0x00400000u) return 0;    // at most 2^-127 (a subnormal)
-    if (u < 0x00800000u) return 1;     // between 2^-127 and 2^-126
-    const uint32_t e = u >> 23;
-    return uint8_t((u & 0x7fffffu) ? e + 1 : e);
+    const uint32_t e = (u >> 23) + ((u & 0x7fffffu) ? 1u : 0u);
+    // Selects, not returns: a token's scales are computed in one loop that vectorizes (quant_ops.hpp).
+    return uint8_t(u > 0x7f000000u ? 254u      // above 2^127
+                   : u <= 0x00400000u ? 0u     // at most 2^-127 (a subnormal)
+                   : u < 0x00800000u ? 1u      // between 2^-127 and 2^-126
+                                     : e);
   }
 };
 
@@ -264,15 +265,15 @@ struct UE8M0 {
 // are computed a few at a time in an append's inner loop, where a decode and compare cost 1.7x.
 KVF_HD KVF_INLINE uint8_t e4m3_scale_up(float s) {
   const uint32_t u = float_bits(s);
-  if (u >= 0x43e00000u) return 0x7e;  // 448 and above (and infinity): saturate
-  if (u < 0x3c800000u) {              // below 2^-6
-    const float steps = s * 512.0f;   // exact: a power-of-two scaling of a value far from underflow
-    const uint32_t whole = uint32_t(steps);
-    const uint32_t up = whole + (float(whole) < steps ? 1u : 0u);
-    return uint8_t(up > 1u ? up : 1u);
-  }
-  const uint32_t code = ((u >> 20) - ((127u - 7u) << 3)) + ((u & 0xfffffu) ? 1u : 0u);
-  return uint8_t(code > 0x7eu ? 0x7eu : code);
+  const bool subnormal = u < 0x3c800000u;                 // below 2^-6
+  const float steps = (subnormal ? s : 0.0f) * 512.0f;    // exact: a power-of-two scaling far from underflow
+  const float nearest = round_half_even_small(steps);
+  // The ceiling in floats: a float-to-integer conversion beside the compare kept GCC from vectorizing.
+  const uint32_t up = uint32_t(int32_t(nearest < steps ? nearest + 1.0f : nearest));
+  const uint32_t normal = ((u >> 20) - ((127u - 7u) << 3)) + ((u & 0xfffffu) ? 1u : 0u);
+  const uint32_t code = subnormal ? (up > 1u ? up : 1u) : normal;
+  // 448 and above (and infinity) saturate. Selects, not returns, as UE8M0::encode_up.
+  return uint8_t(u >= 0x43e00000u || code > 0x7eu ? 0x7eu : code);
 }
 
 // A scale as stored, rounded up in magnitude so that amax / stored <= qmax.
@@ -288,9 +289,14 @@ template <> KVF_HD KVF_INLINE fp8_e4m3 store_scale<fp8_e4m3>(float s) { return f
 // The stored scale for a group whose amax has magnitude bits `amax_bits`, relative to a second-level
 // per-tensor scale `tensor` (NVFP4's; 1 where a layout has none): the group's values are then
 // code * stored * tensor.
-template <class Code, class Scale> KVF_HD KVF_INLINE Scale dynamic_scale(uint32_t amax_bits, float tensor = 1.0f) {
+// In two steps, the scale wanted and the scale stored, for loops over many groups: GCC vectorizes
+// each step's loop, and not one loop of both.
+template <class Code> KVF_HD KVF_INLINE float wanted_scale(uint32_t amax_bits, float tensor = 1.0f) {
   const float s = bits_float(amax_bits) / Codec<Code>::qmax / tensor;
-  return store_scale<Scale>(s > 0.0f ? s : 1.0f);
+  return s > 0.0f ? s : 1.0f;
+}
+template <class Code, class Scale> KVF_HD KVF_INLINE Scale dynamic_scale(uint32_t amax_bits, float tensor = 1.0f) {
+  return store_scale<Scale>(wanted_scale<Code>(amax_bits, tensor));
 }
 
 }  // namespace detail

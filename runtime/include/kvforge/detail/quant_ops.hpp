@@ -66,7 +66,22 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
     } else if constexpr (kQuant == Quant::per_group && kLanesStrideRows) {
       for (int h = 0; h < H; ++h)
         quantize_groups_striding(dst + h * dst_head, scale + h * scale_head, tensor, src + h * src_head, lane);
-    } else {  // per_token_head, and per_group on one lane: a scale per group of a head's row
+    } else if constexpr (kStagesWholeToken) {
+      // One lane, every head's groups stage by stage: all amaxes, then all scales in loops over the
+      // token's H * kGroups groups, then the codes. Loops a head's groups long (8 for NVFP4's head of
+      // 128) did not vectorize, and ran each group's scale as a scalar chain.
+      uint32_t amax[kTokenGroups];
+      group_amaxes<H, D, kGroup, Exec>(amax, src, src_head);
+      float wanted[kTokenGroups];
+      for (int i = 0; i < kTokenGroups; ++i) wanted[i] = wanted_scale<Store>(amax[i], tensor);
+      Scale stored[kTokenGroups];
+      for (int i = 0; i < kTokenGroups; ++i) stored[i] = store_scale<Scale>(wanted[i]);
+      float s[kTokenGroups];
+      for (int i = 0; i < kTokenGroups; ++i) s[i] = scale_value(stored[i], tensor);
+      for (int h = 0; h < H; ++h)
+        for (int g = 0; g < kGroups; ++g) scale[h * scale_head + g] = stored[h * kGroups + g];
+      for (int h = 0; h < H; ++h) encode_groups<D, kGroup, Exec>(dst + h * dst_head, src + h * src_head, s + h * kGroups, 0, 1);
+    } else {  // per_token_head, and per_group on lanes that share a row: a scale per group of a head's row
       // A head's groups go stage by stage (every amax, then every scale, then every group's codes), not
       // group by group: the groups are independent, and a core overlaps them only when no group's
       // reduction, scale and division chain stands between the next one's loads (3x on a 32-value group).
@@ -154,6 +169,11 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
 
   // Whether an item's lanes stride a head's row (CUDA's element path), not one lane taking it whole.
   static constexpr bool kLanesStrideRows = Exec::row_step(2) != 1;
+  // A token's groups of scale, over all its heads; one lane stages them all at once where their amaxes,
+  // scales and codes fit a few pages of stack (every default model's do: at most 1024).
+  static constexpr int kTokenGroups = H * kGroups;
+  static constexpr bool kStagesWholeToken =
+      !kLanesStrideRows && kTokenGroups <= 4096 && (kQuant == Quant::per_group || kQuant == Quant::per_token_head);
   static constexpr int kGroupElems = kGroup / kValues;  // stored elements of a group
   // The largest finite magnitude's bits of stored element e's values, and their codes.
   KVF_HD static KVF_INLINE uint32_t element_amax(const In* row, int e) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
@@ -29,6 +30,42 @@ template <int D, class Exec, class In> KVF_HD KVF_INLINE uint32_t row_amax(const
       m = m > b ? m : b;
     }
     return m;
+  }
+}
+
+// The amax bits of each group of G values over H rows of D (row h at src + h * src_head), in order
+// (row h's group g at h * D / G + g), for one lane that takes them all. Groups of 16 or fewer (a power
+// of two) go into one buffer whose neighbours are folded in pairs, G / 2 then G / 4 ... to one a group:
+// each fold is a vector loop, where a loop a group reduced each group of 16 across a vector's lanes at
+// several shuffles a group (NVFP4's amaxes: 0.13 -> 0.08 ns a value, one core, AVX-512). Wider groups
+// take row_amax each, which was faster there from 32 values up (0.07 against 0.11 ns at 32).
+template <int H, int D, int G, class Exec, class In>
+KVF_HD KVF_INLINE void group_amaxes(uint32_t* amax, const In* src, int64_t src_head) {
+  constexpr int n = H * D;
+  if constexpr (G >= 2 && G <= 16 && (G & (G - 1)) == 0 && n <= 16384) {
+    using Mag = std::conditional_t<Half16<In>::value, uint16_t, uint32_t>;
+    Mag a[n], b[n / 2];
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < D; ++i) {
+        if constexpr (Half16<In>::value) a[h * D + i] = finite_magnitude16(src[h * src_head + i]);
+        else a[h * D + i] = magnitude_bits(to_float(src[h * src_head + i]));
+      }
+    // Two buffers, not one folded in place, so that each fold reads what the last one wrote.
+    Mag* from = a;
+    Mag* to = b;
+    for (int width = n; width > n / G; width /= 2) {
+      for (int i = 0; i < width / 2; ++i) to[i] = from[2 * i] > from[2 * i + 1] ? from[2 * i] : from[2 * i + 1];
+      Mag* t = from;
+      from = to;
+      to = t;
+    }
+    for (int i = 0; i < n / G; ++i) {
+      if constexpr (Half16<In>::value) amax[i] = magnitude_bits(to_float(In{from[i]}));
+      else amax[i] = from[i];
+    }
+  } else {
+    for (int h = 0; h < H; ++h)
+      for (int g = 0; g < D / G; ++g) amax[h * (D / G) + g] = row_amax<G, Exec>(src + h * src_head + g * G, 0, 1);
   }
 }
 
