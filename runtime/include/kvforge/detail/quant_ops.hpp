@@ -81,7 +81,7 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
       for (int h = 0; h < H; ++h)
         for (int g = 0; g < kGroups; ++g) scale[h * scale_head + g] = stored[h * kGroups + g];
       for (int h = 0; h < H; ++h) encode_groups<D, kGroup, Exec>(dst + h * dst_head, src + h * src_head, s + h * kGroups, 0, 1);
-    } else {  // per_token_head, and per_group on lanes that share a row: a scale per group of a head's row
+    } else {  // per_token_head on lanes that stride a row, and one lane's tokens of over 4096 groups
       // A head's groups go stage by stage (every amax, then every scale, then every group's codes), not
       // group by group: the groups are independent, and a core overlaps them only when no group's
       // reduction, scale and division chain stands between the next one's loads (3x on a 32-value group).
@@ -169,8 +169,8 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
 
   // Whether an item's lanes stride a head's row (CUDA's element path), not one lane taking it whole.
   static constexpr bool kLanesStrideRows = Exec::row_step(2) != 1;
-  // A token's groups of scale, over all its heads; one lane stages them all at once where their amaxes,
-  // scales and codes fit a few pages of stack (every default model's do: at most 1024).
+  // A token's groups of scale, over all its heads; one lane stages them all at once where their amaxes
+  // and scales fit 64 KiB of stack (the default specs' largest token has 64: NVFP4 on mistral_7b).
   static constexpr int kTokenGroups = H * kGroups;
   static constexpr bool kStagesWholeToken =
       !kLanesStrideRows && kTokenGroups <= 4096 && (kQuant == Quant::per_group || kQuant == Quant::per_token_head);
