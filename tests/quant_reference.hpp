@@ -55,6 +55,17 @@ inline float ref_decode(DType t, uint8_t code) {
 
 inline int ref_code_count(DType t) { return t == DType::f4e2m1 || t == DType::i4 ? 16 : 256; }
 
+// ref_decode of every code, worked out once a dtype: the nearest-value searches run over these.
+inline float ref_decoded(DType t, uint8_t code) {
+  static const std::vector<std::vector<float>> tables = [] {
+    std::vector<std::vector<float>> out(256);
+    for (DType d : {DType::i8, DType::i4, DType::f4e2m1, DType::f8e4m3, DType::f8e5m2})
+      for (int c = 0; c < ref_code_count(d); ++c) out[size_t(d)].push_back(ref_decode(d, uint8_t(c)));
+    return out;
+  }();
+  return tables[size_t(t)][code];
+}
+
 inline float ref_qmax(DType t) {
   if (t == DType::i8) return 127.0f;
   if (t == DType::i4) return 7.0f;  // kvforge keeps the grid symmetric, as int8's 127
@@ -79,12 +90,12 @@ inline uint8_t ref_encode(DType t, float v) {
   if (std::isnan(v)) return uint8_t(sign | 0x7f);
   const float a = std::fabs(v);
   const uint8_t max_code = fp4 ? 0x7 : t == DType::f8e4m3 ? 0x7e : 0x7b;
-  if (a >= ref_decode(t, max_code)) return uint8_t(sign | max_code);  // saturate
+  if (a >= ref_decoded(t, max_code)) return uint8_t(sign | max_code);  // saturate
   uint8_t best = 0;
   for (int c = 1; c < ref_code_count(t) / 2; ++c) {
-    const float value = ref_decode(t, uint8_t(c));
+    const float value = ref_decoded(t, uint8_t(c));
     if (!std::isfinite(value)) continue;
-    const float d = std::fabs(value - a), bd = std::fabs(ref_decode(t, best) - a);
+    const float d = std::fabs(value - a), bd = std::fabs(ref_decoded(t, best) - a);
     // Nearest, ties to the even code (the one whose last mantissa bit is 0).
     if (d < bd || (d == bd && (c & 1) == 0)) best = uint8_t(c);
   }

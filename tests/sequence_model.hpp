@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 
+#include "flashmla_reference.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {
@@ -405,7 +406,16 @@ class SequenceModel {
     std::vector<float>& known = expected_[{token_hash(tokens, pos), kv}];
     if (known.empty()) {
       std::vector<float> x = token_values(tokens, pos, kv);
-      known = d_.quantized() ? ref_quantize(d_, x, 1.0f).gathered : std::move(x);
+      if (d_.flashmla_records()) {  // the record codes K's and V's values together (one head): both sides known
+        std::vector<float> latent = token_values(tokens, pos, 0), v = token_values(tokens, pos, 1);
+        latent.insert(latent.end(), v.begin(), v.end());
+        const RefRecord r = ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
+        for (int side = 0; side < 2; ++side)
+          expected_[{token_hash(tokens, pos), side}].assign(r.gathered.begin() + side * d_.head_dim,
+                                                            r.gathered.begin() + (side + 1) * d_.head_dim);
+      } else {
+        known = d_.quantized() ? ref_quantize(d_, x, 1.0f).gathered : std::move(x);
+      }
     }
     return known;
   }

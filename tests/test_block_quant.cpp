@@ -1,6 +1,6 @@
-// Block-scaled codecs (block_quant.hpp) and FlashMLA's 656-byte record (flashmla_record.hpp), each against
-// a reference written here from the format's definition: value tables, nearest-value searches with ties
-// to the even code, powers of two found by doubling. Every e2m1 code and every bf16 input, every ue8m0
+// Block-scaled codecs (block_quant.hpp) and FlashMLA's 656-byte record (flashmla_record.hpp; its reference
+// encoder is flashmla_reference.hpp's), each against a reference written from the format's definition:
+// value tables, nearest-value searches with ties to the even code, powers of two found by doubling. Every e2m1 code and every bf16 input, every ue8m0
 // code, every e4m3 scale, and groups at the scale edges (zeros, subnormals, 2^127, inf, NaN).
 #include <gtest/gtest.h>
 
@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "flashmla_reference.hpp"
 #include "kvforge/detail/flashmla_record.hpp"
 
 namespace kvforge::detail {
@@ -251,26 +252,6 @@ TEST(Int4, SymmetricAndAsymmetricCodesMatchTheDefinition) {
   }
 }
 
-// FlashMLA's record, encoded here from its description: 512 e4m3 codes, 4 fp32 scales (a power of two
-// per 128 values, the smallest >= amax / 448), 64 bf16 RoPE values rounded to nearest even.
-std::vector<uint8_t> reference_record(const std::vector<float>& latent) {
-  std::vector<uint8_t> r(656);
-  for (int t = 0; t < 4; ++t) {
-    float amax = 0.0f;
-    for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(latent[size_t(t * 128 + i)]));
-    const float scale = amax > 0 ? float(std::ldexp(1.0, ref_ue8m0_up(amax / 448.0f) - 127)) : 1.0f;
-    for (int i = 0; i < 128; ++i) r[size_t(t * 128 + i)] = ref_e4m3(latent[size_t(t * 128 + i)] / scale);
-    std::memcpy(&r[size_t(512 + 4 * t)], &scale, 4);
-  }
-  for (int i = 0; i < 64; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &latent[size_t(512 + i)], 4);
-    const uint16_t b = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
-    std::memcpy(&r[size_t(528 + 2 * i)], &b, 2);
-  }
-  return r;
-}
-
 TEST(FlashMlaRecord, ByteExactAgainstTheDescribedFormatAndBackWithinItsBound) {
   static_assert(kFlashMlaRecordBytes == 656, "FlashMLA's record is 656 bytes");
   std::mt19937 rng(5);
@@ -280,7 +261,7 @@ TEST(FlashMlaRecord, ByteExactAgainstTheDescribedFormatAndBackWithinItsBound) {
     for (int i = 0; i < 576; ++i) latent[size_t(i)] = normal(rng) * spread * (i < 128 ? 1e-4f : 1.0f);
     uint8_t record[656];
     encode_flashmla_record(latent.data(), record);
-    const std::vector<uint8_t> want = reference_record(latent);
+    const std::vector<uint8_t> want = kvtest::ref_flashmla_record(latent, 512, 64, DType::f32).bytes;
     ASSERT_EQ(0, std::memcmp(record, want.data(), 656)) << "spread " << spread;
     float back[576];
     decode_flashmla_record(record, back);

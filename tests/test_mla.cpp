@@ -19,7 +19,7 @@ namespace {
 std::vector<Case> mla_cases() {
   std::vector<Case> out;
   for (const Case& c : all_cases())
-    if (c.entry->descriptor->mla() && !c.entry->descriptor->quantized()) out.push_back(c);
+    if (c.entry->descriptor->mla() && c.entry->descriptor->plain_values()) out.push_back(c);
   return out;
 }
 

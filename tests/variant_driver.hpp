@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "flashmla_reference.hpp"
 #include "quant_reference.hpp"
 #include "reference.hpp"
 
@@ -134,7 +135,16 @@ class Driver {
       for (int i = 0; i < dim_; ++i) x[size_t(h) * dim_ + i] = Reference::value(id, kv, h, i, heads_, dim_);
     return quantized_[{id, kv}] = ref_quantize(d_, x, tensor_scale(layer, kv));
   }
+  // A FlashMLA record's reference: the token's whole latent (K's values, then V's) encoded at once.
+  const RefRecord& record_token(uint64_t id) {
+    auto it = records_.find(id);
+    if (it != records_.end()) return it->second;
+    std::vector<float> latent(size_t(2) * dim_);
+    for (int i = 0; i < 2 * dim_; ++i) latent[size_t(i)] = Reference::value(id, i / dim_, 0, i % dim_, heads_, dim_);
+    return records_[id] = ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
+  }
   float expected(int layer, uint64_t id, int kv, int h, int x) {
+    if (d_.flashmla_records() && id != 0) return record_token(id).gathered[size_t(kv) * dim_ + x];
     if (!d_.quantized() || id == 0) return Reference::value(id, kv, h, x, heads_, dim_);
     return quantized_token(layer, id, kv).gathered[size_t(h) * dim_ + x];
   }
@@ -209,6 +219,11 @@ class Driver {
                                   : std::vector<unsigned char>();
     const CacheConfig& cfg = cache_->config();
     const int64_t positions = ref_.window ? d_.window : cfg.max_seq_len;
+    // Stored elements of a head's row: its values, two a byte for 4-bit codes; a FlashMLA record's
+    // half of bytes (K's row the first half, V's the second).
+    const bool records = d_.flashmla_records();
+    const int half = ref_record_bytes(d_.mla_kv_lora_rank, d_.mla_rope_dim) / 2;
+    const int row = records ? half : dim_ / dtype_values(d_.storage);
     std::vector<int64_t> extent;
     for (int i = 0; i < d_.num_axes; ++i) {
       switch (d_.axes[i]) {
@@ -219,7 +234,7 @@ class Driver {
         case Axis::slot: extent.push_back(d_.page_size); break;
         case Axis::kv: extent.push_back(2); break;
         case Axis::head: extent.push_back(heads_); break;
-        case Axis::dim: extent.push_back(dim_ / dtype_values(d_.storage)); break;  // stored elements
+        case Axis::dim: extent.push_back(row); break;
       }
     }
     int block_from = 0;  // axes [block_from, n) form one block: the whole tensor, or one page
@@ -239,7 +254,7 @@ class Driver {
       // `cell` is a position (contiguous, paged) or position mod window (ring).
       for (int kv = 0; kv < 2; ++kv)
         for (int h = 0; h < heads_; ++h)
-          for (int x = 0; x < dim_; ++x) {
+          for (int x = 0; x < (records ? row : dim_); ++x) {  // a record's bytes, else values
             int64_t coord[kNumAxes] = {};
             coord[int(Axis::layer)] = layer;
             coord[int(Axis::row)] = seq;
@@ -250,7 +265,7 @@ class Driver {
             }
             coord[int(Axis::kv)] = kv;
             coord[int(Axis::head)] = h;
-            coord[int(Axis::dim)] = x / dtype_values(d_.storage);  // 4-bit codes: value x in byte x / 2
+            coord[int(Axis::dim)] = records ? x : x / dtype_values(d_.storage);  // 4-bit codes: value x in byte x / 2
             int64_t outer = 0, outer_count = 1, code_in = 0, codes = 1, scale_in = 0, scales = 1;
             for (int i = 0; i < d_.num_axes; ++i) {
               const Axis a = d_.axes[i];
@@ -279,7 +294,10 @@ class Driver {
               scale_at = d_.quant == Quant::per_tensor ? (layer * 2 + kv) * ss : (tensor_index * scales + scale_in) * ss;
             }
             std::string problem;
-            if (!d_.quantized()) {
+            if (records) {
+              const int got = pool[size_t(code_at)], want = record_token(id).bytes[size_t(kv * half + x)];
+              if (got != want) problem = "record byte " + std::to_string(got) + ", want " + std::to_string(want);
+            } else if (!d_.quantized()) {
               const float got = load_as(d_.storage, pool.data() + code_at);
               const float want = Reference::value(id, kv, h, x, heads_, dim_);
               if (got != want) problem = "got " + std::to_string(got) + ", want " + std::to_string(want);
@@ -371,6 +389,7 @@ class Driver {
   std::vector<std::vector<int32_t>> page_table_;
   Reference ref_;
   std::map<std::pair<uint64_t, int>, RefToken> quantized_;
+  std::map<uint64_t, RefRecord> records_;
   uint64_t last_id_ = 0;
   int64_t verify_calls_ = 0;
   struct Pending {

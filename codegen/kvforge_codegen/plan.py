@@ -68,12 +68,21 @@ class Variant:
         return self.model.head_dim // q.group_size if q and q.granularity == "per_group" else 1
 
     @property
+    def stored_row(self) -> int:
+        """Stored elements of a head's row (C++'s stored_row): head_dim over the values an element holds,
+        or half a FlashMLA record's bytes."""
+        t = vocab.DTYPES[self.storage]
+        if t.get("record"):
+            return flashmla_record_bytes(*self.model.mla) // 2
+        return self.model.head_dim // t.get("values", 1)
+
+    @property
     def bytes_per_token(self) -> int:
         """Bytes one token of one sequence occupies: K and V of every layer and head, and their scales."""
         if self.members:
             return sum(m.bytes_per_token for _, m in self.members)
         t = vocab.DTYPES[self.storage]
-        values = 2 * self.model.layers * self.model.kv_heads * (self.model.head_dim // t.get("values", 1)) * t["bytes"]
+        values = 2 * self.model.layers * self.model.kv_heads * self.stored_row * t["bytes"]
         q = self.quantization
         return values + (self.scales_per_token * vocab.SCALE_DTYPES[q.scale_dtype]["bytes"] if q else 0)
 
@@ -83,6 +92,11 @@ def hybrid_members(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage
     layouts = {l.name: l for l in specs.layouts}
     return tuple((model.group(g), Variant(layouts[member], model.for_group(model.group(g)), storage, input_dtype))
                  for g, member in layout.groups)
+
+
+def flashmla_record_bytes(kv_lora_rank: int, rope_dim: int) -> int:
+    """A FlashMLA fp8 record's bytes: the latent's codes, an fp32 scale per tile, the RoPE part in bf16."""
+    return kv_lora_rank + 4 * (kv_lora_rank // vocab.FLASHMLA_TILE) + 2 * rope_dim
 
 
 # ---- the plan ---------------------------------------------------------------------------------------

@@ -43,6 +43,8 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
             if codes % scale_bytes:
                 reasons.append(f"a page holds {codes} code bytes, not a multiple of the {scale_bytes}-byte "
                                f"{q.scale_dtype} scales that follow them, so the scales would be misaligned")
+    elif vocab.DTYPES[storage].get("record"):
+        reasons += record_reasons(layout, model, storage, input_dtype)
     if input_dtype not in vocab.INPUT_DTYPES and input_dtype != storage:
         reasons.append(f"input dtype {input_dtype!r} is not supported")
     if layout.addressing == "ring":
@@ -52,6 +54,21 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
             reasons.append(f"window {layout.window} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
     if layout.addressing == "paged" and layout.page_size and layout.page_size > model.max_seq_len:
         reasons.append(f"page_size {layout.page_size} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
+    return reasons
+
+
+def record_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, input_dtype: str) -> List[str]:
+    """Why a FlashMLA fp8 record cannot store this model; empty when it can."""
+    reasons: List[str] = []
+    tile = vocab.FLASHMLA_TILE
+    if input_dtype == storage:
+        reasons.append(f"{storage} storage encodes a float input; give input_dtypes ({', '.join(vocab.INPUT_DTYPES)})")
+    if model.mla is None:
+        reasons.append(f"{storage} stores an MLA latent record, and {model.name} has no mla "
+                       f"(a model with mla: {{kv_lora_rank, qk_rope_head_dim}})")
+    elif model.mla[0] % tile:
+        reasons.append(f"{storage} scales the latent in tiles of {tile}, and {model.name}'s kv_lora_rank "
+                       f"{model.mla[0]} is not a multiple of {tile}")
     return reasons
 
 

@@ -34,7 +34,13 @@ DTYPES = {
     # 4-bit codes, two values a byte (low nibble first): "bytes" and "cpp" are one stored element's.
     "fp4_e2m1": {"bytes": 1, "values": 2, "cpp": "kvforge::fp4_e2m1x2", "enum": "f4e2m1", "quantized": True},
     "int4": {"bytes": 1, "values": 2, "cpp": "kvforge::int4x2", "enum": "i4", "quantized": True},
+    # FlashMLA's fp8 MLA record (its README): a token's latent as e4m3 codes, an fp32 power-of-two scale
+    # per 128 of them, then the RoPE part in bf16. Its scales are inside the record, so it takes no
+    # quantization block; an element is one byte of it, and K's and V's rows are its two halves.
+    "flashmla_fp8": {"bytes": 1, "cpp": "kvforge::flashmla_fp8_byte", "enum": "flashmla_f8", "quantized": False,
+                     "record": True},
 }
+FLASHMLA_TILE = 128  # latent values that share one scale in a FlashMLA record
 INPUT_DTYPES = ("fp32", "fp16", "bf16")
 QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])
 

@@ -48,7 +48,7 @@ PhysicalPlacement placement_from(const nb::dict& f) {
 void write_physical_from(const Cache& c, int layer, int64_t tokens, const nb::dict& placement, nb::handle out,
                          const IndexView& pages, int64_t row, int64_t head_offset, int64_t heads) {
   const VariantDescriptor& d = c.descriptor();
-  if (d.quant != Quant::none || d.is_hybrid() || c.config().device != Device::cpu)
+  if (!d.plain_values() || d.is_hybrid() || c.config().device != Device::cpu)
     throw UnsupportedError(std::string("cache: ") + d.name + ": the physical format reads unquantized, non-hybrid host caches");
   if (tokens < 1) throw OutOfRangeError("tokens", tokens, 1, int64_t(1) << 40);
   if (heads < 0) heads = d.heads - head_offset;

@@ -222,7 +222,8 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     case DType::f8e5m2: return nb::dtype<uint8_t>();  // as SGLang stores fp8: bytes, viewed back on read
     case DType::ue8m0: return nb::dtype<uint8_t>();   // the exponent byte; torch views it as float8_e8m0fnu
     case DType::f4e2m1:                               // two codes a byte; torch views it as float4_e2m1fn_x2
-    case DType::i4: return nb::dtype<uint8_t>();
+    case DType::i4:
+    case DType::flashmla_f8: return nb::dtype<uint8_t>();  // a record's bytes
   }
   return nb::dtype<uint8_t>();
 }
@@ -261,7 +262,8 @@ Device device_named(const std::string& name) { return enum_from<Device>(name, kD
 
 std::optional<DType> dtype_named(const std::optional<std::string>& name, const char* argument) {
   if (!name) return std::nullopt;
-  constexpr DType kNamed[] = {DType::f32, DType::f16, DType::bf16, DType::i8, DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4};
+  constexpr DType kNamed[] = {DType::f32,    DType::f16,    DType::bf16, DType::i8,
+                              DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4, DType::flashmla_f8};
   std::string allowed;
   for (DType t : kNamed) {
     if (*name == dtype_name(t)) return t;
@@ -323,7 +325,7 @@ void translate(const std::exception_ptr& p, void*) {
 // The record views of a float layout that keeps each head's record whole (kvforge::record_view): "record"
 // [.., heads, first + second]; an MLA model's "ckv" [.., R] and "kpe" [.., P] without the heads axis
 // (FlashInfer's ckv_cache and kpe_cache; SGLang slices its one buffer so), K and V of other widths'
-// "k_part" [.., heads, K] and "v_part" [.., heads, V].
+// "k_part" [.., heads, K] and "v_part" [.., heads, V]. FlashMLA's fp8 records: "record" only, its bytes.
 void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out) {
   const std::optional<RecordView> r = record_view(cache, layer);
   if (!r) return;
@@ -331,6 +333,7 @@ void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out
   const std::vector<int64_t> strides{r->strides.row_or_page, r->strides.seq_or_slot, r->strides.head, 1};
   const size_t first = size_t(r->first_width), second = size_t(r->second_width);
   out["record"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first + second}, strides, owner);
+  if (cache.descriptor().flashmla_records()) return;  // bytes of three types: no part is a tensor of one
   if (cache.descriptor().mla()) {
     const std::vector<int64_t> token{strides[0], strides[1], 1};
     out["ckv"] = export_array(r->record, r->dtype, r->device, {rows, slots, first}, token, owner);
@@ -343,9 +346,10 @@ void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out
 
 nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
   const LayerView v = cache.view(layer);
-  // The last axis counts stored elements: a byte of two values for packed 4-bit codes.
+  // The last axis counts stored elements: a byte of two values for packed 4-bit codes, half a record's
+  // bytes for FlashMLA's.
   const std::vector<size_t> shape{size_t(v.rows_or_pages), size_t(v.seq_or_slots), size_t(v.heads),
-                                  size_t(v.head_dim / dtype_values(v.dtype))};
+                                  size_t(v.stored_dim)};
   const std::vector<int64_t> strides{v.strides.row_or_page, v.strides.seq_or_slot, v.strides.head, 1};
   nb::dict out;
   out["k"] = export_array(v.k, v.dtype, v.device, shape, strides, owner);

@@ -38,9 +38,10 @@ Strides coordinate_strides(const VariantDescriptor& d, const int64_t* axis_strid
 
 Geometry make_geometry(const VariantDescriptor& d, const Capacity& c) {
   Geometry g;
-  // `dim` counts stored elements: two values each for packed 4-bit codes.
+  // `dim` counts stored elements (stored_row): two values each for packed 4-bit codes, half a record's
+  // bytes for FlashMLA's.
   const int64_t extents[kNumAxes] = {d.layers,  c.rows, c.positions, c.pages, d.page_size, 2,
-                                     d.heads, d.head_dim / dtype_values(d.storage)};
+                                     d.heads, d.stored_dim()};
   g.tensors = (d.stacked() ? 1 : d.layers) * (d.kv_fused() ? 1 : 2);
   const bool scale_skips_head = d.quant == Quant::per_token;
   // A per_group head's scales run along `dim`, one per group; the other granularities' do not vary

@@ -54,7 +54,7 @@ std::string placement_problem(const PhysicalPlacement& p, int64_t tokens, int he
 
 std::optional<PhysicalPlacement> physical_placement(const Cache& c, const int32_t* pages, int64_t row, int64_t tokens) {
   const VariantDescriptor& d = c.descriptor();
-  if (d.quant != Quant::none || d.is_hybrid() || tokens <= 0) return std::nullopt;
+  if (!d.plain_values() || d.is_hybrid() || tokens <= 0) return std::nullopt;
   const int heads = d.heads;
   if (d.addressing == Addressing::ring && tokens > d.window) return std::nullopt;  // positions wrap: not one block
   const LayerView first = c.view(0);

@@ -113,7 +113,7 @@ std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q, std
   d.tensor_scaled = false;
   d.scale = DType::f32;
   d.scale_placement = ScalePlacement::separate;
-  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale, 1);
+  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.stored_dim(), d.storage, d.quant, d.scale, 1);
   return d;
 }
 

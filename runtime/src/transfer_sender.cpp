@@ -71,7 +71,7 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   // which holds the input dtype, so only where that is the storage dtype. A device pool that the
   // transport takes as it is goes logical: its staging has no host copy to write from.
   const int64_t T = int64_t(tokens.size());
-  bool physical = options_.physical && d.quant == Quant::none && !d.is_hybrid() && transport_.takes_memory_of(Device::cpu) &&
+  bool physical = options_.physical && d.plain_values() && !d.is_hybrid() && transport_.takes_memory_of(Device::cpu) &&
                   (!staged_physical() || (d.storage == d.input && (device == Device::cpu || !transport_.takes_memory_of(device))));
   if (physical) check_physical_range(cache_, range, T);
   if (physical && d.addressing == Addressing::ring) {

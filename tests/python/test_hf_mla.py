@@ -12,7 +12,8 @@ pass their cache as (kv_nope, k_rot). Random weights from tiny configs made here
   - an absorbed-MLA step written here the way vLLM computes it (queries absorbed through kv_b_proj,
     attention over the latent records kvforge gathers, values expanded after) reproduces HF's own
     logits, the prompt's and the next token's (at most 0.47 here): within 1e-5 over fp32 records, 2e-3 over
-    bf16 and 2e-2 over fp8 per-tensor codes (measured 1e-7, 3.3e-4 and 4.9e-3); and so it does reading
+    bf16, and 2e-2 over fp8 per-tensor codes and over FlashMLA's fp8 records (measured 1e-7, 3.3e-4,
+    4.9e-3, and 8.9e-3 for a model whose latent is two 128-value tiles); and so it does reading
     the records in place, as FlashInfer's MLA kernel does, from the "ckv" and "kpe" views at the page
     table's pages (vLLM's pages of 16 and FlashMLA's of 64);
   - the record's bytes sit in the pool as vLLM's [blocks, block_size, kv_lora_rank + rope] tensor,
@@ -175,15 +176,17 @@ def absorbed_attention(attn, store, hidden_states, position_embeddings, *args, *
 @pytest.mark.parametrize("variant,bound,in_place", [
     ("vllm_mla.tiny_mla.fp32", 1e-5, False), ("vllm_mla.tiny_mla.bf16", 2e-3, False),
     ("vllm_mla.tiny_mla.fp8_e4m3_in_bf16", 2e-2, False),
-    ("vllm_mla.tiny_mla.fp32", 1e-5, True), ("flashmla_paged.tiny_mla.bf16", 2e-3, True)])
+    ("vllm_mla.tiny_mla.fp32", 1e-5, True), ("flashmla_paged.tiny_mla.bf16", 2e-3, True),
+    # FlashMLA's fp8 record: a latent of two 128-value tiles, each under its own power-of-two scale.
+    ("flashmla_paged.tiny_mla_tiles.flashmla_fp8_in_bf16", 2e-2, False)])
 def test_an_absorbed_mla_step_over_kvforge_records_gives_hf_logits(variant, bound, in_place):
-    m = deepseek_v3()
+    d = kvforge.describe(variant)
+    m = deepseek_v3(kv_lora_rank=d.mla[0], qk_rope_head_dim=d.mla[1])
     prompt, step = [5, 17, 99, 3, 42, 8, 61], 23
     with torch.no_grad():
         theirs = DynamicCache(config=m.config)
         want = [m(torch.tensor([prompt]), cache=theirs).logits[0, -1],
                 m(torch.tensor([[step]]), cache=theirs).logits[0, -1]]
-    d = kvforge.describe(variant)
     store = LatentStore(variant, {"fp32": torch.float32, "bf16": torch.bfloat16}[d.input], in_place)
     if d.quant == "per_tensor":  # one scale a half, for records within +-8 (kv_a_layernorm keeps them there)
         for layer in range(d.layers):

@@ -42,7 +42,7 @@ def model_yaml(rng: random.Random, name: str) -> tuple:
         head_dim = (head_dim + v_head_dim) // 2
     elif draw < 0.35:  # an MLA model: a latent record of any even width, held as one head's K and V
         rope = rng.choice((2, 4, 8, 64))
-        rank = rng.choice((2, 6, 16, 62, 512))
+        rank = rng.choice((2, 6, 16, 62, 128, 512))  # 128 and 512 also take FlashMLA's fp8 record
         shape = ["mla:", f"  kv_lora_rank: {rank}", f"  qk_rope_head_dim: {rope}"]
         head_dim = (rank + rope) // 2
     lines = [f"name: {name}", f"layers: {layers}", *shape, f"max_seq_len: {max_seq_len}"]
@@ -103,7 +103,7 @@ def layout_yaml(rng: random.Random, name: str, models: dict) -> str:
             if scales == "separate" and rng.random() < 0.5:  # a second level (NVFP4's), kept beside the scales
                 lines.append(f"  tensor_scale: {rng.choice(vocab.TENSOR_SCALES)}")
     lines += ["expand:", f"  - models: [{', '.join(chosen)}]", f"    dtypes: [{storage}]"]
-    if quantized or rng.random() < 0.3:
+    if quantized or vocab.DTYPES[storage].get("record") or rng.random() < 0.3:
         lines.append(f"    input_dtypes: [{rng.choice(vocab.INPUT_DTYPES)}]")
     return "\n".join(lines) + "\n"
 

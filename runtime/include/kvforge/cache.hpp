@@ -66,6 +66,7 @@ struct LayerView {
   int64_t seq_or_slots = 0;  // positions per row (window for ring) or page_size
   int heads = 0;
   int head_dim = 0;
+  int stored_dim = 0;  // stored elements of a head's row: the last axis of k and v (stored_row)
 };
 
 // Memory the cache holds, split into the KV storage itself and the runtime's own overhead.
@@ -108,11 +109,12 @@ struct RecordView {
   int64_t seq_or_slots = 0;
   int heads = 0;
   int first_width = 0;
-  int second_width = 0;
+  int second_width = 0;  // 0 for FlashMLA's fp8 records, whose bytes are one part (second is null)
 };
 class Cache;
 // The view of `layer`, or nothing where the variant keeps no records, its layout splits them (K's and V's
-// halves apart), or it stores codes (each half with its own scales).
+// halves apart), or it stores codes with scales apart from them (each half with its own). FlashMLA's
+// fp8 records, scales inside, are one part of record bytes.
 std::optional<RecordView> record_view(const Cache& cache, int layer);
 
 // Every variant implements this interface (TypedCache<Traits> in cache_impl.hpp; the generic path too),

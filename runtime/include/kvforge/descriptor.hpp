@@ -110,13 +110,21 @@ struct VariantDescriptor {
   // Scales of one head's row: head_dim / quant_group for per_group, else 1. A head's groups are adjacent
   // in the scales, as its values are in the pool (`dim` is every layout's last axis).
   constexpr int scale_groups() const { return quant == Quant::per_group ? head_dim / quant_group : 1; }
+  // Stored elements of a head's row in the pool: what its `dim` axis counts (stored_row).
+  constexpr int stored_dim() const { return stored_row(storage, head_dim, mla_kv_lora_rank); }
+  // Whether tokens are FlashMLA's fp8 records, scales inside each (flashmla_record.hpp).
+  constexpr bool flashmla_records() const { return storage == DType::flashmla_f8; }
+  // Whether the pool holds values element for element, with no scales (what the physical transfer
+  // format moves): not codes, and not FlashMLA's records.
+  constexpr bool plain_values() const { return !quantized() && !flashmla_records(); }
 };
 
 // Bytes one token of one sequence occupies: K and V of every layer and head, and their dynamic scales.
 // The one formula; `kvforge-codegen list` prints the same figure, and a test holds the two equal.
-constexpr int64_t bytes_per_token(int layers, int heads, int head_dim, DType storage, Quant quant, DType scale,
+// `row` is the stored elements of a head's row (stored_row).
+constexpr int64_t bytes_per_token(int layers, int heads, int row, DType storage, Quant quant, DType scale,
                                   int scale_groups) {
-  return int64_t(2) * layers * (int64_t(heads) * (head_dim / dtype_values(storage)) * dtype_size(storage) +
+  return int64_t(2) * layers * (int64_t(heads) * row * dtype_size(storage) +
                                 int64_t(scales_per_token(quant, heads, scale_groups)) * dtype_size(scale));
 }
 
@@ -215,7 +223,7 @@ template <class T> constexpr VariantDescriptor describe() {
   d.quant_group = quant_group_of<T>::value;
   d.tensor_scaled = tensor_scaled_of<T>::value;
   d.scale_placement = T::scale_placement;
-  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.head_dim, d.storage, d.quant, d.scale, d.scale_groups());
+  d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.stored_dim(), d.storage, d.quant, d.scale, d.scale_groups());
   return d;
 }
 

@@ -12,7 +12,7 @@
 
 namespace kvforge {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4 };
+enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4, flashmla_f8 };
 
 struct fp16 {
   uint16_t bits;
@@ -36,6 +36,17 @@ struct fp4_e2m1x2 {  // OCP fp4 e2m1: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; no 
 struct int4x2 {  // two's complement, -8..7 (kvforge stores -7..7)
   uint8_t bits;
 };
+// A byte of FlashMLA's fp8 MLA record (detail/flashmla_record.hpp): a token's latent as e4m3 codes,
+// an fp32 scale per 128 of them, then the RoPE part in bf16, kv_lora_rank + kv_lora_rank / 32 +
+// 2 * rope bytes in all (656 for DeepSeek-V3). kvforge keeps a record as K then V of one head, so K's
+// row is the record's first half of bytes and V's its second (flashmla_record_bytes).
+struct flashmla_fp8_byte {
+  uint8_t bits;
+};
+constexpr int kFlashMlaTile = 128;  // latent values that share one scale
+constexpr int flashmla_record_bytes(int kv_lora_rank, int rope_dim) {
+  return kv_lora_rank + 4 * (kv_lora_rank / kFlashMlaTile) + 2 * rope_dim;
+}
 // OCP MX's scale type: a bare exponent, the value 2^(bits - 127); 0xff is NaN. Only a scale, never
 // storage.
 struct ue8m0 {
@@ -55,6 +66,7 @@ constexpr int dtype_size(DType t) {
     case DType::ue8m0: return 1;
     case DType::f4e2m1: return 1;  // two values
     case DType::i4: return 1;      // two values
+    case DType::flashmla_f8: return 1;  // a byte of a record
   }
   return 0;
 }
@@ -72,6 +84,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::ue8m0: return "ue8m0";
     case DType::f4e2m1: return "fp4_e2m1";
     case DType::i4: return "int4";
+    case DType::flashmla_f8: return "flashmla_fp8";
   }
   return "?";
 }
@@ -88,14 +101,24 @@ template <> struct dtype_of<fp8_e5m2> { static constexpr DType value = DType::f8
 template <> struct dtype_of<ue8m0> { static constexpr DType value = DType::ue8m0; };
 template <> struct dtype_of<fp4_e2m1x2> { static constexpr DType value = DType::f4e2m1; };
 template <> struct dtype_of<int4x2> { static constexpr DType value = DType::i4; };
+template <> struct dtype_of<flashmla_fp8_byte> { static constexpr DType value = DType::flashmla_f8; };
 
 // Values one stored element holds: 2 for the 4-bit types, else 1. Rows of D values take
 // D / dtype_values elements of dtype_size bytes.
 constexpr int dtype_values(DType t) { return t == DType::f4e2m1 || t == DType::i4 ? 2 : 1; }
 template <class T> inline constexpr int kValuesPerElement = dtype_values(dtype_of<T>::value);
 
+// Stored elements of one head's row of head_dim values: head_dim / dtype_values, or for FlashMLA's
+// record (an MLA model's one head, head_dim half the latent's values) half the record's bytes. The
+// one formula for a row's width in the pool; `kv_lora_rank` matters to the record only.
+constexpr int stored_row(DType storage, int head_dim, int kv_lora_rank) {
+  return storage == DType::flashmla_f8 ? flashmla_record_bytes(kv_lora_rank, 2 * head_dim - kv_lora_rank) / 2
+                                       : head_dim / dtype_values(storage);
+}
+
 constexpr bool is_quantized(DType t) {
-  return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2 || t == DType::f4e2m1 || t == DType::i4;
+  return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2 || t == DType::f4e2m1 || t == DType::i4 ||
+         t == DType::flashmla_f8;
 }
 
 KVF_HD KVF_INLINE uint32_t float_bits(float f) {

@@ -404,6 +404,7 @@ template <class Traits> LayerView TypedCache<Traits>::view(int layer) const {
   v.seq_or_slots = desc().paged() ? page_size() : capacity_.positions;
   v.heads = heads();
   v.head_dim = head_dim();
+  v.stored_dim = desc().stored_dim();
   return v;
 }
 

@@ -22,7 +22,7 @@ template <class Traits> void TypedCache<Traits>::reset_row(int64_t row) {
 }
 
 template <class Traits> void TypedCache<Traits>::make_reorder_scratch() {
-  const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads() * (head_dim() / kValuesPerElement<storage_t>);
+  const int64_t layer_elems = capacity_.rows * 2 * capacity_.positions * heads() * desc().stored_dim();
   reorder_scratch_ = Buffer(*backend_, layer_elems * int64_t(sizeof(storage_t)));
   const int per_token = scales_per_token(quant, heads(), desc().scale_groups());
   if (per_token > 0)

@@ -120,7 +120,17 @@ template <class Traits, class Exec> struct GatherOps : QuantOps<Traits, Exec> {
           return;
         }
       }
-      if constexpr (kQuantized) {
+      if constexpr (O::kFlashMla) {
+        const auto* record = reinterpret_cast<const uint8_t*>(src);
+        for (int h = 0; h < H; ++h) {
+          if constexpr (O::kRecordWhole)
+            O::Record::decode_whole(record + h * a.s.head, record + a.s.kv + h * a.s.head,
+                                    k_out.data + h * k_out.head_stride, v_out.data + h * v_out.head_stride);
+          else
+            O::Record::decode(record + h * a.s.head, record + a.s.kv + h * a.s.head, k_out.data + h * k_out.head_stride,
+                              v_out.data + h * v_out.head_stride, lane, lanes);
+        }
+      } else if constexpr (kQuantized) {
         if constexpr (!(kChunkedQuant && kAlignedRows)) {  // the element path
           const TokenHeads<In> out[2] = {k_out, v_out};
           for (int kv = 0; kv < 2; ++kv) {

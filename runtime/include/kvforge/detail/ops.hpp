@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "kvforge/detail/config.hpp"
+#include "kvforge/detail/flashmla_record.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/geometry.hpp"
 #include "kvforge/detail/item_gate.hpp"
@@ -41,7 +42,7 @@ template <class Store, int H, int D> constexpr int item_lanes() {
 // Bytes one page of every layer takes when packed for offload: codes, then their dynamic scales.
 inline int64_t packed_page_bytes(const VariantDescriptor& d) {
   return int64_t(d.layers) * 2 * d.page_size *
-         (int64_t(d.heads) * (d.head_dim / dtype_values(d.storage)) * dtype_size(d.storage) +
+         (int64_t(d.heads) * d.stored_dim() * dtype_size(d.storage) +
           int64_t(scales_per_token(d.quant, d.heads, d.scale_groups())) * dtype_size(d.scale));
 }
 
@@ -122,9 +123,21 @@ template <class Traits, class Exec> struct Ops {
   // what the pool's rows, copies and pages count, where inputs count D.
   static constexpr int kValues = kValuesPerElement<Store>;
   static_assert(D % kValues == 0 && kGroup % kValues == 0, "packed codes fill whole elements");
-  static constexpr int kStoredDim = D / kValues;
-  // Runtime-sized traits run on the CPU, where an item is one lane.
-  static constexpr int kLanes = kRuntime ? 1 : kQuantized ? quant_lanes<kStoredDim>() : item_lanes<Store, H, D>();
+  // FlashMLA's fp8 records (flashmla_record.hpp): a token's K and V rows are the two halves of one
+  // record, which write encodes and gather decodes whole (the tiles of 128 cross from K into V); every
+  // other operation moves its bytes. Its scales are inside the record, so the layout is not `kQuantized`.
+  static constexpr bool kFlashMla = std::is_same_v<Store, flashmla_fp8_byte>;
+  static constexpr int kLatent = kFlashMla ? mla_traits<Traits>::kv_lora_rank : kFlashMlaTile;
+  using Record = FlashMlaRecord<kLatent, kFlashMla ? 2 * D - kLatent : 0>;
+  static constexpr int kStoredDim = kFlashMla ? Record::kHalf : D / kValues;
+  // Records coded whole on one lane (the CPU), or byte by byte over a warp (CUDA).
+  static constexpr bool kRecordWhole = Exec::row_step(2) == 1;
+  // Runtime-sized traits run on the CPU, where an item is one lane. A record's item is a warp: a lane a
+  // tile of its latent, and its RoPE values spread over all of them.
+  static constexpr int kLanes = kRuntime    ? 1
+                                : kFlashMla ? 32
+                                : kQuantized ? quant_lanes<kStoredDim>()
+                                             : item_lanes<Store, H, D>();
   // An executor that moves 16-byte vectors per lane (CUDA) quantizes a token in chunks of them
   // (quant_chunks.hpp), with the lanes that layout asks for; the CPU takes whole rows. A token spreads
   // over as many lanes as a float token's, up to kMaxItemLanes: for llama3-8b one chunk of K and one
@@ -212,8 +225,9 @@ template <class Traits, class Exec> struct Ops {
     return rows_on_boundary(r.data, {r.token_stride, r.head_stride, layer_stride}, 16);
   }
   // The most tokens one work item of write and gather takes when it walks a tile head by head
-  // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1.
-  static constexpr int kTile = positions_inside_heads<Traits>() ? Exec::kTileItems : 1;
+  // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1, and so
+  // does a FlashMLA record, which is coded a token at a time.
+  static constexpr int kTile = positions_inside_heads<Traits>() && !kFlashMla ? Exec::kTileItems : 1;
 
   // The loop order, from both sides' strides: walk a tile of tokens head by head where the pool
   // keeps a head's positions adjacent and so does the other side ([H, T, D] tensors: a gather's output

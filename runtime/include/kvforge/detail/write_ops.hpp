@@ -171,7 +171,17 @@ template <class Traits, class Exec> struct WriteOps : QuantOps<Traits, Exec> {
           return;
         }
       }
-      if constexpr (kQuantized) {
+      if constexpr (O::kFlashMla) {
+        auto* record = reinterpret_cast<uint8_t*>(dst);
+        for (int h = 0; h < H; ++h) {
+          if constexpr (O::kRecordWhole)
+            O::Record::encode_whole(k + h * a.k.head_stride, v + h * a.v.head_stride, record + h * a.s.head,
+                                    record + a.s.kv + h * a.s.head);
+          else
+            O::Record::encode(k + h * a.k.head_stride, v + h * a.v.head_stride, record + h * a.s.head,
+                              record + a.s.kv + h * a.s.head, lane, lanes);
+        }
+      } else if constexpr (kQuantized) {
         if constexpr (!(kChunkedQuant && kAlignedRows)) {  // the element path
           quantize_token(dst, a.s.head, scale_at(a.scales, layer, 0, unit, slot), a.scales.s.head,
                          tensor_scale(a.scales, layer, 0), k, a.k.head_stride, lane, lanes);
