@@ -27,16 +27,17 @@ KVF_HD KVF_INLINE void put_nibble(uint8_t* packed, int i, uint8_t code) {
   b = uint8_t((i & 1) ? (b & 0x0fu) | (code << 4) : (b & 0xf0u) | (code & 0xfu));
 }
 
-// The amax bits of a group and whether it holds a NaN.
+// The amax bits of a group and whether it holds a NaN: one whose magnitude bits pass infinity's. Two
+// integer maxima, so that the loop vectorizes (a flag or'ed with `v != v` kept it scalar).
 template <int G, class In> KVF_HD KVF_INLINE uint32_t group_amax(const In* x, bool& nan) {
-  uint32_t m = 0;
-  nan = false;
+  uint32_t m = 0, raw = 0;
   for (int i = 0; i < G; ++i) {
     const float v = to_float(x[i]);
-    nan |= v != v;
-    const uint32_t b = magnitude_bits(v);
+    const uint32_t a = float_bits(v) & 0x7fffffffu, b = magnitude_bits(v);
+    raw = raw > a ? raw : a;
     m = m > b ? m : b;
   }
+  nan = raw > 0x7f800000u;
   return m;
 }
 
