@@ -2,7 +2,8 @@
 //   layouts            np 2: every ordered pair of the tiny model's default float layouts, bitwise, in
 //                      the physical format (into the pool, and through host staging) and the logical
 //   tp S R             np S+R: a prefill group of degree S feeds a decode group of degree R, bitwise
-//   dtypes             np 2: bf16 sent, int8 and fp8 stored on arrival, equal to the reference quantizer
+//   dtypes             np 2: bf16 sent, int8, fp8 and FlashMLA's fp8 records stored on arrival, equal to the
+//                      reference quantizer and the reference record encoder
 //   inflight N         np 2: N requests of random lengths in flight at once, interleaved; no mixing
 //   refused            np 2: every header mismatch is refused, and nothing is committed
 //   timeout            np 2: a sender that stops midway; the receiver times out and commits nothing
@@ -15,6 +16,9 @@
 //                      turn has a budget that holds no page, and every rank raises its CapacityError
 // Every value is a function of (request, layer, head of the full model, position, dim), exact in
 // bf16, so the receiver checks what it holds against plain loops over those coordinates.
+#include <map>
+
+#include "flashmla_reference.hpp"
 #include "mpi_harness.hpp"
 
 namespace mpitest {
@@ -76,7 +80,9 @@ void dtypes(MpiTransport& t) {
       {"vllm_paged_nhd.tiny_tp.bf16", "flashinfer_paged_hnd.tiny_tp.int8_in_bf16"},
       {"vllm_paged_nhd.tiny.bf16", "vllm_paged_nhd.tiny.fp8_e4m3_in_bf16"},
       {"vllm_paged_nhd.tiny.bf16", "deepspeed_blocked.tiny.int8_in_bf16"},
-      {"jetstream_contiguous.tiny.bf16", "jetstream_contiguous.tiny.int8_in_bf16"}};
+      {"jetstream_contiguous.tiny.bf16", "jetstream_contiguous.tiny.int8_in_bf16"},
+      // MLA records in bf16 to FlashMLA's fp8 records, encoded where they land.
+      {"vllm_mla.tiny_mla_tiles.bf16", "flashmla_paged.tiny_mla_tiles.flashmla_fp8_in_bf16"}};
   int64_t request = 100;
   for (const auto& [a, b] : pairs) {
     const int64_t tokens = 29;
@@ -93,8 +99,21 @@ void dtypes(MpiTransport& t) {
       KvReceiver receiver(*side.cache, 0, t);
       receiver.expect(request, tokens_of(request, tokens), PeerGroup{{0}}, side.manager.get(), 0);
       while (!receiver.done(request)) receiver.poll(), pause();
-      // What the reference quantizer (tests/quant_reference.hpp) says each token reads back as.
+      // What the reference quantizer (tests/quant_reference.hpp) says each token reads back as; for a
+      // FlashMLA record, what the reference encoder (tests/flashmla_reference.hpp) makes of its latent.
+      std::map<std::pair<int, int64_t>, kvtest::RefRecord> records;
       check_receiver(side, 0, 0, tokens, a + " -> " + b, [&](int layer, int head, int64_t p, int x, int kv) {
+        if (d.flashmla_records()) {
+          auto it = records.find({layer, p});
+          if (it == records.end()) {
+            std::vector<float> latent;
+            for (int side_kv = 0; side_kv < 2; ++side_kv)
+              for (int i = 0; i < d.head_dim; ++i) latent.push_back(value(request, layer, 0, p, i, side_kv));
+            it = records.emplace(std::make_pair(layer, p),
+                                 kvtest::ref_flashmla_record(latent, d.mla_kv_lora_rank, d.mla_rope_dim, d.input)).first;
+          }
+          return it->second.gathered[size_t(kv) * d.head_dim + x];
+        }
         std::vector<float> token(size_t(d.heads) * d.head_dim);
         for (int h = 0; h < d.heads; ++h)
           for (int i = 0; i < d.head_dim; ++i) token[size_t(h) * d.head_dim + i] = value(request, layer, h, p, i, kv);
@@ -105,7 +124,7 @@ void dtypes(MpiTransport& t) {
     ++request;
     MPI_Barrier(MPI_COMM_WORLD);
   }
-  if (t.rank() == 0) std::printf("dtypes: bf16 sent, int8 and fp8 stored on arrival, as the reference quantizer says\n");
+  if (t.rank() == 0) std::printf("dtypes: bf16 sent, int8, fp8 and FlashMLA records stored on arrival, as the references say\n");
 }
 
 void inflight(MpiTransport& t, int count) {
