@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -61,6 +64,15 @@ inline std::string case_name(const testing::TestParamInfo<Case>& info) {
     if ((device) == kvforge::Device::cuda && !kvforge::cuda_available(&why_)) \
       GTEST_SKIP() << "CUDA case skipped: " << why_;                       \
   } while (0)
+
+// `count` distinct slots of a pool of `pool_slots`, in a random order: tokens scattered over its pages.
+inline std::vector<int64_t> scattered_slots(int64_t pool_slots, int64_t count, std::mt19937& rng) {
+  std::vector<int64_t> slots(static_cast<size_t>(pool_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(static_cast<size_t>(count));
+  return slots;
+}
 
 // Floats in this set are exact in fp32, fp16 and bf16: k/4 for k in [-128, 127].
 inline float exact_value(uint64_t key) {

@@ -38,10 +38,7 @@ TEST_P(FlashMla, RecordsAreByteExactWhereFlashMlasTensorPutsThemAndReadBack) {
   auto cache = registry().create(d.name, config);
   Arena arena(c.device);
   std::mt19937 rng(11);
-  std::vector<int64_t> slots(size_t(pages * P));
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  slots.resize(size_t(tokens));
+  const std::vector<int64_t> slots = scattered_slots(pages * P, tokens, rng);
   // Tokens of very different magnitudes (powers of two apart, so every value stays exact in the input
   // dtype), an all-zero token, and tiles of one token at different scales.
   std::vector<std::vector<float>> latents(size_t(tokens), std::vector<float>(static_cast<size_t>(width)));

@@ -52,10 +52,7 @@ TEST_P(KvWidths, KAndVComeBackAtTheirCoordinatesAndLieWholeInAHeadsRecord) {
     const int64_t P = d.page_size, pages = 3;
     tokens = 2 * P + 3 <= pages * P ? 2 * P + 3 : pages * P;
     config.pages = pages;
-    slots.resize(size_t(pages * P));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    slots.resize(size_t(tokens));
+    slots = scattered_slots(pages * P, tokens, rng);
     positions = pages * P;
   } else {
     config.rows = 2;

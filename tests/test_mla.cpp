@@ -44,10 +44,7 @@ TEST_P(Mla, RecordsComeBackWholeAndLieWhereVllmsTensorPutsThem) {
   auto cache = registry().create(d.name, config);
   Arena arena(c.device);
   std::mt19937 rng(7);
-  std::vector<int64_t> slots(size_t(pages * P));
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng);
-  slots.resize(size_t(tokens));
+  const std::vector<int64_t> slots = scattered_slots(pages * P, tokens, rng);
   const int layer = d.layers - 1;
   std::vector<unsigned char> records(size_t(tokens * width * es));
   for (int64_t i = 0; i < tokens * width; ++i) store_as(d.input, exact_value(uint64_t(i) + 99), &records[size_t(i * es)]);
