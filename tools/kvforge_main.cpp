@@ -26,7 +26,7 @@ const char* kUsage =
     "        registered variant) through prefill,\n"
     "        decode steps, commit and gather on the CPU backend, and check what comes back against\n"
     "        the input: exactly for float storage, within the documented bound for quantized\n"
-    "        storage (int8, fp8, fp4, int4)\n"
+    "        storage (int8, fp8, fp4, int4, FlashMLA records)\n"
     "  cpu   the x86-64 level the CPU kernels run at, and the widest this CPU supports; the\n"
     "        environment variable KVFORGE_CPU_LEVEL=2|3|4 runs a narrower one\n"
     "  help  this text\n";
@@ -95,7 +95,7 @@ int list(int argc, char** argv) {
   const auto& all = kvforge::registry().variants();
   size_t width = 7;
   for (const auto& e : all) width = std::max(width, std::strlen(e.descriptor->name));
-  std::printf("%-*s  %-10s  %-6s  %-8s  %-44s  %11s\n", int(width), "variant", "addressing", "update", "storage",
+  std::printf("%-*s  %-10s  %-6s  %-12s  %-44s  %11s\n", int(width), "variant", "addressing", "update", "storage",
               "scales", "bytes/token");
   int shown = 0;
   for (const auto* e : kvforge::registry().select(q)) {
@@ -112,7 +112,7 @@ int list(int argc, char** argv) {
       for (int g = 0; g < d.hybrid->num_groups; ++g)
         scales += std::string(g ? ", " : "") + d.hybrid->groups[g].name + ": " + d.hybrid->groups[g].member->layout;
     }
-    std::printf("%-*s  %-10s  %-6s  %-8s  %-44s  %11lld\n", int(width), d.name,
+    std::printf("%-*s  %-10s  %-6s  %-12s  %-44s  %11lld\n", int(width), d.name,
                 d.is_hybrid() ? "hybrid" : kvforge::name_of(d.addressing),
                 d.update == kvforge::UpdateMode::lazy ? "lazy" : "eager",
                 std::string(kvforge::dtype_name(d.storage)).c_str(), scales.c_str(),
