@@ -276,5 +276,31 @@ TEST(FlashMlaRecord, ByteExactAgainstTheDescribedFormatAndBackWithinItsBound) {
   }
 }
 
+// The forms the cache's kernels code a record in: CUDA's, a warp's lanes each taking their tiles, RoPE
+// values and bytes, run here lane by lane; and the CPU's, whole on one lane. Both give the reference's
+// bytes and read them back as the one-lane form does, for a tile that crosses from K's half into V's.
+TEST(FlashMlaRecord, LaneSplitAndWholeFormsGiveTheSameBytesAndValues) {
+  using Record = FlashMlaRecord<256, 32>;  // tiny_mla_tiles: halves of 144 values, 164 bytes
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> latent(288);
+  for (int i = 0; i < 288; ++i) latent[size_t(i)] = normal(rng) * (i < 128 ? 1e-3f : 20.0f);
+  const std::vector<uint8_t> want = kvtest::ref_flashmla_record(latent, 256, 32, DType::f32).bytes;
+  const float* k = latent.data();
+  const float* v = latent.data() + Record::D;
+  std::vector<uint8_t> split(size_t(Record::kBytes), 0xee), whole(size_t(Record::kBytes), 0xee);
+  for (int lane = 0; lane < 32; ++lane) Record::encode(k, v, split.data(), split.data() + Record::kHalf, lane, 32);
+  Record::encode_whole(k, v, whole.data(), whole.data() + Record::kHalf);
+  ASSERT_EQ(split, want);
+  ASSERT_EQ(whole, want);
+  std::vector<float> one(288), lanes(288, -1.0f), at_once(288, -1.0f);
+  Record::decode(want.data(), want.data() + Record::kHalf, one.data(), one.data() + Record::D, 0, 1);
+  for (int lane = 0; lane < 32; ++lane)
+    Record::decode(want.data(), want.data() + Record::kHalf, lanes.data(), lanes.data() + Record::D, lane, 32);
+  Record::decode_whole(want.data(), want.data() + Record::kHalf, at_once.data(), at_once.data() + Record::D);
+  EXPECT_EQ(lanes, one);
+  EXPECT_EQ(at_once, one);
+}
+
 }  // namespace
 }  // namespace kvforge::detail

@@ -9,7 +9,7 @@
 // values, so a token's latent comes as two halves (value i < D from K, the rest from V) and its record
 // goes out as two halves of bytes (K's row and V's row of the pool, each kBytes / 2). The cache's write
 // and gather call encode and decode per token (write_ops.hpp, gather_ops.hpp); tests/test_block_quant.cpp
-// holds both to an encoder written from the format's description.
+// holds every form to an encoder written from the format's description (tests/flashmla_reference.hpp).
 #pragma once
 
 #include <cstdint>
