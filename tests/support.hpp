@@ -168,4 +168,21 @@ inline std::vector<unsigned char> held_bytes(const Cache& c) {
   return out;
 }
 
+// The bytes of one part of one slot of a StatePool as its view addresses them: [slots, *shape] by the
+// view's strides (the pool's own read() is the other way to the same bytes).
+inline std::vector<char> state_view_bytes(const StatePool& pool, int64_t slot, int layer, int part) {
+  const StateView v = pool.view(layer, part);
+  const int64_t es = dtype_size(v.dtype), n = pool.part_bytes(part) / es;
+  std::vector<char> out(static_cast<size_t>(pool.part_bytes(part)));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t at = slot * v.strides[0], rest = i;
+    for (size_t d = v.shape.size() - 1; d >= 1; --d) {
+      at += (rest % v.shape[d]) * v.strides[d];
+      rest /= v.shape[d];
+    }
+    std::memcpy(out.data() + i * es, static_cast<const char*>(v.data) + at * es, static_cast<size_t>(es));
+  }
+  return out;
+}
+
 }  // namespace kvtest

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvforge/kvforge.hpp"
+#include "support.hpp"
 
 namespace kvforge {
 namespace {
@@ -42,22 +43,6 @@ std::vector<char> read(const StatePool& pool, int64_t slot, int layer, int part)
   return out;
 }
 
-// The bytes of (slot, part) as the view addresses them: [slots, *shape] by its strides.
-std::vector<char> through_view(const StatePool& pool, int64_t slot, int layer, int part) {
-  const StateView v = pool.view(layer, part);
-  const int64_t es = dtype_size(v.dtype), n = pool.part_bytes(part) / es;
-  std::vector<char> out(size_t(pool.part_bytes(part)));
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t at = slot * v.strides[0], rest = i;
-    for (size_t d = v.shape.size() - 1; d >= 1; --d) {
-      at += (rest % v.shape[d]) * v.strides[d];
-      rest /= v.shape[d];
-    }
-    std::memcpy(out.data() + i * es, static_cast<const char*>(v.data) + at * es, size_t(es));
-  }
-  return out;
-}
-
 StatePool filled(int64_t slots = 4, int64_t checkpoints = 2) {
   StatePool pool(record(), 3, StatePoolConfig{Device::cpu, slots, checkpoints});
   for (int64_t s = 0; s < slots; ++s)
@@ -72,7 +57,7 @@ TEST(StatePool, EveryPartOfEverySlotHoldsWhatWasWritten) {
     for (int layer = 0; layer < 3; ++layer)
       for (int part = 0; part < 2; ++part) {
         EXPECT_EQ(read(pool, s, layer, part), bytes_of(pool, s, layer, part)) << s << " " << layer << " " << part;
-        EXPECT_EQ(through_view(pool, s, layer, part), bytes_of(pool, s, layer, part));
+        EXPECT_EQ(kvtest::state_view_bytes(pool, s, layer, part), bytes_of(pool, s, layer, part));
       }
 }
 

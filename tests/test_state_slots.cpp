@@ -30,7 +30,9 @@ struct Engine {
   std::unique_ptr<StatePool> pool;
   std::unique_ptr<StateSlots> slots;
   int P = 0;
-  Engine(int64_t state_slots, int64_t checkpoints, int32_t every = 2, int64_t pages = 64, int32_t host_blocks = 0) {
+  // in_pages: the states lie in the cache's own pages (state_slots is then unused: pages are the slots).
+  Engine(int64_t state_slots, int64_t checkpoints, int32_t every = 2, int64_t pages = 64, int32_t host_blocks = 0,
+         bool in_pages = false) {
     // A paged float variant of the tiny model, chosen by property.
     const VariantEntry* entry = nullptr;
     for (const VariantEntry& e : registry().variants())
@@ -44,8 +46,9 @@ struct Engine {
     SequenceManagerOptions o;
     o.host_blocks = host_blocks;
     manager = std::make_unique<SequenceManager>(*cache, o);
-    pool = std::make_unique<StatePool>(std::vector<StatePart>{{"h", {4}, DType::f32}}, 1,
-                                       StatePoolConfig{Device::cpu, state_slots, checkpoints});
+    const std::vector<StatePart> record{{"h", {4}, DType::f32}};
+    pool = in_pages ? std::make_unique<StatePool>(record, 1, *cache, checkpoints)
+                    : std::make_unique<StatePool>(record, 1, StatePoolConfig{Device::cpu, state_slots, checkpoints});
     slots = std::make_unique<StateSlots>(*manager, *pool, every);
   }
   // One forward of seq's pending tokens: the fake layer advances the state to all its tokens.
@@ -74,8 +77,14 @@ std::vector<int32_t> tokens(int n, int seed) {
   return t;
 }
 
-TEST(StateSlots, APrefixHitRestoresTheLongestCheckpointedBoundaryAndComputingOnGivesThePromptsState) {
-  Engine e(4, 8);
+// Each flow with a StatePool of its own, and with the states in the cache's pages (StatePool over the
+// cache, its slots and checkpoints taken from the manager).
+class StateSlotsEitherPool : public testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Pools, StateSlotsEitherPool, testing::Values(false, true),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "InPages" : "OwnPool"; });
+
+TEST_P(StateSlotsEitherPool, APrefixHitRestoresTheLongestCheckpointedBoundaryAndComputingOnGivesThePromptsState) {
+  Engine e(4, 8, 2, 64, 0, GetParam());
   const std::vector<int32_t> first = tokens(100, 1);
   e.prefill_aligned(0, first);
   EXPECT_EQ(e.slots->stats().checkpoints, 3);  // at 32, 64 and 96 (every 2 blocks of 16)
@@ -95,8 +104,8 @@ TEST(StateSlots, APrefixHitRestoresTheLongestCheckpointedBoundaryAndComputingOnG
   e.manager->check_invariants();
 }
 
-TEST(StateSlots, WithoutCheckpointsNothingIsSharedAndTheSlotStartsAtZero) {
-  Engine e(4, 0);
+TEST_P(StateSlotsEitherPool, WithoutCheckpointsNothingIsSharedAndTheSlotStartsAtZero) {
+  Engine e(4, 0, 2, 64, 0, GetParam());
   const std::vector<int32_t> first = tokens(100, 1);
   e.prefill_aligned(0, first);
   e.slots->free(0);
@@ -105,8 +114,8 @@ TEST(StateSlots, WithoutCheckpointsNothingIsSharedAndTheSlotStartsAtZero) {
   EXPECT_EQ(e.slots->stats().capped_tokens, 96);  // what attention alone would have shared
 }
 
-TEST(StateSlots, DecodingThroughABoundaryCheckpointsThereAndAForkCopiesTheState) {
-  Engine e(4, 8);
+TEST_P(StateSlotsEitherPool, DecodingThroughABoundaryCheckpointsThereAndAForkCopiesTheState) {
+  Engine e(4, 8, 2, 64, 0, GetParam());
   std::vector<int32_t> t = tokens(20, 3);
   e.slots->add(0, t);
   e.forward(0);
@@ -129,8 +138,8 @@ TEST(StateSlots, DecodingThroughABoundaryCheckpointsThereAndAForkCopiesTheState)
   EXPECT_EQ(held(*e.pool, *e.slots, 2), state_of(t, 32));
 }
 
-TEST(StateSlots, TheLeastRecentlyUsedCheckpointMakesRoom) {
-  Engine e(4, 2);
+TEST_P(StateSlotsEitherPool, TheLeastRecentlyUsedCheckpointMakesRoom) {
+  Engine e(4, 2, 2, 64, 0, GetParam());
   const std::vector<int32_t> first = tokens(100, 4);
   e.prefill_aligned(0, first);  // 32, 64, then 96 replaces 32
   EXPECT_EQ(e.slots->stats().replaced, 1);

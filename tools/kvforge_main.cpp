@@ -27,6 +27,10 @@ const char* kUsage =
     "        decode steps, commit and gather on the CPU backend, and check what comes back against\n"
     "        the input: exactly for float storage, within the documented bound for quantized\n"
     "        storage (int8, fp8, fp4, int4, FlashMLA records)\n"
+    "  states [--model M]\n"
+    "        for each paged variant of a hybrid model (linear_layers): a sequence's state, and\n"
+    "        whether one page holds it in place (StatePool over the cache: one pool, one free\n"
+    "        list); the smallest page that does, and the padding a state leaves in it\n"
     "  cpu   the x86-64 level the CPU kernels run at, and the widest this CPU supports; the\n"
     "        environment variable KVFORGE_CPU_LEVEL=2|3|4 runs a narrower one\n"
     "  help  this text\n";
@@ -74,12 +78,13 @@ Args parse(int argc, char** argv, const std::vector<std::string>& valued, const 
 }
 
 // A filter's value must name something registered; `field` reads one descriptor's name for it.
-template <class Field> void check_known(const char* option, const std::string& value, Field field) {
+template <class Field>
+void check_known(const char* command, const char* option, const std::string& value, Field field) {
   if (value.empty()) return;
   std::set<std::string> known;
   for (const auto& e : kvforge::registry().variants()) known.insert(field(*e.descriptor));
   if (!known.count(value))
-    throw UsageError{std::string("list: ") + option + " '" + value + "' is no registered variant's (allowed: " +
+    throw UsageError{std::string(command) + ": " + option + " '" + value + "' is no registered variant's (allowed: " +
                      joined({known.begin(), known.end()}) + ")"};
 }
 
@@ -89,9 +94,9 @@ int list(int argc, char** argv) {
   q.layout = args.value("--layout");
   q.model = args.value("--model");
   const std::string dtype = args.value("--dtype");
-  check_known("--layout", q.layout, [](const kvforge::VariantDescriptor& d) { return std::string(d.layout); });
-  check_known("--model", q.model, [](const kvforge::VariantDescriptor& d) { return std::string(d.model); });
-  check_known("--dtype", dtype, [](const kvforge::VariantDescriptor& d) { return std::string(kvforge::dtype_name(d.storage)); });
+  check_known("list", "--layout", q.layout, [](const kvforge::VariantDescriptor& d) { return std::string(d.layout); });
+  check_known("list", "--model", q.model, [](const kvforge::VariantDescriptor& d) { return std::string(d.model); });
+  check_known("list", "--dtype", dtype, [](const kvforge::VariantDescriptor& d) { return std::string(kvforge::dtype_name(d.storage)); });
   const auto& all = kvforge::registry().variants();
   size_t width = 7;
   for (const auto& e : all) width = std::max(width, std::strlen(e.descriptor->name));
@@ -263,6 +268,37 @@ int demo(int argc, char** argv) {
   return failed ? 1 : 0;
 }
 
+int states(int argc, char** argv) {
+  const Args args = parse(argc, argv, {"--model"}, {});
+  kvforge::VariantQuery q;
+  q.model = args.value("--model");
+  check_known("states", "--model", q.model, [](const kvforge::VariantDescriptor& d) { return std::string(d.model); });
+  size_t width = 7;
+  for (const auto& e : kvforge::registry().variants()) width = std::max(width, std::strlen(e.descriptor->name));
+  std::printf("%-*s  %12s  %6s  %12s  %5s  %10s  %12s  %8s\n", int(width), "variant", "state bytes", "page", "page bytes",
+              "fits", "fits from", "page bytes", "padding");
+  int shown = 0;
+  for (const auto* e : kvforge::registry().select(q)) {
+    const auto& d = *e->descriptor;
+    if (!d.states || !d.paged() || d.is_hybrid()) continue;
+    int64_t state = 0;  // the parts' own bytes, over every linear layer
+    for (const kvforge::StatePart& p : kvforge::state_parts(d)) {
+      int64_t n = kvforge::dtype_size(p.dtype);
+      for (int64_t x : p.shape) n *= x;
+      state += n * d.states->num_linear;
+    }
+    const int64_t need = kvforge::state_page_size(d), at = need * d.bytes_per_token;
+    std::printf("%-*s  %12lld  %6d  %12lld  %5s  %10lld  %12lld  %7.1f%%\n", int(width), d.name,
+                static_cast<long long>(state), d.page_size, static_cast<long long>(d.page_size * d.bytes_per_token),
+                need && need <= d.page_size ? "yes" : "no", static_cast<long long>(need), static_cast<long long>(at),
+                at ? 100.0 * double(at - state) / double(at) : 0.0);
+    ++shown;
+  }
+  std::printf("%d variants of hybrid models; padding: the share of the smallest page that fits which a state leaves unused\n",
+              shown);
+  return 0;
+}
+
 int cpu() {
   std::printf("running: %s\nsupported: %s\n", kvforge::cpu_level_name(kvforge::cpu_level()).c_str(),
               kvforge::cpu_level_name(kvforge::cpu_level_supported()).c_str());
@@ -276,6 +312,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "list") return list(argc, argv);
     if (cmd == "demo") return demo(argc, argv);
+    if (cmd == "states") return states(argc, argv);
     if (cmd == "cpu") {
       parse(argc, argv, {}, {});
       return cpu();

@@ -367,6 +367,11 @@ NB_MODULE(_native, m) {
         return f;
       })
       .def_prop_ro("available_blocks", &SequenceManager::available_blocks)
+      .def("take_pages", &SequenceManager::take_pages, "n"_a,
+           "Pages outside every sequence from the same free list (evicting cached blocks when it must), all or "
+           "nothing: a hybrid model's states kept in the cache's pages.")
+      .def("give_pages", &SequenceManager::give_pages, "pages"_a)
+      .def_prop_ro("taken_pages", &SequenceManager::taken_pages)
       .def_prop_ro("cached_blocks", &SequenceManager::cached_blocks)
       .def_prop_ro("host_free", &SequenceManager::host_free)
       .def("utilization", &SequenceManager::utilization)

@@ -86,6 +86,18 @@ void bind_states(nb::module_& m) {
         return new StatePool(d, StatePoolConfig{device_named(device), slots, checkpoints, nullptr});
       }, "descriptor"_a, "slots"_a, "device"_a = "cpu", "checkpoints"_a = 0,
          "The pool of a variant whose model spec names linear_layers: its state record over those layers.")
+      .def_static("in_pages_of", [](Cache& cache, nb::handle parts, std::optional<int> layers, int64_t checkpoints) {
+        if (parts.is_none()) return new StatePool(cache, checkpoints);
+        if (!layers) throw ArgumentError("layers", "is required with parts: the linear layers the record is kept for");
+        return new StatePool(state_parts(parts), *layers, cache, checkpoints);
+      }, "cache"_a, "parts"_a = nb::none(), "layers"_a = nb::none(), "checkpoints"_a = 0, nb::keep_alive<0, 1>(),
+         "The states in a paged cache's own pages: slot s is page s, taken from the same free list as K/V "
+         "(StateSlots takes them from the SequenceManager). parts and layers default to the record of the "
+         "cache's variant (its model's linear_layers); checkpoints caps the pages StateSlots keeps checkpoints "
+         "in. ShapeError('cache') names the page size that would hold the record where a page is too small.")
+      .def_prop_ro("in_pages", &StatePool::in_pages)
+      .def_prop_ro("page_bytes", &StatePool::page_bytes)
+      .def_prop_ro("page_padding_bytes", &StatePool::page_padding_bytes)
       .def_prop_ro("parts", [](const StatePool& s) {
         nb::list out;
         for (const StatePart& p : s.parts()) out.append(nb::make_tuple(p.name, nb::tuple(nb::cast(p.shape)), name(p.dtype)));
@@ -101,6 +113,7 @@ void bind_states(nb::module_& m) {
       .def_prop_ro("padding_bytes", &StatePool::padding_bytes)
       .def("buffer", [](nb::handle self) {
         const StatePool& s = nb::cast<const StatePool&>(self);
+        if (s.in_pages()) throw UnsupportedError("buffer: the states lie in the cache's pages; register the cache's storage");
         return export_array(s.data(), DType::i8, s.config().device, {size_t(s.bytes())}, {1}, self);
       }, "The pool's memory as flat bytes (slots, then checkpoints), for registering with a transport.")
       .def("part_bytes", [](const StatePool& s, nb::handle part) { return s.part_bytes(state_part(s, part)); }, "part"_a)
@@ -127,6 +140,9 @@ void bind_states(nb::module_& m) {
       .def("checkpoint", &StatePool::checkpoint, "slot"_a, "index"_a, Release())
       .def("restore", &StatePool::restore, "index"_a, "slot"_a, Release())
       .def("synchronize", &StatePool::synchronize, Release());
+  m.def("state_page_size", &state_page_size, "descriptor"_a,
+        "The fewest tokens a page of the variant's layout must hold for one page to hold its model's whole state "
+        "record (StatePool.in_pages_of): the smallest multiple of its page size that fits, or 0 where none does.");
   nb::class_<StateSlots>(m, "StateSlots")
       .def(nb::init<SequenceManager&, StatePool&, int32_t>(), "manager"_a, "pool"_a, "every"_a, nb::keep_alive<1, 2>(),
            nb::keep_alive<1, 3>())

@@ -32,6 +32,7 @@ void SequenceManager::check_invariants() const {
     if (options_.window > 0 && (int64_t(s.dropped) + 1) * P <= int64_t(s.tokens.size()) - options_.window)
       fail("sequence " + std::to_string(id) + " holds a page wholly outside its window");
   }
+  for (int32_t b : taken_) ++owners[size_t(b)];
   int32_t in_lru = 0;
   prefix_.for_each_evictable([&](int32_t b) {
     if (!prefix_.cached(b) || owners[size_t(b)] != 0) fail("page " + std::to_string(b) + " is evictable but in use");

@@ -104,6 +104,23 @@ void SequenceManager::release(const std::vector<int32_t>& pages) {
     if (prefix_.cached(b) && device_.ref_count(b) == 1) prefix_.make_evictable(b);
 }
 
+std::vector<int32_t> SequenceManager::take_pages(int32_t n) {
+  if (n < 0) throw OutOfRangeError("n", n, 0, INT32_MAX);
+  std::vector<int32_t> out;
+  allocate(n, out);
+  taken_.insert(out.begin(), out.end());
+  return out;
+}
+
+void SequenceManager::give_pages(const std::vector<int32_t>& pages) {
+  std::unordered_set<int32_t> seen;
+  for (int32_t b : pages)
+    if (!taken_.count(b) || !seen.insert(b).second)
+      throw StateError("pages", "page " + std::to_string(b) + " was not taken by take_pages(), or is listed twice");
+  for (int32_t b : pages) taken_.erase(b);
+  release(pages);
+}
+
 void SequenceManager::register_full_blocks(Sequence& s) {
   if (!options_.prefix_caching) return;
   const int32_t P = page_size();

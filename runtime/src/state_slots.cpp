@@ -10,8 +10,29 @@ namespace kvforge {
 StateSlots::StateSlots(SequenceManager& manager, StatePool& pool, int32_t every)
     : manager_(manager), pool_(pool), every_(every), page_size_(manager.block_size()) {
   if (every < 1) throw OutOfRangeError("every", every, 1, INT32_MAX);
+  if (pool.in_pages()) {
+    if (pool.cache() != &manager.cache())
+      throw ArgumentError("pool", "lies in the pages of another cache than the manager's; a state's page comes from the manager");
+    return;
+  }
   for (int64_t s = pool.config().slots; s-- > 0;) free_slots_.push_back(s);
   for (int64_t c = pool.config().checkpoints; c-- > 0;) free_checkpoints_.push_back(c);
+}
+
+StateSlots::~StateSlots() {
+  if (!pool_.in_pages()) return;
+  std::vector<int32_t> pages;
+  for (const auto& [seq, h] : held_)
+    if (h.slot >= 0) pages.push_back(int32_t(h.slot));
+  for (const auto& [hash, c] : by_hash_) pages.push_back(int32_t(c.index));
+  try {
+    manager_.give_pages(pages);
+  } catch (...) {  // a destructor does not throw; the pages stay taken
+  }
+}
+
+int64_t StateSlots::free_slots() const {
+  return pool_.in_pages() ? manager_.available_blocks() : int64_t(free_slots_.size());
 }
 
 std::vector<uint64_t> StateSlots::block_hashes(const std::vector<int32_t>& tokens, int64_t blocks, uint64_t salt) const {
@@ -25,10 +46,16 @@ std::vector<uint64_t> StateSlots::block_hashes(const std::vector<int32_t>& token
 }
 
 int64_t StateSlots::take_slot(const char* argument) {
-  if (free_slots_.empty()) throw CapacityError(argument, 1, 0);  // every slot of the StatePool is held
+  if (free_slots() == 0) throw CapacityError(argument, 1, 0);  // every slot (or page) is held
+  if (pool_.in_pages()) return manager_.take_pages(1)[0];
   const int64_t s = free_slots_.back();
   free_slots_.pop_back();
   return s;
+}
+
+void StateSlots::give_slot(int64_t slot) {
+  if (pool_.in_pages()) manager_.give_pages({int32_t(slot)});
+  else free_slots_.push_back(slot);
 }
 
 const StateSlots::Held& StateSlots::held(int64_t seq, const char* argument) const {
@@ -69,7 +96,7 @@ int64_t StateSlots::add(int64_t seq, const std::vector<int32_t>& prompt, std::op
       reuse = longest(covered);
     }
   } catch (...) {
-    free_slots_.push_back(slot);
+    give_slot(slot);
     throw;
   }
   held_[seq] = Held{slot, s, {}};
@@ -103,7 +130,7 @@ void StateSlots::fork(int64_t parent, int64_t child) {
   try {
     manager_.fork(parent, child);
   } catch (...) {
-    free_slots_.push_back(slot);
+    give_slot(slot);
     throw;
   }
   held_[child] = Held{slot, held_.at(parent).salt, {}};
@@ -114,7 +141,7 @@ void StateSlots::free(int64_t seq) {
   const int64_t slot = held(seq, "seq").slot;
   manager_.free(seq);
   held_.erase(seq);
-  if (slot >= 0) free_slots_.push_back(slot);  // an offloaded sequence holds none
+  if (slot >= 0) give_slot(slot);  // an offloaded sequence holds none
 }
 
 void StateSlots::offload(int64_t seq) {
@@ -125,7 +152,7 @@ void StateSlots::offload(int64_t seq) {
   h.offloaded.resize(size_t(pool_.slot_bytes()));
   pool_.read_slot(h.slot, h.offloaded.data());
   pool_.synchronize();
-  free_slots_.push_back(h.slot);
+  give_slot(h.slot);
   h.slot = -1;
 }
 
@@ -137,7 +164,7 @@ void StateSlots::restore(int64_t seq) {
   try {
     manager_.restore(seq);
   } catch (...) {
-    free_slots_.push_back(slot);
+    give_slot(slot);
     throw;
   }
   pool_.write_slot(slot, h.offloaded.data());
@@ -168,9 +195,13 @@ bool StateSlots::checkpoint(int64_t seq) {
     return false;
   }
   int64_t index;
-  if (!free_checkpoints_.empty()) {
+  if (pool_.in_pages() && int64_t(by_hash_.size()) < pool_.config().checkpoints && manager_.available_blocks() > 0) {
+    index = manager_.take_pages(1)[0];
+  } else if (!free_checkpoints_.empty()) {
     index = free_checkpoints_.back();
     free_checkpoints_.pop_back();
+  } else if (lru_.empty()) {
+    return false;  // in the cache's pages, none is free and none is kept to replace
   } else {
     const uint64_t victim = lru_.front();
     index = by_hash_.at(victim).index;

@@ -242,3 +242,32 @@ def test_state_pool_from_python():
         kvforge.StatePool([("conv", (2,), "int8")], layers=1, slots=1)
     with pytest.raises(kvforge.ShapeError, match=r"parts\[0\].shape: has 0 extents"):
         kvforge.StatePool([("conv", (), "fp32")], layers=1, slots=1)
+
+
+def test_states_in_a_caches_pages_share_its_free_list():
+    """StatePool.in_pages_of: a state takes a page of the cache from the manager's free list, its views are
+    over the cache's memory, and a page too small for the record is refused naming the page that fits."""
+    fits = [d for d in kvforge.variants(model="tiny_gdn", storage="fp32")
+            if d.paged and 0 < kvforge.state_page_size(d) <= d.page_size]
+    small = [d for d in kvforge.variants(model="tiny_gdn", storage="fp32")
+             if d.paged and kvforge.state_page_size(d) > d.page_size]
+    assert fits and small
+    cache = kvforge.create(fits[0].name, pages=6)
+    manager = kvforge.SequenceManager(cache)
+    pool = kvforge.StatePool.in_pages_of(cache, checkpoints=1)
+    assert (pool.in_pages, pool.bytes, pool.slots, [p[0] for p in pool.parts]) == (True, 0, 6, ["conv", "recurrent"])
+    slots = kvforge.StateSlots(manager, pool, 1)
+    slots.add(0, list(range(1, 10)))  # one K/V page, one state page
+    assert (manager.available_blocks, manager.taken_pages) == (4, 1)
+    x = torch.randn(4, 8, 8)
+    torch.from_dlpack(pool.view(2, "recurrent"))[slots.slot(0)] = x  # the model's own update, in place
+    out = torch.zeros_like(x)
+    pool.read(slots.slot(0), 2, "recurrent", out)
+    assert torch.equal(out, x)
+    slots.free(0)
+    assert (manager.available_blocks, manager.taken_pages) == (6, 0)
+    with pytest.raises(kvforge.UnsupportedError, match="buffer: the states lie in the cache's pages"):
+        pool.buffer()
+    need = kvforge.state_page_size(small[0])
+    with pytest.raises(kvforge.ShapeError, match=rf"cache: .* \(a page of {need} tokens would hold it\)"):
+        kvforge.StatePool.in_pages_of(kvforge.create(small[0].name, pages=2))

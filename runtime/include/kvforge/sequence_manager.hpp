@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kvforge/backend.hpp"
@@ -178,6 +179,15 @@ class SequenceManager {
   // page list as int32 on the cache's device (valid until the next call of range()).
   GatherRange range(int64_t seq, int64_t begin, int64_t end);
 
+  // Pages that no sequence holds, from the same free list (evicting cached blocks when it must), all
+  // or nothing (CapacityError("pages") when fewer are available): a hybrid model's state slots and
+  // checkpoints, kept in the cache's own pages (StatePool over a cache). give_pages() hands them back;
+  // a page it was not given raises StateError, before anything changes.
+  std::vector<int32_t> take_pages(int32_t n);
+  void give_pages(const std::vector<int32_t>& pages);
+  int32_t taken_pages() const { return int32_t(taken_.size()); }
+  const Cache& cache() const { return cache_; }
+
   bool contains(int64_t seq) const { return sequences_.count(seq) != 0; }
   int64_t length(int64_t seq) const;
   bool offloaded(int64_t seq) const;
@@ -307,6 +317,7 @@ class SequenceManager {
   Backend& backend_;
   BlockAllocator device_;
   std::unordered_map<int64_t, Sequence> sequences_;
+  std::unordered_set<int32_t> taken_;  // take_pages(): held outside every sequence
   // Holds one reference on each cached block. A full block joins at the step() that hands out its last
   // slots: from then on its K/V is written.
   PrefixCache prefix_;

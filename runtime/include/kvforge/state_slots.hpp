@@ -29,7 +29,13 @@ class StateSlots {
   // manager: the paged cache's sequences; pool: a slot per sequence alive at once, and
   // pool.config().checkpoints records for checkpoints (0: no prefix reuse, every prompt is computed
   // whole). every: checkpoint at every every-th block boundary, >= 1. Both must outlive this.
+  // A pool in the manager's cache's pages (StatePool over a cache) takes each slot and checkpoint as a
+  // page from the manager (take_pages), so states and K/V share one free list; it then keeps at most
+  // pool.config().checkpoints checkpoint pages. A pool in another cache's pages: ArgumentError("pool").
   StateSlots(SequenceManager& manager, StatePool& pool, int32_t every);
+  ~StateSlots();  // gives back the pages it took
+  StateSlots(const StateSlots&) = delete;
+  StateSlots& operator=(const StateSlots&) = delete;
 
   // How many of `prompt`'s tokens add() would share now: the longest checkpointed boundary within the
   // cached prefix, short of the prompt's last token. An engine that chunks prefill at boundaries adds
@@ -57,7 +63,8 @@ class StateSlots {
   int64_t next_boundary(int64_t seq) const;
   int64_t slot(int64_t seq) const;
   int32_t every() const { return every_; }
-  int64_t free_slots() const { return int64_t(free_slots_.size()); }
+  // Slots a new sequence can take now (in the cache's pages: the manager's available pages).
+  int64_t free_slots() const;
   SequenceManager& manager() const { return manager_; }
   StatePool& pool() const { return pool_; }
   int64_t checkpoints_held() const { return int64_t(by_hash_.size()); }
@@ -78,6 +85,7 @@ class StateSlots {
   // The longest checkpointed boundary of `prompt` (block hashes `hashes`) within `limit` tokens.
   int64_t longest_kept(const std::vector<int32_t>& prompt, const std::vector<uint64_t>& hashes, int64_t limit) const;
   int64_t take_slot(const char* argument);
+  void give_slot(int64_t slot);
   const Held& held(int64_t seq, const char* argument) const;
 
   SequenceManager& manager_;
