@@ -65,12 +65,15 @@ struct Receiving {
 };
 
 // A receiving side with `sequences` slots, one of them held by sequence 50 with request 999's state.
-Receiving receiving(const std::string& name, int64_t sequences, std::vector<StatePart> parts = {}) {
+// in_pages: its states lie in its cache's pages (StatePool over the cache), taken from its manager.
+Receiving receiving(const std::string& name, int64_t sequences, std::vector<StatePart> parts = {}, bool in_pages = false) {
   Receiving r{make_side(name, sequences + 1), nullptr, nullptr};
   StatePoolConfig c;
   c.slots = sequences + 1;
   const VariantDescriptor& d = r.side.d();
-  r.pool = parts.empty() ? std::make_unique<StatePool>(d, c) : std::make_unique<StatePool>(parts, d.states->num_linear, c);
+  if (in_pages) r.pool = std::make_unique<StatePool>(*r.side.cache);
+  else if (parts.empty()) r.pool = std::make_unique<StatePool>(d, c);
+  else r.pool = std::make_unique<StatePool>(parts, d.states->num_linear, c);
   r.slots = std::make_unique<StateSlots>(*r.side.manager, *r.pool, 1);
   r.slots->add(50, tokens_of(999, 9));
   fill_state(*r.pool, r.slots->slot(50), 999);
@@ -81,7 +84,7 @@ Receiving receiving(const std::string& name, int64_t sequences, std::vector<Stat
 // `parts` (the variant's where empty); `send_state`/`expect_state` say whether each side takes part
 // with a state. Returns the TransferError field of the rank that raised one, else "".
 std::string one(MpiTransport& t, const std::string& name, int64_t request, int64_t tokens, bool send_state, bool expect_state,
-                TransferOptions options, std::vector<StatePart> parts = {}) {
+                TransferOptions options, std::vector<StatePart> parts = {}, bool in_pages = false) {
   std::string field;
   if (t.rank() == 0) {
     Side side = make_side(name, 2);
@@ -99,7 +102,7 @@ std::string one(MpiTransport& t, const std::string& name, int64_t request, int64
     }
     check_state(pool, 1, request, "the sender's own state");
   } else if (t.rank() == 1) {
-    Receiving r = receiving(name, 2, parts);
+    Receiving r = receiving(name, 2, parts, in_pages);
     const int32_t blocks = r.side.manager->available_blocks();
     const int64_t free_slots = r.slots->free_slots();
     KvReceiver receiver(*r.side.cache, 0, t, options);
@@ -138,6 +141,18 @@ void states(MpiTransport& t) {
       require(field.empty(), name + ": the transfer with its state failed at " + field);
     }
   if (t.rank() == 0) std::printf("states: %zu hybrid variants, K/V and every linear layer's state bitwise, both formats\n", names.size());
+  // Into a receiver whose states lie in its cache's pages, from a sender's pool of its own: one image.
+  int in_pages = 0;
+  for (const std::string& name : names) {
+    const VariantDescriptor& d = *registry().at(name).descriptor;
+    const int64_t fits = state_page_size(d);
+    if (fits == 0 || fits > d.page_size) continue;
+    const std::string field = one(t, name, request++, 37, true, true, TransferOptions{}, {}, true);
+    require(field.empty(), name + ": the transfer into states in pages failed at " + field);
+    ++in_pages;
+  }
+  require(in_pages > 0, "no hybrid variant whose page holds its state");
+  if (t.rank() == 0) std::printf("states: %d hybrid variants into states kept in the receiver's pages\n", in_pages);
 
   // Refusals, each named on both sides, nothing kept.
   const std::string name = names.front();

@@ -212,7 +212,8 @@ void StatePool::check_parts() {
       throw DtypeError(at + ".dtype", std::string(dtype_name(p.dtype)) + " is not a state dtype (allowed: fp32, fp16, bf16)");
   }
   if (layers_ < 1 || layers_ > kMaxLayers) throw OutOfRangeError("layers", layers_, 1, kMaxLayers + 1);
-  if (config_.slots < 1 || config_.slots > (int64_t(1) << 24)) throw OutOfRangeError("slots", config_.slots, 1, int64_t(1) << 24);
+  if (!cache_ && (config_.slots < 1 || config_.slots > (int64_t(1) << 24)))  // a cache's pages are its own to bound
+    throw OutOfRangeError("slots", config_.slots, 1, int64_t(1) << 24);
   if (config_.checkpoints < 0 || config_.checkpoints > (int64_t(1) << 24))
     throw OutOfRangeError("checkpoints", config_.checkpoints, 0, int64_t(1) << 24);
   // The slot image, wherever the slots lie: each layer's record, each part on 64 bytes, the whole on 256.
