@@ -3,7 +3,11 @@ gated-delta-net, Mamba or short-conv layer) with its conv and recurrent states i
 
 A sequence's states are one slot. The tensors the model reads and updates in place are views of the
 served sequences' slots, [batch, *state shape], so the model's own code writes the pool and nothing is
-copied per step; the served sequences' slots must be consecutive, so that they form one view.
+copied per step, where the served sequences' slots are consecutive. Where they are not (a batch of any
+sequence ids, or slots that StateSlots handed out), the layer holds a gathered copy of their rows, which
+the model updates in place (its own kernels too). The copy goes back to the slots before anything reads
+or changes them (serve, add, extend, fork, free, and KvforgeCache.sync_states() for a reader of the pool);
+a change of the sequences then asks for serve() before the next forward.
 
 Two ways to hold them:
   - `record` known (KvforgeCache.from_model probes the model with one token): one StatePool whose
@@ -65,6 +69,7 @@ class KvforgeStateLayer(LinearAttentionLayer):
         super().__init__(number_of_states=number_of_states)
         self.owner = owner
         self.pools = {}  # (kind, state index) -> (StatePool, layer in it, part name)
+        self.gathered = {}  # (kind, state index) -> (pool view, slot indices, the batch's copy of their rows)
 
     def share(self, pool, layer):
         """Holds this layer's states in `layer` of the cache's one pool."""
@@ -77,8 +82,28 @@ class KvforgeStateLayer(LinearAttentionLayer):
 
     def _served(self, kind, index):
         pool, layer, name = self.pools[(kind, index)]
-        first, count = self.owner.states.served()
-        return torch.from_dlpack(pool.view(layer, name))[first:first + count]
+        view = torch.from_dlpack(pool.view(layer, name))
+        slots = self.owner.states.served()
+        self.gathered.pop((kind, index), None)
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return view[slots[0]:slots[0] + len(slots)]
+        rows = torch.tensor(slots, dtype=torch.long, device=view.device)
+        batch = view.index_select(0, rows)
+        self.gathered[(kind, index)] = (view, rows, batch)
+        return batch
+
+    def write_back(self):
+        """The gathered rows back into their slots."""
+        for view, rows, batch in self.gathered.values():
+            view.index_copy_(0, rows, batch)
+
+    def update_conv_state(self, conv_states, state_idx=0, conv_kernel_size=None, **kwargs):
+        self.owner.states.check_bound()
+        return super().update_conv_state(conv_states, state_idx=state_idx, conv_kernel_size=conv_kernel_size, **kwargs)
+
+    def update_recurrent_state(self, recurrent_states, state_idx=0, **kwargs):
+        self.owner.states.check_bound()
+        return super().update_recurrent_state(recurrent_states, state_idx=state_idx, **kwargs)
 
     def lazy_initialization(self, conv_states=None, recurrent_states=None, state_idx=0, conv_kernel_size=None):
         for kind, state in (("conv", conv_states), ("recurrent", recurrent_states)):
@@ -119,44 +144,61 @@ class States:
     """Where a KvforgeCache's linear layers keep their states, and which slot each sequence holds."""
 
     def __init__(self, owner, layers, slot_count, record=None, prefix_caching=False, checkpoint_every=4,
-                 checkpoints=0):
+                 checkpoints=0, in_pages=False):
         self.owner, self.layers, self.slot_count, self.pools = owner, layers, slot_count, []
         self.slots = None
-        if record:
+        self.unbound = False  # a gathered batch whose sequences changed: serve() binds again
+        checkpoints = checkpoints if prefix_caching else 0
+        if record and in_pages:  # the cache's own pages: StateSlots takes each sequence's from the manager
+            pool = kvforge.StatePool.in_pages_of(owner.kv, parts=record, layers=len(layers), checkpoints=checkpoints)
+        elif record:
             pool = kvforge.StatePool(record, layers=len(layers), slots=slot_count, device=owner.state_device,
-                                     checkpoints=checkpoints if prefix_caching else 0)
+                                     checkpoints=checkpoints)
+        elif prefix_caching or in_pages:
+            raise kvforge.UnsupportedError(f"{'states_in_pages' if in_pages else 'prefix_caching'}: a hybrid model's "
+                                           f"linear layers need one state record for that; build the cache with "
+                                           f"KvforgeCache.from_model, which probes it")
+        if record:
             self.pools.append(pool)
             for ordinal, layer in enumerate(layers):
                 layer.share(pool, ordinal)
-            if prefix_caching:
+            if prefix_caching or in_pages:
                 self.slots = kvforge.StateSlots(owner.sequence_manager, pool, checkpoint_every)
-        elif prefix_caching:
-            raise kvforge.UnsupportedError("prefix_caching: a hybrid model's linear layers need one state record to "
-                                           "checkpoint; build the cache with KvforgeCache.from_model, which probes it")
 
     def slot(self, seq):
         if self.slots is not None:
             try:
                 return self.slots.slot(seq)
             except kvforge.StateError:
-                raise kvforge.StateError(f"seq: sequence {seq} was not add()ed: with prefix caching, a hybrid model's "
-                                         f"sequences start with add(seq, prompt)") from None
+                raise kvforge.StateError(f"seq: sequence {seq} was not add()ed: with prefix caching or states in the "
+                                         f"cache's pages, a hybrid model's sequences start with add(seq, prompt)") from None
         if not 0 <= seq < self.slot_count:
             raise kvforge.OutOfRangeError(f"seq = {seq} is outside [0, {self.slot_count}), the state slots of the "
                                           f"model's linear layers (state_slots=)")
         return seq
 
     def served(self):
-        """(first slot, count) of the served sequences, whose slots must be consecutive."""
-        seqs = self.owner.active
-        slots = [self.slot(s) for s in seqs]
-        if slots != list(range(slots[0], slots[0] + len(slots))):
-            raise kvforge.UnsupportedError(f"seqs: a hybrid model's forward serves sequences whose state slots are "
-                                           f"consecutive, so that they form one view; {seqs} hold slots {slots}")
-        return slots[0], len(slots)
+        """The served sequences' slots, in the batch's order."""
+        return [self.slot(s) for s in self.owner.active]
+
+    def sync(self):
+        """Gathered rows back into their slots, so that the pools hold every state (a gathered batch only)."""
+        for layer in self.layers:
+            layer.write_back()
+
+    def check_bound(self):
+        if self.unbound:
+            raise kvforge.StateError("seqs: the served sequences changed since serve() (add, fork or free) and their "
+                                     "states are a gathered copy; call serve(seqs) before the next forward")
+
+    def _changing(self):
+        """Before the sequences change: gathered rows go back to their slots, and a gathered batch needs serve()."""
+        self.sync()
+        self.unbound |= any(layer.gathered for layer in self.layers)
 
     def add(self, seq, prompt):
         """The manager's add, through StateSlots where it checkpoints; returns the covered tokens."""
+        self._changing()
         if self.slots is not None:
             return self.slots.add(seq, list(prompt))
         self.slot(seq)
@@ -165,10 +207,12 @@ class States:
         return covered
 
     def before_extend(self, seq):
+        self.sync()
         if self.slots is not None:
             self.slots.checkpoint(seq)
 
     def fork(self, parent, child):
+        self._changing()
         if self.slots is not None:
             self.slots.checkpoint(parent)
             self.slots.fork(parent, child)
@@ -178,6 +222,7 @@ class States:
         self._each(lambda pool: pool.copy_slot(parent, child))
 
     def free(self, seq):
+        self._changing()
         if self.slots is not None:
             self.slots.checkpoint(seq)
             self.slots.free(seq)
@@ -187,20 +232,34 @@ class States:
 
     def release(self, seq):
         """Frees `seq` without a checkpoint (its K/V are being reset)."""
+        self._changing()
         if self.slots is not None:
             self.slots.free(seq)
         else:
             self.free(seq)
 
     def bind(self):
+        if not self.unbound:
+            self.sync()
+        self.unbound = False
         for layer in self.layers:
             layer.bind()
 
     def reset(self):
-        self._each(lambda pool: [pool.zero_slot(s) for s in range(pool.slots)])
+        # A pool in the cache's pages holds no sequence now: add() zeroes or restores each one's page.
+        self._each(lambda pool: None if pool.in_pages else [pool.zero_slot(s) for s in range(pool.slots)])
+        gathered = any(layer.gathered for layer in self.layers)
         for layer in self.layers:
+            layer.gathered.clear()
             for index in range(layer.number_of_states):
                 layer.has_previous_state[index] = False
+        # Without StateSlots the rows are the slots again, bound at once; with it, sequences start anew
+        # through add(), and a gathered batch needs serve().
+        self.unbound = False
+        if self.slots is None:
+            self.bind()
+        else:
+            self.unbound = gathered
 
     def _each(self, f):
         for pool in self.pools:

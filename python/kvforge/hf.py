@@ -97,6 +97,8 @@ class KvforgeCache(Cache):
     one linear layer, [(name, shape, dtype)], as from_model probes it; with it, and prefix_caching, a
     prompt's cached prefix is shared up to its longest boundary of checkpoint_every blocks whose state
     was checkpointed (state_checkpoints records, default one per such boundary of the pool).
+    states_in_pages: the states lie in the paged cache's own pages, one page a sequence from the same
+    free list as K/V (StatePool.in_pages_of; the record must be known, and sequences start with add()).
 
     Beyond `generate`, a paged cache serves sequences over one pool at different times (continuous
     batching): `add(seq, prompt)` returns how many prompt tokens the prefix cache already holds,
@@ -107,7 +109,7 @@ class KvforgeCache(Cache):
 
     def __init__(self, variant, config, batch_size=1, pages=None, prefix_caching=False, tensor_scales=None,
                  device="cpu", state_slots=None, state_record=None, checkpoint_every=4, state_checkpoints=None,
-                 kv_heads_per_layer=None):
+                 kv_heads_per_layer=None, states_in_pages=False):
         d = kvforge.describe(variant)
         text = config.get_text_config(decoder=True)
         head_dim = kvforge.jit.head_dim_of(text)
@@ -194,8 +196,10 @@ class KvforgeCache(Cache):
                 raise kvforge.UnsupportedError(f"prefix_caching: {variant} is not paged")
             checkpoints = state_checkpoints if state_checkpoints is not None else \
                 max(pages // max(checkpoint_every, 1), 1) if prefix_caching else 0
+            if states_in_pages and not d.paged:
+                raise kvforge.UnsupportedError(f"states_in_pages: {variant} is not paged")
             self.states = States(self, self.state_layers, state_slots or batch_size, state_record, prefix_caching,
-                                 checkpoint_every, checkpoints)
+                                 checkpoint_every, checkpoints, states_in_pages)
         self.kv_layers = len(attention)
         super().__init__(layers=layers)
 
@@ -309,6 +313,13 @@ class KvforgeCache(Cache):
                 self.active = previous
                 raise
             self.states.bind()
+
+    def sync_states(self):
+        """Makes the state pools hold every state. A batch whose state slots are not consecutive is served
+        from a gathered copy of its rows, which goes back to the slots at serve(), add(), extend(), fork()
+        and free(); call this before reading the pools directly between those."""
+        if self.states:
+            self.states.sync()
 
     def past_length(self):
         return self.lengths.get(self.active[0], 0) if self.active else 0

@@ -5,6 +5,8 @@ DynamicCache on the same model, random weights from a tiny config made here (not
   - Qwen3-Next (gated delta net), Bamba (Mamba-2) and LFM2 (short convolutions) generate the same
     tokens for a batch of two prompts of different lengths, and every state ends bitwise equal to
     DynamicCache's;
+  - a batch of sequences whose state slots are not consecutive, in either order, and a batch whose
+    states lie in the cache's own pages: DynamicCache's tokens and states;
   - a fork: a prompt's sequence forked, each branch fed its own token, gives the logits of
     DynamicCache continuing each branch from a copy of the prompt's cache;
   - a prefix hit: a second prompt that shares the first's starts from the state checkpointed at its
@@ -14,8 +16,9 @@ DynamicCache on the same model, random weights from a tiny config made here (not
     transformers' cache keeps for the model, and the model generates DynamicCache's tokens through it;
   - the real-size specs (Qwen3-Next-80B, Bamba-9B): their linear layers and records are what
     transformers' own layers of those configs keep, made on the meta device (no weights);
-  - refusals, each naming its argument: prefix caching, non-consecutive sequences, a sequence past
-    the state slots, a layer type kvforge does not serve, and StatePool's own arguments.
+  - refusals, each naming its argument: prefix caching, a sequence past the state slots, a forward after
+    a gathered batch's sequences changed, a layer type kvforge does not serve, and StatePool's own
+    arguments (a page too small for the record among them).
 """
 
 import copy
@@ -75,6 +78,63 @@ def test_generates_the_same_tokens_and_states_as_dynamic_cache(make):
             for (kind, state), (pool, at, part) in layer.pools.items():
                 held = torch.from_dlpack(pool.view(at, part))[:2]
                 assert torch.equal(held, getattr(theirs.layers[index], f"{kind}_states")[state]), (index, kind)
+
+
+@pytest.mark.parametrize("seqs", [[0, 2], [2, 0]])
+def test_a_batch_of_any_sequences_generates_dynamic_caches_tokens(seqs):
+    """Sequences whose state slots are not consecutive (or not in order) are served from a gathered copy of
+    their rows: the same tokens and states as DynamicCache, and the slot that no served sequence holds
+    stays untouched."""
+    m = model(qwen3_next)
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(3))
+    theirs = DynamicCache(config=m.config)
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_paged_nhd", batch_size=2, state_slots=3)
+    ours.serve(seqs)
+    with torch.no_grad():
+        want = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, cache=theirs)
+        got = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, cache=ours)
+    assert torch.equal(got, want)
+    ours.sync_states()  # the model updated the gathered rows in place, its conv kernels too
+    for index, layer in enumerate(ours.layers):
+        if isinstance(layer, kvforge.hf.KvforgeStateLayer):
+            for (kind, state), (pool, at, part) in layer.pools.items():
+                held = torch.from_dlpack(pool.view(at, part))
+                assert torch.equal(held[seqs], getattr(theirs.layers[index], f"{kind}_states")[state]), (index, kind)
+                assert not held[1].any(), "the slot that no served sequence holds moved"
+    ours.free(seqs[1])  # the gathered batch changed under the layers: the next forward needs serve()
+    with pytest.raises(kvforge.StateError, match=r"seqs: the served sequences changed since serve\(\)"):
+        ours.state_layers[0].update_recurrent_state(torch.zeros(1))
+    ours.serve([seqs[0]])
+    assert ours.state_layers[0].gathered == {}, "a single sequence is a view again"
+
+
+def test_states_in_the_caches_pages_generate_dynamic_caches_tokens():
+    """states_in_pages: each sequence's states take a page of the cache from the manager's free list
+    (slots that are pages, so the batch is a gathered one): the same tokens and states as DynamicCache."""
+    m = model(qwen3_next)
+    d = next(d for d in kvforge.variants(model="tiny_gdn", storage="fp32")
+             if d.paged and 0 < kvforge.state_page_size(d) <= d.page_size)
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(4))
+    theirs = DynamicCache(config=m.config)
+    ours = kvforge.hf.KvforgeCache(d.name, m.config, batch_size=2, states_in_pages=True)
+    for seq in range(2):
+        ours.add(seq, ids[seq].tolist())
+    pool, manager = ours.states.pools[0], ours.sequence_manager
+    assert pool.in_pages and manager.taken_pages == 2
+    with torch.no_grad():
+        want = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, cache=theirs)
+        got = m.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0, cache=ours)
+    assert torch.equal(got, want)
+    ours.sync_states()
+    slots = [ours.states.slot(seq) for seq in range(2)]
+    assert not set(slots) & {p for seq in range(2) for p in manager.pages(seq)}, "a state's page is also K/V's"
+    for index, layer in enumerate(ours.layers):
+        if isinstance(layer, kvforge.hf.KvforgeStateLayer):
+            for (kind, state), (_, at, part) in layer.pools.items():
+                held = torch.from_dlpack(pool.view(at, part))[slots]
+                assert torch.equal(held, getattr(theirs.layers[index], f"{kind}_states")[state]), (index, kind)
+    ours.free(0)
+    assert manager.taken_pages == 1
 
 
 def forward(m, cache, seq, tokens):
@@ -190,8 +250,6 @@ def test_refusals_name_the_argument():
     with pytest.raises(kvforge.UnsupportedError, match="prefix_caching: a hybrid model's linear layers need one state"):
         kvforge.hf.KvforgeCache(name, m.config, prefix_caching=True)  # no probed record
     cache = kvforge.hf.KvforgeCache.from_model(m, batch_size=2, state_slots=3)
-    with pytest.raises(kvforge.UnsupportedError, match=r"seqs: .* state slots are consecutive.*\[0, 2\] hold slots \[0, 2\]"):
-        cache.serve([0, 2])
     with pytest.raises(kvforge.OutOfRangeError, match=r"seq = 5 is outside \[0, 3\)"):
         cache.add(5, [1, 2, 3])
     config = transformers.Qwen3NextConfig(**SMALL, num_hidden_layers=2, head_dim=16,
