@@ -39,10 +39,12 @@ enum class ChatOpening { shared_system_prompt, own_document };
 // cached prefix only up to its longest checkpointed boundary. Prefill runs in chunks that end on
 // boundaries and the answer one token a step, each followed by a checkpoint, as an engine in vLLM's
 // "align" mode schedules them. Counters add the checkpoints taken and held, and the cached tokens
-// that went unshared for want of one. `scheme`: how blocks are keyed (block_hash.hpp); manager_us_per_turn
-// is the manager's own time a turn, which vLLM's SHA-256 keys add to.
+// that went unshared for want of one. states_in_pages: the state and its checkpoints take pages of the
+// device pool itself (StatePool over the cache: one pool, one free list), so checkpoints and cached K/V
+// blocks compete for the same pages. `scheme`: how blocks are keyed (block_hash.hpp);
+// manager_us_per_turn is the manager's own time a turn, which vLLM's SHA-256 keys add to.
 void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening opening, int host_factor, int disk_factor,
-                   int every, BlockHashScheme scheme) {
+                   int every, BlockHashScheme scheme, bool states_in_pages) {
   const int P = e->descriptor->page_size;
   for (auto _ : state) {
     std::mt19937 rng(3);
@@ -62,6 +64,11 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening o
     const int64_t working_set = int64_t(conversations) * (opening_tokens + turns / conversations * 160);
     CacheConfig cfg;
     cfg.pages = std::max<int64_t>(64, working_set / 10 / P);
+    // Checkpoint records, one per boundary of the device pool. In pages, the pool grows by as many
+    // pages, so that both runs hold the same memory when a state is a page (Qwen3-Next-80B's is 3,168
+    // tokens of its K/V), and a checkpoint competes with cached K/V for any of them.
+    const int64_t base_pages = cfg.pages, checkpoints = every > 0 ? base_pages / every : 0;
+    if (states_in_pages) cfg.pages += checkpoints;
     auto cache = e->create(cfg);
     SequenceManagerOptions o;
     o.host_blocks = int32_t(cfg.pages * host_factor);
@@ -75,17 +82,19 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening o
     std::unique_ptr<StateSlots> slots;
     const int64_t boundary = int64_t(every) * P;
     if (every > 0) {
-      states = std::make_unique<StatePool>(std::vector<StatePart>{{"h", {4}, DType::f32}}, 1,
-                                           StatePoolConfig{Device::cpu, 1, cfg.pages / every});
+      const std::vector<StatePart> record{{"h", {4}, DType::f32}};
+      states = states_in_pages ? std::make_unique<StatePool>(record, 1, *cache, checkpoints)
+                               : std::make_unique<StatePool>(record, 1, StatePoolConfig{Device::cpu, 1, checkpoints});
       slots = std::make_unique<StateSlots>(m, *states, every);
     }
+    int64_t most_taken = 0;  // states_in_pages: the most device pages the state and checkpoints held
     int64_t prompt_tokens = 0, saved = 0, events = 0, refused = 0;
     double seconds = 0;
     for (int t = 0; t < turns; ++t) {
       const int c = int(rng() % uint32_t(conversations));
       std::vector<int32_t>& h = history[size_t(c)];
       for (int i = int(user_len(rng)); i > 0; --i) h.push_back(int32_t(rng() % 30000));
-      if (int64_t(h.size()) + 600 > cfg.pages * P)
+      if (int64_t(h.size()) + 600 > base_pages * P)  // the same trace in either pool
         h.erase(h.begin() + opening_tokens, h.begin() + opening_tokens + int64_t(h.size()) / 2);
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<int32_t> answer;
@@ -107,6 +116,7 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening o
         const auto forward = [&] {
           m.step({t});
           slots->checkpoint(t);
+          most_taken = std::max<int64_t>(most_taken, m.taken_pages());
         };
         forward();
         for (int64_t at = m.length(t); at < int64_t(h.size()); at = m.length(t)) {
@@ -133,6 +143,7 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening o
     state.counters["saved_tokens"] = double(saved);
     state.counters["saved_fraction"] = prompt_tokens ? double(saved) / double(prompt_tokens) : 0;
     state.counters["device_pages"] = double(cfg.pages);
+    if (states_in_pages) state.counters["state_pages_most"] = double(most_taken);
     state.counters["demoted_blocks"] = double(st.demoted_blocks);
     state.counters["promoted_blocks"] = double(st.promoted_blocks);
     state.counters["promoted_bytes"] = double(st.promoted_blocks * cache->packed_page_bytes());
@@ -165,21 +176,23 @@ void register_multiturn_benchmarks(bool documents) {
     for (const auto& [host_factor, disk_factor] : {std::pair{0, 0}, {1, 0}, {4, 0}, {1, 10}})
       benchmark::RegisterBenchmark(("memory/" + trace + "/host:" + std::to_string(host_factor) + "x/disk:" +
                                     std::to_string(disk_factor) + "x").c_str(),
-                                   run_multiturn, chat, opening, host_factor, disk_factor, 0, BlockHashScheme::kvforge)
+                                   run_multiturn, chat, opening, host_factor, disk_factor, 0, BlockHashScheme::kvforge, false)
           ->Iterations(1)
           ->UseRealTime();
   };
   through_tiers("multiturn", ChatOpening::shared_system_prompt);
   // The same trace keyed as vLLM keys blocks: what its hash costs the manager, beside host:4x above.
   benchmark::RegisterBenchmark("memory/multiturn/host:4x/disk:0x/hash:vllm_sha256_cbor", run_multiturn, chat,
-                               ChatOpening::shared_system_prompt, 4, 0, 0, BlockHashScheme::vllm_sha256_cbor)
+                               ChatOpening::shared_system_prompt, 4, 0, 0, BlockHashScheme::vllm_sha256_cbor, false)
       ->Iterations(1)
       ->UseRealTime();
   for (int every : {1, 4, 16, 64})
-    benchmark::RegisterBenchmark(("memory/multiturn_hybrid/every:" + std::to_string(every)).c_str(), run_multiturn, chat,
-                                 ChatOpening::shared_system_prompt, 0, 0, every, BlockHashScheme::kvforge)
-        ->Iterations(1)
-        ->UseRealTime();
+    for (bool in_pages : {false, true})
+      benchmark::RegisterBenchmark(("memory/multiturn_hybrid/every:" + std::to_string(every) + (in_pages ? "/in_pages" : "")).c_str(),
+                                   run_multiturn, chat, ChatOpening::shared_system_prompt, 0, 0, every,
+                                   BlockHashScheme::kvforge, in_pages)
+          ->Iterations(1)
+          ->UseRealTime();
   // Conversations over documents of their own: nothing is shared between them, so what a cache saves
   // is what it kept of each conversation while the others went by. 2.4 times the tokens, and its disk
   // tier's run takes about 11 s here.
