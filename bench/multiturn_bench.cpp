@@ -39,12 +39,17 @@ enum class ChatOpening { shared_system_prompt, own_document };
 // cached prefix only up to its longest checkpointed boundary. Prefill runs in chunks that end on
 // boundaries and the answer one token a step, each followed by a checkpoint, as an engine in vLLM's
 // "align" mode schedules them. Counters add the checkpoints taken and held, and the cached tokens
-// that went unshared for want of one. states_in_pages: the state and its checkpoints take pages of the
-// device pool itself (StatePool over the cache: one pool, one free list), so checkpoints and cached K/V
-// blocks compete for the same pages. `scheme`: how blocks are keyed (block_hash.hpp);
-// manager_us_per_turn is the manager's own time a turn, which vLLM's SHA-256 keys add to.
+// that went unshared for want of one. `states`: where the state and its checkpoints lie: a pool of their
+// own, or pages of the device pool itself (StatePool over the cache: one pool, one free list), where
+// checkpoints and cached K/V blocks compete for pages and an allocation short of pages takes the
+// oldest checkpoints; `pages_grown` adds a page per checkpoint record to the pool, for equal memory
+// where a state is a page. `scheme`: how blocks are keyed (block_hash.hpp); manager_us_per_turn is the
+// manager's own time a turn, which vLLM's SHA-256 keys add to.
+enum class StatesAt { own_pool, pages, pages_grown };
+
 void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening opening, int host_factor, int disk_factor,
-                   int every, BlockHashScheme scheme, bool states_in_pages) {
+                   int every, BlockHashScheme scheme, StatesAt states_at) {
+  const bool states_in_pages = states_at != StatesAt::own_pool;
   const int P = e->descriptor->page_size;
   for (auto _ : state) {
     std::mt19937 rng(3);
@@ -64,11 +69,10 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening o
     const int64_t working_set = int64_t(conversations) * (opening_tokens + turns / conversations * 160);
     CacheConfig cfg;
     cfg.pages = std::max<int64_t>(64, working_set / 10 / P);
-    // Checkpoint records, one per boundary of the device pool. In pages, the pool grows by as many
-    // pages, so that both runs hold the same memory when a state is a page (Qwen3-Next-80B's is 3,168
-    // tokens of its K/V), and a checkpoint competes with cached K/V for any of them.
+    // Checkpoint records, one per boundary of the device pool (Qwen3-Next-80B's state is a page of
+    // 3,168 tokens of its K/V, so pages_grown holds what a pool of its own beside the pages would).
     const int64_t base_pages = cfg.pages, checkpoints = every > 0 ? base_pages / every : 0;
-    if (states_in_pages) cfg.pages += checkpoints;
+    if (states_at == StatesAt::pages_grown) cfg.pages += checkpoints;
     auto cache = e->create(cfg);
     SequenceManagerOptions o;
     o.host_blocks = int32_t(cfg.pages * host_factor);
@@ -144,6 +148,7 @@ void run_multiturn(benchmark::State& state, const VariantEntry* e, ChatOpening o
     state.counters["saved_fraction"] = prompt_tokens ? double(saved) / double(prompt_tokens) : 0;
     state.counters["device_pages"] = double(cfg.pages);
     if (states_in_pages) state.counters["state_pages_most"] = double(most_taken);
+    if (slots) state.counters["reclaimed"] = double(slots->stats().reclaimed);
     state.counters["demoted_blocks"] = double(st.demoted_blocks);
     state.counters["promoted_blocks"] = double(st.promoted_blocks);
     state.counters["promoted_bytes"] = double(st.promoted_blocks * cache->packed_page_bytes());
@@ -176,21 +181,24 @@ void register_multiturn_benchmarks(bool documents) {
     for (const auto& [host_factor, disk_factor] : {std::pair{0, 0}, {1, 0}, {4, 0}, {1, 10}})
       benchmark::RegisterBenchmark(("memory/" + trace + "/host:" + std::to_string(host_factor) + "x/disk:" +
                                     std::to_string(disk_factor) + "x").c_str(),
-                                   run_multiturn, chat, opening, host_factor, disk_factor, 0, BlockHashScheme::kvforge, false)
+                                   run_multiturn, chat, opening, host_factor, disk_factor, 0, BlockHashScheme::kvforge,
+                                   StatesAt::own_pool)
           ->Iterations(1)
           ->UseRealTime();
   };
   through_tiers("multiturn", ChatOpening::shared_system_prompt);
   // The same trace keyed as vLLM keys blocks: what its hash costs the manager, beside host:4x above.
   benchmark::RegisterBenchmark("memory/multiturn/host:4x/disk:0x/hash:vllm_sha256_cbor", run_multiturn, chat,
-                               ChatOpening::shared_system_prompt, 4, 0, 0, BlockHashScheme::vllm_sha256_cbor, false)
+                               ChatOpening::shared_system_prompt, 4, 0, 0, BlockHashScheme::vllm_sha256_cbor,
+                               StatesAt::own_pool)
       ->Iterations(1)
       ->UseRealTime();
   for (int every : {1, 4, 16, 64})
-    for (bool in_pages : {false, true})
-      benchmark::RegisterBenchmark(("memory/multiturn_hybrid/every:" + std::to_string(every) + (in_pages ? "/in_pages" : "")).c_str(),
+    for (const auto& [at, suffix] : {std::pair{StatesAt::own_pool, ""}, {StatesAt::pages, "/in_pages"},
+                                     {StatesAt::pages_grown, "/in_pages_grown"}})
+      benchmark::RegisterBenchmark(("memory/multiturn_hybrid/every:" + std::to_string(every) + suffix).c_str(),
                                    run_multiturn, chat, ChatOpening::shared_system_prompt, 0, 0, every,
-                                   BlockHashScheme::kvforge, in_pages)
+                                   BlockHashScheme::kvforge, at)
           ->Iterations(1)
           ->UseRealTime();
   // Conversations over documents of their own: nothing is shared between them, so what a cache saves

@@ -311,5 +311,54 @@ TEST(StatePagesManager, StateSlotsTakeSlotsAndCheckpointsFromTheManagersPages) {
   EXPECT_THROW(StateSlots(other_manager, pool, 1), ArgumentError);
 }
 
+// Checkpoints in the cache's pages give way to K/V: an allocation that finds no free or cached page
+// takes checkpoint pages, least recently used first, and the ones left still restore their states.
+TEST(StatePagesManager, AnAllocationShortOfPagesTakesTheOldestCheckpoints) {
+  auto cache = make("paged_state_pages.tiny_gdn.fp32", 6);
+  SequenceManager m(*cache);
+  StatePool pool(*cache, 6);
+  StateSlots slots(m, pool, 1);
+  EXPECT_THROW(StateSlots(m, pool, 1), ArgumentError);  // one StateSlots a manager
+  const int32_t P = m.block_size();
+  std::vector<int32_t> prompt(size_t(3 * P));
+  std::iota(prompt.begin(), prompt.end(), 1);
+  slots.add(0, std::vector<int32_t>(prompt.begin(), prompt.begin() + P));  // a state page and a K/V page
+  for (int chunk = 1; chunk <= 2; ++chunk) {
+    write_state(pool, slots.slot(0), 100 + chunk);
+    m.step({0});
+    EXPECT_TRUE(slots.checkpoint(0));  // at P (state 101), at 2P (state 102)
+    m.append(0, std::vector<int32_t>(prompt.begin() + chunk * P, prompt.begin() + (chunk + 1) * P));
+  }
+  m.step({0});
+  slots.free(0);  // 3 K/V pages stay cached, 2 checkpoints held, 1 page free
+  EXPECT_EQ(m.available_blocks(), 6);
+  // 5 K/V pages and a state page: the free page, the 3 cached ones, then both checkpoints.
+  std::vector<int32_t> other(size_t(5 * P), 7);
+  EXPECT_EQ(slots.add(1, other), 0);
+  EXPECT_EQ(slots.stats().reclaimed, 2);
+  EXPECT_EQ(slots.checkpoints_held(), 0);
+  m.check_invariants();
+  slots.free(1);
+  // Again, with the K/V of the checkpointed prefix held by a live sequence: the older checkpoint goes
+  // first, and the newer one still restores its state.
+  m.reset_prefix_cache();
+  slots.add(2, std::vector<int32_t>(prompt.begin(), prompt.begin() + P));
+  write_state(pool, slots.slot(2), 201);
+  m.step({2});
+  slots.checkpoint(2);
+  m.append(2, std::vector<int32_t>(prompt.begin() + P, prompt.begin() + 2 * P));
+  write_state(pool, slots.slot(2), 202);
+  m.step({2});
+  slots.checkpoint(2);  // 2 K/V pages and a state page held, 2 checkpoints, 1 page free
+  slots.add(3, std::vector<int32_t>(size_t(P), 9));  // a K/V page and a state page: the free one, the older checkpoint
+  EXPECT_EQ(slots.stats().reclaimed, 3);
+  EXPECT_EQ(slots.checkpoints_held(), 1);
+  slots.free(3);
+  std::vector<int32_t> again(prompt.begin(), prompt.begin() + 2 * P + 1);
+  EXPECT_EQ(slots.add(4, again), 2 * P);
+  EXPECT_TRUE(holds_state(pool, slots.slot(4), 202));
+  m.check_invariants();
+}
+
 }  // namespace
 }  // namespace kvtest

@@ -164,7 +164,7 @@ void bind_states(nb::module_& m) {
       .def_prop_ro("stats", [](const StateSlots& s) {
         nb::dict f;
         f["checkpoints"] = s.stats().checkpoints, f["restores"] = s.stats().restores, f["replaced"] = s.stats().replaced;
-        f["capped_tokens"] = s.stats().capped_tokens;
+        f["capped_tokens"] = s.stats().capped_tokens, f["reclaimed"] = s.stats().reclaimed;
         return f;
       });
 }

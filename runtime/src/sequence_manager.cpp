@@ -94,6 +94,7 @@ const std::vector<int32_t>& SequenceManager::tokens(int64_t seq) const { return 
 void SequenceManager::allocate(int32_t n, std::vector<int32_t>& out) {
   if (n > available_blocks()) throw CapacityError("pages", n, available_blocks());
   evict(n);
+  if (device_.free_count() < n && reclaimer_) reclaimer_->reclaim(n - device_.free_count());
   device_.allocate(n, out);
 }
 

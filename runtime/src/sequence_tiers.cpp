@@ -115,7 +115,7 @@ void SequenceManager::evict(int32_t n) {
   if (device_.free_count() >= n) return;
   prefix_.expire(now());
   std::vector<int32_t> victims;
-  while (device_.free_count() + int32_t(victims.size()) < n) {
+  while (device_.free_count() + int32_t(victims.size()) < n && prefix_.evictable_count() > 0) {  // then the reclaimer's
     victims.push_back(prefix_.take_victim());
   }
   settle_pages(victims);  // a promoted block whose sequence went before its step: its copy ends first

@@ -13,6 +13,9 @@ StateSlots::StateSlots(SequenceManager& manager, StatePool& pool, int32_t every)
   if (pool.in_pages()) {
     if (pool.cache() != &manager.cache())
       throw ArgumentError("pool", "lies in the pages of another cache than the manager's; a state's page comes from the manager");
+    if (manager.reclaimer())
+      throw ArgumentError("manager", "keeps another StateSlots' states in its pages already; one StateSlots a manager");
+    manager.set_reclaimer(this);
     return;
   }
   for (int64_t s = pool.config().slots; s-- > 0;) free_slots_.push_back(s);
@@ -21,6 +24,7 @@ StateSlots::StateSlots(SequenceManager& manager, StatePool& pool, int32_t every)
 
 StateSlots::~StateSlots() {
   if (!pool_.in_pages()) return;
+  if (manager_.reclaimer() == this) manager_.set_reclaimer(nullptr);
   std::vector<int32_t> pages;
   for (const auto& [seq, h] : held_)
     if (h.slot >= 0) pages.push_back(int32_t(h.slot));
@@ -29,6 +33,18 @@ StateSlots::~StateSlots() {
     manager_.give_pages(pages);
   } catch (...) {  // a destructor does not throw; the pages stay taken
   }
+}
+
+void StateSlots::reclaim(int32_t n) {
+  std::vector<int32_t> pages;
+  for (; n > 0 && !lru_.empty(); --n) {
+    const uint64_t victim = lru_.front();
+    pages.push_back(int32_t(by_hash_.at(victim).index));
+    by_hash_.erase(victim);
+    lru_.pop_front();
+    ++stats_.reclaimed;
+  }
+  manager_.give_pages(pages);
 }
 
 int64_t StateSlots::free_slots() const {
@@ -195,7 +211,9 @@ bool StateSlots::checkpoint(int64_t seq) {
     return false;
   }
   int64_t index;
-  if (pool_.in_pages() && int64_t(by_hash_.size()) < pool_.config().checkpoints && manager_.available_blocks() > 0) {
+  // A new page only from free or cached ones: where only checkpoints could give one, the oldest makes room.
+  if (pool_.in_pages() && int64_t(by_hash_.size()) < pool_.config().checkpoints &&
+      manager_.available_blocks() > reclaimable()) {
     index = manager_.take_pages(1)[0];
   } else if (!free_checkpoints_.empty()) {
     index = free_checkpoints_.back();

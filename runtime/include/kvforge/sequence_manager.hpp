@@ -119,6 +119,16 @@ struct SequenceStats {
   int64_t promoted_ahead = 0;   // of promoted_blocks, host-tier ones copied ahead (promote_ahead)
 };
 
+// An owner of pages taken from a SequenceManager (take_pages) that can give some back when an allocation
+// runs short: StateSlots' checkpoints kept in the cache's pages. The manager asks it only after
+// evicting every cached block it could.
+class PageReclaimer {
+ public:
+  virtual ~PageReclaimer() = default;
+  virtual int32_t reclaimable() const = 0;  // pages reclaim() would give back
+  virtual void reclaim(int32_t n) = 0;      // gives back min(n, reclaimable()) pages through give_pages()
+};
+
 // Maps sequence ids to page tables over one paged cache, and moves the data that sharing, forking and
 // offload need through that cache. Sequence ids are any int64 the caller chooses; token ids are any
 // int32 (they are hashed and compared, never interpreted). A refused call raises a typed error naming
@@ -186,6 +196,10 @@ class SequenceManager {
   std::vector<int32_t> take_pages(int32_t n);
   void give_pages(const std::vector<int32_t>& pages);
   int32_t taken_pages() const { return int32_t(taken_.size()); }
+  // The owner of taken pages that gives some back when pages run short (one at a time; null: none).
+  // available_blocks() counts what it would give.
+  void set_reclaimer(PageReclaimer* reclaimer) { reclaimer_ = reclaimer; }
+  PageReclaimer* reclaimer() const { return reclaimer_; }
   const Cache& cache() const { return cache_; }
 
   bool contains(int64_t seq) const { return sequences_.count(seq) != 0; }
@@ -201,8 +215,10 @@ class SequenceManager {
   const PrefixCache& prefix_cache() const { return prefix_; }
   int32_t cached_blocks() const { return prefix_.size(); }
   int32_t evictable_blocks() const { return prefix_.evictable_count(); }
-  // Pages a new allocation can take: free ones plus cached ones nobody uses.
-  int32_t available_blocks() const { return device_.free_count() + prefix_.evictable_count(); }
+  // Pages a new allocation can take: free ones, cached ones nobody uses, and those the reclaimer gives.
+  int32_t available_blocks() const {
+    return device_.free_count() + prefix_.evictable_count() + (reclaimer_ ? reclaimer_->reclaimable() : 0);
+  }
   // Host pages offload can take: free ones plus demoted blocks, which it evicts.
   int32_t host_free() const { return host_.free_count() + host_prefix_.evictable_count(); }
   // Token slots holding live or cached tokens over the slots of the pages held (a shared page counts
@@ -318,6 +334,7 @@ class SequenceManager {
   BlockAllocator device_;
   std::unordered_map<int64_t, Sequence> sequences_;
   std::unordered_set<int32_t> taken_;  // take_pages(): held outside every sequence
+  PageReclaimer* reclaimer_ = nullptr;
   // Holds one reference on each cached block. A full block joins at the step() that hands out its last
   // slots: from then on its K/V is written.
   PrefixCache prefix_;

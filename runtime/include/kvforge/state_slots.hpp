@@ -22,16 +22,19 @@ struct StateSlotsStats {
   int64_t restores = 0;      // sequences started from a checkpoint
   int64_t replaced = 0;      // checkpoints dropped, least recently used first, to make room
   int64_t capped_tokens = 0;  // cached prompt tokens not shared because no checkpoint reached them
+  int64_t reclaimed = 0;      // checkpoints in the cache's pages given up to an allocation that ran short
 };
 
-class StateSlots {
+class StateSlots : private PageReclaimer {
  public:
   // manager: the paged cache's sequences; pool: a slot per sequence alive at once, and
   // pool.config().checkpoints records for checkpoints (0: no prefix reuse, every prompt is computed
   // whole). every: checkpoint at every every-th block boundary, >= 1. Both must outlive this.
   // A pool in the manager's cache's pages (StatePool over a cache) takes each slot and checkpoint as a
-  // page from the manager (take_pages), so states and K/V share one free list; it then keeps at most
-  // pool.config().checkpoints checkpoint pages. A pool in another cache's pages: ArgumentError("pool").
+  // page from the manager (take_pages), so states and K/V share one free list. It keeps at most
+  // pool.config().checkpoints checkpoint pages, and gives them back, least recently used first, to an
+  // allocation that finds no free or cached page (the manager's PageReclaimer; one StateSlots a
+  // manager). A pool in another cache's pages: ArgumentError("pool").
   StateSlots(SequenceManager& manager, StatePool& pool, int32_t every);
   ~StateSlots();  // gives back the pages it took
   StateSlots(const StateSlots&) = delete;
@@ -86,6 +89,8 @@ class StateSlots {
   int64_t longest_kept(const std::vector<int32_t>& prompt, const std::vector<uint64_t>& hashes, int64_t limit) const;
   int64_t take_slot(const char* argument);
   void give_slot(int64_t slot);
+  int32_t reclaimable() const override { return int32_t(by_hash_.size()); }
+  void reclaim(int32_t n) override;
   const Held& held(int64_t seq, const char* argument) const;
 
   SequenceManager& manager_;
