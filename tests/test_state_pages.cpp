@@ -214,6 +214,23 @@ TEST(StatePagesFit, APageMajorLayoutNeedsTheStatesBytesOverATokensAndNoMore) {
   }
 }
 
+// A layout whose page keeps its rows apart ([kv, slot, page, head, dim]: a run is one token's heads)
+// never holds a part larger than a row, at any page size, and the search for one ends.
+TEST(StatePagesFit, ALayoutWhoseRowsLieApartHoldsNoStateAndTheSearchEnds) {
+  int checked = 0;
+  for (const VariantEntry& e : registry().variants()) {
+    const VariantDescriptor& d = *e.descriptor;
+    if (!d.states || !d.paged() || d.is_hybrid() || d.layers > 4) continue;
+    VariantDescriptor apart = d;
+    const Axis axes[] = {Axis::kv, Axis::slot, Axis::page, Axis::head, Axis::dim};
+    apart.num_axes = 5;
+    std::copy(std::begin(axes), std::end(axes), apart.axes);
+    EXPECT_EQ(state_page_size(apart), 0) << d.name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(StatePagesFit, APageTooSmallIsRefusedNamingThePageThatWouldDo) {
   const VariantDescriptor* small = nullptr;  // a hybrid model's paged variant whose page is too small
   for (const VariantEntry& e : registry().variants())

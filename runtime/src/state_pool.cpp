@@ -14,6 +14,9 @@ namespace {
 
 constexpr int64_t kPartAlign = 64, kSlotAlign = 256, kMaxRank = 4, kMaxLayers = 1024, kMaxParts = 64;
 constexpr int64_t kMaxPartBytes = int64_t(1) << 40, kMaxPoolBytes = int64_t(1) << 50;
+// Runs a page may split into for a state to be placed in them: a layout whose rows lie apart (a slot
+// axis outside its layers) has a run a row, and past this many a page search would only grow lists.
+constexpr int64_t kMaxRuns = int64_t(1) << 16;
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
@@ -55,7 +58,10 @@ PageRuns page_runs(const VariantDescriptor& d, const Geometry& g) {
   out.bytes = run * es;
   out.stride = g.strides.row_or_page * es;
   out.starts = {0};
-  for (size_t a = merged; a < axes.size(); ++a) {
+  int64_t count = 1;  // a page of more runs than this holds no record's part in any: none
+  for (size_t a = merged; a < axes.size(); ++a) count = std::min<int64_t>(count * axes[a].extent, kMaxRuns + 1);
+  if (count > kMaxRuns) out.starts.clear();
+  for (size_t a = merged; a < axes.size() && !out.starts.empty(); ++a) {
     std::vector<int64_t> next;
     for (int64_t i = 0; i < axes[a].extent; ++i)
       for (int64_t s : out.starts) next.push_back(s + i * axes[a].stride * es);
