@@ -28,7 +28,8 @@ struct Record {
 };
 
 // The last keeps a record sized for Llama-3-8B's 32 KiB K and V blocks of a 16-token page in that cache's
-// pages: 16 spans a state, against one in a pool of its own.
+// pages: 10 spans a state (8 runs of one 32 KiB part, 2 of four 8 KiB parts), against one in a pool of
+// its own.
 const Record kRecords[] = {
     {"hot", 8, {{"conv", {1024, 4}, DType::bf16}, {"ssm", {8, 64, 64}, DType::f32}}},
     {"qwen3_next_80b", 36, {{"conv", {8192, 4}, DType::bf16}, {"ssm", {32, 128, 128}, DType::f32}}},
