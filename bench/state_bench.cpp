@@ -3,7 +3,9 @@
 // layer (write from and read into host memory). Three records: one whose slot stays in the caches (hot,
 // 8 layers of a 1024 x 4 bf16 conv window and an 8 x 64 x 64 fp32 state, 1.1 MiB), Qwen3-Next-80B's
 // (36 layers of conv [8192, 4] bf16 and recurrent [32, 128, 128] fp32, 74.25 MiB a slot), and one kept
-// in a paged cache's own pages (in_pages). Counters: GB/s of the op and of the copy, and their ratio.
+// in a paged cache's own pages (in_pages); and the hot record in vLLM's order (hot_by_layer: a run a
+// layer) and SGLang's (hot_by_part: a run a part of a layer). Counters: GB/s of the op and of the copy,
+// and their ratio.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -25,6 +27,7 @@ struct Record {
   int layers;
   std::vector<StatePart> parts;
   const char* in_pages_of = nullptr;  // a variant whose pages hold the states (StatePool over a cache)
+  StateAxes axes = kSlotMajor;        // a pool of its own's order
 };
 
 // The last keeps a record sized for Llama-3-8B's 32 KiB K and V blocks of a 16-token page in that cache's
@@ -34,6 +37,10 @@ const Record kRecords[] = {
     {"hot", 8, {{"conv", {1024, 4}, DType::bf16}, {"ssm", {8, 64, 64}, DType::f32}}},
     {"qwen3_next_80b", 36, {{"conv", {8192, 4}, DType::bf16}, {"ssm", {32, 128, 128}, DType::f32}}},
     {"in_pages", 8, {{"conv", {1024, 4}, DType::bf16}, {"ssm", {8, 32, 32}, DType::f32}}, "vllm_paged_nhd.llama3_8b.bf16"},
+    {"hot_by_layer", 8, {{"conv", {1024, 4}, DType::bf16}, {"ssm", {8, 64, 64}, DType::f32}}, nullptr,
+     {StateAxis::layer, StateAxis::slot, StateAxis::part}},
+    {"hot_by_part", 8, {{"conv", {1024, 4}, DType::bf16}, {"ssm", {8, 64, 64}, DType::f32}}, nullptr,
+     {StateAxis::part, StateAxis::layer, StateAxis::slot}},
 };
 
 enum class StateOp { copy_slot, checkpoint, restore, zero_slot, write_part, read_part };
@@ -54,7 +61,7 @@ void run_state_op(benchmark::State& state, const Record* r, StateOp op) {
   }
   // A checkpoint record: the third in a pool of its own, page 2 in the cache's.
   const int64_t kept = cache ? 2 : 0;
-  StatePool pool = cache ? StatePool(r->parts, r->layers, *cache, 1) : StatePool(r->parts, r->layers, StatePoolConfig{Device::cpu, 2, 1});
+  StatePool pool = cache ? StatePool(r->parts, r->layers, *cache, 1) : StatePool(r->parts, r->layers, StatePoolConfig{Device::cpu, 2, 1}, r->axes);
   const bool whole = op != StateOp::write_part && op != StateOp::read_part;
   const int64_t bytes = whole ? pool.slot_bytes() : pool.part_bytes(1);
   std::vector<char> a(size_t(bytes), 1), b(size_t(bytes), 2);

@@ -36,6 +36,8 @@ struct hybrid_paged__gemma2_2b__bf16__local_traits {
   static constexpr int quant_group = 0;
   static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+  // The order of a state pool of its own for a hybrid model's linear layers, outermost first.
+  static constexpr kvforge::StateAxis state_axes[] = {kvforge::StateAxis::layer, kvforge::StateAxis::slot, kvforge::StateAxis::part};
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<hybrid_paged__gemma2_2b__bf16__local_traits>(); }
   static kvforge::detail::OpTables<hybrid_paged__gemma2_2b__bf16__local_traits> op_tables();  // below

@@ -34,6 +34,8 @@ struct vllm_paged_nhd__tiny__fp16_traits {
   static constexpr int quant_group = 0;
   static constexpr bool tensor_scaled = false;
   static constexpr kvforge::ScalePlacement scale_placement = kvforge::ScalePlacement::separate;
+  // The order of a state pool of its own for a hybrid model's linear layers, outermost first.
+  static constexpr kvforge::StateAxis state_axes[] = {kvforge::StateAxis::layer, kvforge::StateAxis::slot, kvforge::StateAxis::part};
 
   static constexpr kvforge::VariantDescriptor describe() { return kvforge::describe<vllm_paged_nhd__tiny__fp16_traits>(); }
   static kvforge::detail::OpTables<vllm_paged_nhd__tiny__fp16_traits> op_tables();  // below

@@ -327,6 +327,11 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
                 diags.error(loc, "axes", "'dim' must be the last axis, so that each head's row is contiguous",
                             "[..., dim]")
 
+    state_axes = r.choice_list("state_axes", vocab.STATE_AXES, required=False)
+    if state_axes is not None and len(state_axes) != len(vocab.STATE_AXES):
+        diags.error(r.fields["state_axes"].value.loc, "state_axes", "a state pool's memory needs every one of its axes",
+                    "an order of " + ", ".join(vocab.STATE_AXES))
+
     quantization: Optional[Quantization] = None
     if r.has("quantization"):
         quantization = parse_quantization(r.fields["quantization"].value, addressing, axes, diags, _Reader)
@@ -338,7 +343,8 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
                     ", ".join(vocab.QUANTIZED_DTYPES) + " in expand[].dtypes")
     if len(diags.errors) != before:
         return None
-    return LayoutSpec(name, addressing, axes, page_size, window, update, quantization, tuple(expansions), doc.loc)
+    return LayoutSpec(name, addressing, axes, page_size, window, update, quantization, tuple(expansions), doc.loc,
+                      state_axes=state_axes)
 
 
 def _parse_expand_list(r: _Reader, diags: Diagnostics) -> List[Expansion]:

@@ -171,6 +171,9 @@ class LayoutSpec:
     loc: Loc
     # A hybrid layout names a layout per layer group instead of a storage of its own.
     groups: Tuple[Tuple[str, str], ...] = ()
+    # The order of a state pool of its own for a model with linear layers, outermost first (vocab.STATE_AXES);
+    # None: the default, vocab.STATE_AXES.
+    state_axes: Optional[Tuple[str, ...]] = None
 
     @property
     def hybrid(self) -> bool:
@@ -192,7 +195,8 @@ MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 LINEAR_FIELDS = ("layers", "states")
 STATE_PART_FIELDS = ("name", "shape", "dtype", "shard_axis", "shard_shapes")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window", "kv_heads")
-LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "groups", "expand")
-STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization")
+LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "state_axes", "groups",
+                 "expand")
+STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization", "state_axes")
 QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size", "tensor_scale")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")

@@ -75,10 +75,14 @@ FORBIDDEN_AXES = {
     "paged": ("row", "seq"),
 }
 
+# The axes of a state pool of its own (a layout's `state_axes`), in the default order: slot-major, so that
+# a sequence's whole state is one run.
+STATE_AXES = ("slot", "layer", "part")
+
 # Enums C++ mirrors in runtime/include/kvforge/vocab.hpp (generated from this table), in this order.
 # Quant is the granularity, with `none` first for float storage.
 CPP_ENUMS = (("Device", tuple(BACKENDS)), ("Axis", AXES), ("Addressing", ADDRESSING), ("UpdateMode", UPDATE_MODES),
-             ("Quant", ("none",) + GRANULARITIES), ("ScalePlacement", SCALE_PLACEMENTS))
+             ("Quant", ("none",) + GRANULARITIES), ("ScalePlacement", SCALE_PLACEMENTS), ("StateAxis", STATE_AXES))
 
 NAME_PATTERN = r"[a-z][a-z0-9_]*"
 MAX_PAGE_SIZE = 4096

@@ -153,7 +153,7 @@ class States:
             pool = kvforge.StatePool.in_pages_of(owner.kv, parts=record, layers=len(layers), checkpoints=checkpoints)
         elif record:
             pool = kvforge.StatePool(record, layers=len(layers), slots=slot_count, device=owner.state_device,
-                                     checkpoints=checkpoints)
+                                     checkpoints=checkpoints, axes=owner.descriptor.state_axes)  # the layout's order
         elif prefix_caching or in_pages:
             raise kvforge.UnsupportedError(f"{'states_in_pages' if in_pages else 'prefix_caching'}: a hybrid model's "
                                            f"linear layers need one state record for that; build the cache with "

@@ -1,7 +1,8 @@
 """A hybrid model's per-sequence states over NIXL (kvforge.nixl.Agent.register_states, pull_state): a
-StatePool's memory registered as it is, and a sequence's slot pulled one-sided with one READ of its
-bytes, after both records are checked equal. A slot is one run of memory (state_pool.hpp), so the
-pull is one descriptor whatever the record."""
+StatePool's memory registered as it is, and a sequence's slot pulled one-sided with one READ, after
+both records are checked equal. The READ takes a descriptor for each run that the slot's parts make on
+both sides: one for two slot-major pools (a slot is one run, state_pool.hpp), a layer's or a part's
+where a pool keeps another order (StatePool axes), so pools of any two orders exchange states."""
 
 import time
 
@@ -15,9 +16,27 @@ from ._nixl_wait import PullTimeout
 
 def describe(pool):
     buffer = torch.from_dlpack(pool.buffer())
+    # Each part of each layer: where slot 0's lies, and the step to the next slot's.
+    places = [[pool.offset(0, layer, part), pool.slot_stride(layer, part)]
+              for layer in range(pool.layers) for part in range(len(pool.parts))]
     return {"record": [[name, list(shape), dtype] for name, shape, dtype in pool.parts], "layers": pool.layers,
-            "slots": pool.slots, "slot_bytes": pool.slot_bytes, "address": buffer.data_ptr(),
+            "slots": pool.slots, "slot_bytes": pool.slot_bytes, "address": buffer.data_ptr(), "places": places,
             "device": "VRAM" if buffer.device.type == "cuda" else "DRAM", "device_id": max(buffer.get_device(), 0)}
+
+
+def _runs(pool, mine, theirs, src_slot, dst_slot):
+    """[local, remote, bytes] for each run: the slot's parts in order, a part joining the run before it
+    where it lies the same distance from the run's start on both sides, past at most a part's 64-byte
+    padding (which is zero in every pool)."""
+    runs = []
+    for i, ((at, step), (their_at, their_step)) in enumerate(zip(mine["places"], theirs["places"])):
+        size = pool.part_bytes(i % len(pool.parts))
+        local, remote = mine["address"] + at + dst_slot * step, theirs["address"] + their_at + src_slot * their_step
+        if runs and local - runs[-1][0] == remote - runs[-1][1] and 0 <= local - runs[-1][0] - runs[-1][2] < 64:
+            runs[-1][2] = local - runs[-1][0] + size
+        else:
+            runs.append([local, remote, size])
+    return runs
 
 
 def register(agent, key, pool):
@@ -48,9 +67,9 @@ def pull(agent, source, key, src_slot, dst_slot, timeout):
         for name, slot, slots in (("src_slot", src_slot, theirs["slots"]), ("dst_slot", dst_slot, mine["slots"])):
             if not 0 <= slot < slots:
                 raise kvforge.OutOfRangeError(f"{name} = {slot} is outside [0, {slots})")
-        size = mine["slot_bytes"]
-        local = np.array([[mine["address"] + dst_slot * size, size, mine["device_id"]]], dtype=np.uint64)
-        remote = np.array([[theirs["address"] + src_slot * size, size, theirs["device_id"]]], dtype=np.uint64)
+        runs = _runs(pool, mine, theirs, src_slot, dst_slot)
+        local = np.array([[at, size, mine["device_id"]] for at, _, size in runs], dtype=np.uint64)
+        remote = np.array([[at, size, theirs["device_id"]] for _, at, size in runs], dtype=np.uint64)
         nixl = agent._nixl
         handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local, mine["device"]),
                                       nixl.get_xfer_descs(remote, theirs["device"]), peer)
@@ -70,4 +89,4 @@ def pull(agent, source, key, src_slot, dst_slot, timeout):
     if state != "DONE":
         raise kvforge.BackendError(f"nixl: the READ of a state slot from {peer!r} failed; slot {dst_slot} holds "
                                    f"undefined bytes")
-    return {"bytes": size, "descriptors": 1}
+    return {"bytes": sum(size for _, _, size in runs), "descriptors": len(runs)}

@@ -93,6 +93,7 @@ NB_MODULE(_native, m) {
         return d.states ? std::vector<int>(d.states->linear_layers, d.states->linear_layers + d.states->num_linear)
                         : std::vector<int>{};
       })
+      .def_prop_ro("state_axes", [](const VariantDescriptor& d) { return state_axes_tuple(d.state_axes); })
       .def_prop_ro("state_parts", [](const VariantDescriptor& d) {
         nb::list out;
         if (d.states)

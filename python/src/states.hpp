@@ -39,6 +39,25 @@ std::vector<StatePart> state_parts(nb::handle parts) {
   return out;
 }
 
+// ("layer", "slot", "part") and the like: StatePool checks that each axis is named once.
+StateAxes state_axes_named(nb::handle axes) {
+  const std::string allowed = " (allowed: an order of slot, layer and part)";
+  if (!nb::isinstance<nb::sequence>(axes) || nb::isinstance<nb::str>(axes) || nb::len(axes) != 3)
+    throw ArgumentError("axes", "expected three axis names" + allowed);
+  StateAxes out = kSlotMajor;
+  for (size_t i = 0; i < 3; ++i) {
+    std::string word;
+    nb::try_cast(nb::borrow<nb::sequence>(axes)[i], word);
+    const auto* names = std::begin(kStateAxisNames);
+    const auto* at = std::find_if(names, std::end(kStateAxisNames), [&](const char* n) { return word == n; });
+    if (at == std::end(kStateAxisNames)) throw ArgumentError("axes", "'" + word + "' is not a state axis" + allowed);
+    out[i] = StateAxis(at - names);
+  }
+  return out;
+}
+
+nb::tuple state_axes_tuple(const StateAxes& a) { return nb::make_tuple(name_of(a[0]), name_of(a[1]), name_of(a[2])); }
+
 int state_part(const StatePool& pool, nb::handle part) {
   std::string name;
   if (nb::try_cast(part, name)) return pool.part_index(name);
@@ -78,14 +97,19 @@ void bind_states(nb::module_& m) {
   using namespace nb::literals;
   nb::class_<StatePool>(m, "StatePool")
       .def("__init__", [](StatePool* self, nb::handle parts, int layers, int64_t slots, const std::string& device,
-                          int64_t checkpoints, uintptr_t stream) {
+                          int64_t checkpoints, uintptr_t stream, nb::handle axes) {
         new (self) StatePool(state_parts(parts), layers,
-                             StatePoolConfig{device_named(device), slots, checkpoints, reinterpret_cast<void*>(stream)});
-      }, "parts"_a, "layers"_a, "slots"_a, "device"_a = "cpu", "checkpoints"_a = 0, "stream"_a = 0)
+                             StatePoolConfig{device_named(device), slots, checkpoints, reinterpret_cast<void*>(stream)},
+                             axes.is_none() ? kSlotMajor : state_axes_named(axes));
+      }, "parts"_a, "layers"_a, "slots"_a, "device"_a = "cpu", "checkpoints"_a = 0, "stream"_a = 0, "axes"_a = nb::none(),
+         "A pool of its own: `slots` states (and `checkpoints` records) of `layers` layers, each a record of "
+         "parts (name, shape, dtype). axes orders its memory, outermost first: ('slot', 'layer', 'part') by "
+         "default, ('layer', 'slot', 'part') as vLLM, ('part', 'layer', 'slot') as SGLang.")
       .def_static("for_variant", [](const VariantDescriptor& d, int64_t slots, const std::string& device, int64_t checkpoints) {
         return new StatePool(d, StatePoolConfig{device_named(device), slots, checkpoints, nullptr});
       }, "descriptor"_a, "slots"_a, "device"_a = "cpu", "checkpoints"_a = 0,
-         "The pool of a variant whose model spec names linear_layers: its state record over those layers.")
+         "The pool of a variant whose model spec names linear_layers: its state record over those layers, in "
+         "its layout's state_axes.")
       .def_static("in_pages_of", [](Cache& cache, nb::handle parts, std::optional<int> layers, int64_t checkpoints) {
         if (parts.is_none()) return new StatePool(cache, checkpoints);
         if (!layers) throw ArgumentError("layers", "is required with parts: the linear layers the record is kept for");
@@ -96,6 +120,14 @@ void bind_states(nb::module_& m) {
          "cache's variant (its model's linear_layers); checkpoints caps the pages StateSlots keeps checkpoints "
          "in. ShapeError('cache') names the page size that would hold the record where a page is too small.")
       .def_prop_ro("in_pages", &StatePool::in_pages)
+      .def_prop_ro("axes", [](const StatePool& s) { return state_axes_tuple(s.axes()); })
+      .def("offset", [](const StatePool& s, int64_t slot, int layer, nb::handle part) {
+        return s.offset(slot, layer, state_part(s, part));
+      }, "slot"_a, "layer"_a, "part"_a,
+           "Bytes from buffer() (in pages: from the cache's storage) to one part of one layer of a slot; "
+           "slots + i is checkpoint record i of a pool of its own.")
+      .def("slot_stride", [](const StatePool& s, int layer, nb::handle part) { return s.slot_stride(layer, state_part(s, part)); },
+           "layer"_a, "part"_a, "Bytes from one slot's part to the next slot's.")
       .def_prop_ro("page_bytes", &StatePool::page_bytes)
       .def_prop_ro("page_padding_bytes", &StatePool::page_padding_bytes)
       .def_prop_ro("parts", [](const StatePool& s) {

@@ -156,19 +156,62 @@ std::vector<StatePart> state_parts(const VariantDescriptor& d) {
 }
 
 StatePool::StatePool(const VariantDescriptor& d, StatePoolConfig config)
-    : StatePool(state_parts(d), d.states ? d.states->num_linear : 0, config) {}
+    : StatePool(state_parts(d), d.states ? d.states->num_linear : 0, config, d.state_axes) {}
 
-StatePool::StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config)
-    : parts_(std::move(parts)), layers_(layers), config_(config) {
+StatePool::StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config, StateAxes axes)
+    : parts_(std::move(parts)), layers_(layers), config_(config), axes_(axes) {
+  for (StateAxis a : {StateAxis::slot, StateAxis::layer, StateAxis::part})
+    if (std::count(axes_.begin(), axes_.end(), a) != 1)
+      throw ArgumentError("axes", std::string("[") + name_of(axes_[0]) + ", " + name_of(axes_[1]) + ", " + name_of(axes_[2]) +
+                                      "] does not name '" + name_of(a) + "' once (allowed: an order of slot, layer and part)");
   check_parts();
   if (__int128(slot_bytes_) * (config_.slots + config_.checkpoints) > kMaxPoolBytes)
     throw CapacityError("slots", int64_t(std::min<__int128>(__int128(slot_bytes_) * (config_.slots + config_.checkpoints),
                                                             INT64_MAX)), kMaxPoolBytes);
-  place_ = image_;
-  spans_ = {{0, slot_bytes_}};
-  slot_stride_ = slot_bytes_;
+  place_own();
   pool_ = Buffer(backend(config_.device), bytes());
   base_ = pool_.as<char>();
+}
+
+// Each (layer, part) of slot 0 and its slot step, walking the axes outermost first: a part takes whole
+// 64-byte units, and a slot outermost steps slot_bytes_ (256-byte padded); an axis inside another is
+// repeated whole for each of its indices. The slots' runs are the items merged where they touch.
+void StatePool::place_own() {
+  const int64_t records = config_.slots + config_.checkpoints;
+  const size_t n = parts_.size();
+  std::vector<int64_t> unit;
+  for (size_t p = 0; p < n; ++p) unit.push_back(round_up(part_bytes(int(p)), kPartAlign));
+  // Bytes under axes_[i..] for part p (p does not matter where the part axis is among them).
+  auto block = [&](auto&& self, size_t i, size_t p) -> int64_t {
+    if (i == axes_.size()) return unit[p];
+    if (axes_[i] == StateAxis::slot) return records * (i == 0 ? slot_bytes_ : self(self, i + 1, p));
+    if (axes_[i] == StateAxis::layer) return layers_ * self(self, i + 1, p);
+    int64_t all = 0;
+    for (size_t q = 0; q < n; ++q) all += self(self, i + 1, q);
+    return all;
+  };
+  const size_t slot_axis = size_t(std::find(axes_.begin(), axes_.end(), StateAxis::slot) - axes_.begin());
+  std::vector<Span> items;
+  for (int l = 0; l < layers_; ++l)
+    for (size_t p = 0; p < n; ++p) {
+      int64_t at = 0;
+      for (size_t i = 0; i < axes_.size(); ++i) {
+        if (axes_[i] == StateAxis::layer) at += l * block(block, i + 1, p);
+        if (axes_[i] == StateAxis::part)
+          for (size_t q = 0; q < p; ++q) at += block(block, i + 1, q);
+      }
+      const int64_t stride = slot_axis == 0 ? slot_bytes_ : block(block, slot_axis + 1, p);
+      place_.push_back(at);
+      stride_.push_back(stride);
+      items.push_back({at, unit[p], stride});
+    }
+  std::sort(items.begin(), items.end(), [](const Span& a, const Span& b) { return a.offset < b.offset; });
+  for (const Span& it : items) {
+    if (!spans_.empty() && spans_.back().offset + spans_.back().bytes == it.offset && spans_.back().stride == it.stride)
+      spans_.back().bytes += it.bytes;
+    else
+      spans_.push_back(it);
+  }
 }
 
 StatePool::StatePool(Cache& cache, int64_t checkpoints)
@@ -192,8 +235,8 @@ StatePool::StatePool(std::vector<StatePart> parts, int layers, Cache& cache, int
                                   (enough ? " (a page of " + std::to_string(enough) + " tokens would hold it)" : ""));
   }
   place_ = at.place;
-  for (const auto& [offset, bytes] : at.spans) spans_.push_back({offset, bytes});
-  slot_stride_ = runs.stride;
+  stride_.assign(place_.size(), runs.stride);
+  for (const auto& [offset, bytes] : at.spans) spans_.push_back({offset, bytes, runs.stride});
   page_bytes_ = cache.memory().storage_bytes / std::max<int64_t>(config_.slots, 1);
 }
 
@@ -291,8 +334,21 @@ StateView StatePool::view(int layer, int part) const {
   v.shape.insert(v.shape.end(), p.shape.begin(), p.shape.end());
   v.strides.assign(v.shape.size(), 1);
   for (size_t d = v.shape.size() - 1; d > 1; --d) v.strides[d - 1] = v.strides[d] * v.shape[d];
-  v.strides[0] = slot_stride_ / es;  // 256-byte slots, or pages aligned for the part: whole elements
+  // Slot steps are whole 64-byte units, or pages aligned for the part: whole elements.
+  v.strides[0] = slot_stride(layer, part) / es;
   return v;
+}
+
+int64_t StatePool::slot_stride(int layer, int part) const {
+  check_part(layer, part);
+  return stride_[size_t(layer) * parts_.size() + size_t(part)];
+}
+
+int64_t StatePool::offset(int64_t slot, int layer, int part) const {
+  if (slot < 0 || slot >= (cache_ ? config_.slots : config_.slots + config_.checkpoints))
+    throw OutOfRangeError("slot", slot, 0, cache_ ? config_.slots : config_.slots + config_.checkpoints);
+  check_part(layer, part);
+  return part_at(slot, layer, part) - base_;
 }
 
 void StatePool::write(int64_t slot, int layer, int part, const void* src, Device device) {
@@ -319,7 +375,8 @@ void StatePool::read(int64_t slot, int layer, int part, void* dst, Device device
 
 void StatePool::copy_record(int64_t src, int64_t dst) {
   if (src == dst) return;
-  for (const Span& s : spans_) backend(config_.device).copy(record_at(dst) + s.offset, record_at(src) + s.offset, s.bytes, stream());
+  for (const Span& s : spans_)
+    backend(config_.device).copy(base_ + s.offset + dst * s.stride, base_ + s.offset + src * s.stride, s.bytes, stream());
 }
 
 void StatePool::copy_slot(int64_t src, int64_t dst) {
@@ -328,11 +385,12 @@ void StatePool::copy_slot(int64_t src, int64_t dst) {
   copy_record(src, dst);
 }
 
-// The image is the own pool's slot: one copy there; in a cache's pages a copy a part, gaps zeroed.
+// The image is a slot-major pool's slot: one copy there; in another order or a cache's pages a copy a
+// part, gaps zeroed.
 void StatePool::read_slot(int64_t slot, void* host) const {
   check_slot("slot", slot);
   auto* out = static_cast<char*>(host);
-  if (!cache_) return backend(config_.device).to_host(out, record_at(slot), slot_bytes_, stream());
+  if (!cache_ && axes_ == kSlotMajor) return backend(config_.device).to_host(out, part_at(slot, 0, 0), slot_bytes_, stream());
   std::memset(out, 0, size_t(slot_bytes_));
   for (int l = 0; l < layers_; ++l)
     for (int p = 0; p < int(parts_.size()); ++p)
@@ -342,7 +400,7 @@ void StatePool::read_slot(int64_t slot, void* host) const {
 void StatePool::write_slot(int64_t slot, const void* host) {
   check_slot("slot", slot);
   const auto* in = static_cast<const char*>(host);
-  if (!cache_) return backend(config_.device).from_host(record_at(slot), in, slot_bytes_, stream());
+  if (!cache_ && axes_ == kSlotMajor) return backend(config_.device).from_host(part_at(slot, 0, 0), in, slot_bytes_, stream());
   for (int l = 0; l < layers_; ++l)
     for (int p = 0; p < int(parts_.size()); ++p)
       backend(config_.device).from_host(part_at(slot, l, p), in + image_[size_t(l) * parts_.size() + size_t(p)], part_bytes(p), stream());
@@ -350,7 +408,7 @@ void StatePool::write_slot(int64_t slot, const void* host) {
 
 void StatePool::zero_slot(int64_t slot) {
   check_slot("slot", slot);
-  for (const Span& s : spans_) backend(config_.device).fill(record_at(slot) + s.offset, 0, s.bytes, stream());
+  for (const Span& s : spans_) backend(config_.device).fill(base_ + s.offset + slot * s.stride, 0, s.bytes, stream());
 }
 
 // A pool of its own keeps checkpoint i as record slots + i; in a cache's pages it is page i.

@@ -58,7 +58,8 @@ class BadSpecMessages(unittest.TestCase):
     def test_unknown_field(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "colour: blue\n"), [
             "layouts/bad.yaml:9: colour: unknown field "
-            "(allowed: name, addressing, axes, page_size, window, update, quantization, groups, expand)"])
+            "(allowed: name, addressing, axes, page_size, window, update, quantization, state_axes, groups, "
+            "expand)"])
 
     def test_duplicate_key(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "update: lazy\n"), [

@@ -145,3 +145,34 @@ class LinearLayers(unittest.TestCase):
         self.assertIn("static constexpr int linear_layers[] = {0, 1, 2};", header)
         self.assertIn('{"recurrent", 3, {4, 8, 8, 0}, kvforge::DType::f32}', header)
         self.assertEqual(model.state_bytes_per_sequence, 3 * (64 * 4 * 4 + 4 * 8 * 8 * 4))
+
+
+class StateAxes(unittest.TestCase):
+    """A layout's state_axes: the order of a state pool of its own, every problem at once, and the
+    traits that carry it."""
+
+    def test_every_problem_of_state_axes_at_once(self):
+        from test_codegen import errors_of
+        bad = GOOD_LAYOUT.format(name="bad").replace("update: eager\n", "update: eager\nstate_axes: [slot, page, slot]\n")
+        self.assertEqual(errors_of(bad), [
+            "layouts/bad.yaml:6: state_axes: unknown value 'page' (allowed: slot, layer, part)",
+            "layouts/bad.yaml:6: state_axes: 'slot' is listed twice"])
+        short = GOOD_LAYOUT.format(name="bad").replace("update: eager\n", "update: eager\nstate_axes: [layer, slot]\n")
+        self.assertEqual(errors_of(short), [
+            "layouts/bad.yaml:6: state_axes: a state pool's memory needs every one of its axes (allowed: an order "
+            "of slot, layer, part)"])
+        hybrid = "name: bad\ngroups:\n  local: ok\nstate_axes: [layer, slot, part]\nexpand:\n  - models: [tiny_hybrid]\n" \
+                 "    dtypes: [bf16]\n"
+        self.assertIn("layouts/bad.yaml:4: state_axes: a hybrid layout takes its storage from the layouts its "
+                      "groups name (allowed: name, groups, expand)", errors_of(hybrid))
+
+    def test_a_layouts_state_axes_reach_its_variants_traits(self):
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        [v] = [v for v in plan_variants(specs) if v.name == "vllm_paged_nhd.tiny_gdn.fp32"]
+        self.assertEqual(v.layout.state_axes, ("layer", "slot", "part"))
+        header = render([v])["vllm_paged_nhd.tiny_gdn.fp32.hpp"]
+        self.assertIn("static constexpr kvforge::StateAxis state_axes[] = {kvforge::StateAxis::layer, "
+                      "kvforge::StateAxis::slot, kvforge::StateAxis::part};", header)
+        [w] = [w for w in plan_variants(specs) if w.name == "paged_state_pages.tiny_gdn.fp32"]
+        self.assertIsNone(w.layout.state_axes)  # the default order, slot-major, says nothing
+        self.assertNotIn("state_axes", render([w])["paged_state_pages.tiny_gdn.fp32.hpp"])

@@ -302,6 +302,27 @@ def test_state_pool_from_python():
         kvforge.StatePool([("conv", (), "fp32")], layers=1, slots=1)
 
 
+def test_a_state_pool_in_sglangs_order_from_python():
+    # SGLang's MambaPool: a tensor a part, [layers, slots, *shape]; conv's 36 bytes take 64.
+    pool = kvforge.StatePool([("conv", (6, 3), "bf16"), ("ssm", (2, 4, 4), "fp32")], layers=3, slots=4,
+                             axes=("part", "layer", "slot"))
+    assert pool.axes == ("part", "layer", "slot") and pool.slot_stride(1, "conv") == 64
+    assert pool.offset(2, 1, "ssm") == 3 * 4 * 64 + 1 * 4 * 128 + 2 * 128
+    x = torch.arange(32, dtype=torch.float32).view(2, 4, 4)
+    pool.write(2, 1, "ssm", x)
+    raw = torch.from_dlpack(pool.buffer())
+    at = pool.offset(2, 1, "ssm")
+    assert torch.equal(raw[at:at + 128].view(torch.float32).view(2, 4, 4), x)
+    assert torch.equal(torch.from_dlpack(pool.view(1, "ssm"))[2], x)
+    d = next(d for d in kvforge.variants(model="tiny_gdn") if d.layout == "vllm_paged_nhd")
+    assert d.state_axes == ("layer", "slot", "part")  # its spec's state_axes
+    assert kvforge.StatePool.for_variant(d, slots=1).axes == d.state_axes
+    with pytest.raises(kvforge.ArgumentError, match=r"axes: 'page' is not a state axis \(allowed: an order of slot"):
+        kvforge.StatePool([("conv", (2,), "fp32")], layers=1, slots=1, axes=("page", "slot", "part"))
+    with pytest.raises(kvforge.ArgumentError, match=r"axes: \[slot, layer, slot\] does not name 'slot' once"):
+        kvforge.StatePool([("conv", (2,), "fp32")], layers=1, slots=1, axes=("slot", "layer", "slot"))
+
+
 def test_states_in_a_caches_pages_share_its_free_list():
     """StatePool.in_pages_of: a state takes a page of the cache from the manager's free list, its views are
     over the cache's memory, and a page too small for the record is refused naming the page that fits."""

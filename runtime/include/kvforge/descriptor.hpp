@@ -3,6 +3,7 @@
 // descriptor from them field by field, so a field can never land in the wrong slot.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <iterator>
 #include <type_traits>
@@ -22,6 +23,10 @@ struct StatePartSpec {
   int64_t shape[4];  // the first `rank` extents
   DType dtype;
 };
+
+// The order of a state pool's memory, outermost first: a permutation of slot, layer and part.
+using StateAxes = std::array<StateAxis, 3>;
+inline constexpr StateAxes kSlotMajor{StateAxis::slot, StateAxis::layer, StateAxis::part};
 
 // A model spec's `linear_layers`: which of its layers keep a state per sequence instead of K/V, and that
 // state's record. Its variants hold the other, attention, layers.
@@ -66,6 +71,7 @@ struct VariantDescriptor {
   int model_heads = 0;
   const char* shard_of = nullptr;
   const StateRecord* states = nullptr;  // a hybrid model with linear layers; `layers` counts its attention layers
+  StateAxes state_axes = kSlotMajor;     // the layout's order of a state pool of its own (`state_axes`)
   // An MLA model (a model spec's `mla`): each token caches a latent record of mla_kv_lora_rank values
   // then mla_rope_dim RoPE values, stored as one head whose K is the record's first half and V its
   // second (head_dim = half the record; record_halves in cache.hpp splits one). 0 for a K/V model.
@@ -156,6 +162,12 @@ template <class T> struct shard_traits<T, std::void_t<decltype(T::tensor_paralle
 template <class T, class = void> struct state_traits {
   static constexpr const StateRecord* record = nullptr;
 };
+template <class T, class = void> struct state_axes_of {
+  static constexpr StateAxes value = kSlotMajor;
+};
+template <class T> struct state_axes_of<T, std::void_t<decltype(T::state_axes)>> {
+  static constexpr StateAxes value{T::state_axes[0], T::state_axes[1], T::state_axes[2]};
+};
 template <class T> struct state_traits<T, std::void_t<decltype(T::state_parts)>> {
   static constexpr StateRecord value{T::model_layers, int(std::size(T::linear_layers)), T::linear_layers,
                                      int(std::size(T::state_parts)), T::state_parts};
@@ -223,6 +235,7 @@ template <class T> constexpr VariantDescriptor describe() {
   d.quant_group = quant_group_of<T>::value;
   d.tensor_scaled = tensor_scaled_of<T>::value;
   d.scale_placement = T::scale_placement;
+  d.state_axes = state_axes_of<T>::value;
   d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.stored_dim(), d.storage, d.quant, d.scale, d.scale_groups());
   return d;
 }

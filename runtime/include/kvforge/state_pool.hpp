@@ -4,10 +4,13 @@
 //
 // A record is a list of named parts, each a shape and a dtype. A pool holds a record for each of
 // `layers` layers per slot, in one of two places:
-// - its own memory, slot-major: slot s's record of every layer is one run of slot_bytes(), so copying
-//   a sequence's state (a fork, a beam) or checkpointing it is one copy. Each part starts on a 64-byte
-//   boundary, and a slot's run is padded to 256 bytes, so every part's rows suit vector loads.
-//   Checkpoints are `checkpoints` more records in a region of their own.
+// - its own memory, in the order of its axes (StateAxes: slot, layer and part, outermost first). The
+//   default is slot-major: slot s's record of every layer is one run of slot_bytes(), so copying a
+//   sequence's state (a fork, a beam) or checkpointing it is one copy. [layer, slot, part] is vLLM's:
+//   a tensor a layer, a slot's parts together in it; [part, layer, slot] is SGLang's: a tensor a part,
+//   [layers, slots, *shape]. Each part starts on a 64-byte boundary, and a slot-major slot is padded to
+//   256 bytes, so every part's rows suit vector loads. Checkpoints are `checkpoints` more slots after
+//   the others (slot index slots + i), and the pool takes slot_bytes() a slot whatever its order.
 // - a paged cache's own pages (vLLM's page_size_padded): slot s is page s of the cache, and a state
 //   takes a page from the same free list as K/V (SequenceManager::take_pages), so one allocation and
 //   one allocator serve both. Each part of each layer lies in one of the page's contiguous runs (a
@@ -66,9 +69,9 @@ class StatePool {
  public:
   // Checks every argument before allocating: a bad part, a layer count outside [1, 1024] or a slot
   // count below 1 raises ArgumentError or OutOfRangeError naming it. The pool starts zeroed.
-  StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config);
-  // The pool of a variant whose model spec names linear_layers: its record, over those layers.
-  // UnsupportedError for another variant.
+  StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config, StateAxes axes = kSlotMajor);
+  // The pool of a variant whose model spec names linear_layers: its record, over those layers, in its
+  // layout's order (state_axes). UnsupportedError for another variant.
   StatePool(const VariantDescriptor& d, StatePoolConfig config);
   // In the pages of a paged, non-hybrid `cache` (which must outlive the pool): the same checks, then
   // every part of every layer is placed in a page's runs, or ShapeError("cache") says the page is too
@@ -92,6 +95,12 @@ class StatePool {
   int64_t bytes() const { return cache_ ? 0 : slot_bytes_ * (config_.slots + config_.checkpoints); }
   int64_t padding_bytes() const;
   bool in_pages() const { return cache_ != nullptr; }
+  const StateAxes& axes() const { return axes_; }  // a pool of its own's order; kSlotMajor in pages
+  // Where one part of one layer of one slot (or checkpoint record slots + i, in a pool of its own)
+  // lies: bytes from data(), or in a cache's pages from the cache's storage. For a transport that
+  // moves a slot's parts itself (NIXL).
+  int64_t offset(int64_t slot, int layer, int part) const;
+  int64_t slot_stride(int layer, int part) const;  // bytes from one slot's part to the next slot's
   Cache* cache() const { return cache_; }
   // In a cache's pages: the bytes a page takes in the cache (scales included), and those of them that a
   // state leaves unused. 0 for a pool of its own.
@@ -118,15 +127,16 @@ class StatePool {
   void synchronize() const;                      // the pool's stream
 
  private:
-  // Where a slot's bytes lie: runs at base_ + offset + slot * slot_stride_ (one run for a pool of its
-  // own; in a cache's pages, each page run a state uses).
+  // Where a slot's bytes lie: runs at base_ + offset + slot * stride (one run for a slot-major pool of
+  // its own; a run a layer or a part in another order; in a cache's pages, each page run a state uses).
   struct Span {
-    int64_t offset, bytes;
+    int64_t offset, bytes, stride;
   };
   void check_parts();
-  char* record_at(int64_t record) const { return base_ + record * slot_stride_; }
+  void place_own();
   char* part_at(int64_t record, int layer, int part) const {
-    return record_at(record) + place_[size_t(layer) * parts_.size() + size_t(part)];
+    const size_t item = size_t(layer) * parts_.size() + size_t(part);
+    return base_ + place_[item] + record * stride_[item];
   }
   void copy_record(int64_t src, int64_t dst);
   void* stream() const;
@@ -138,10 +148,12 @@ class StatePool {
   int layers_;
   StatePoolConfig config_;
   Cache* cache_ = nullptr;
-  std::vector<int64_t> place_;  // [layer][part]: the part's offset from base_ in record 0
+  StateAxes axes_ = kSlotMajor;
+  std::vector<int64_t> place_;   // [layer][part]: the part's offset from base_ in record 0
+  std::vector<int64_t> stride_;  // [layer][part]: bytes from one slot's part to the next's
   std::vector<int64_t> image_;  // [layer][part]: its offset in the slot image (place_'s, in a pool of its own)
   std::vector<Span> spans_;
-  int64_t record_bytes_ = 0, slot_bytes_ = 0, slot_stride_ = 0, page_bytes_ = 0;
+  int64_t record_bytes_ = 0, slot_bytes_ = 0, page_bytes_ = 0;
   char* base_ = nullptr;
   Buffer pool_;
 };

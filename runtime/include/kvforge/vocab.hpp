@@ -30,6 +30,9 @@ inline constexpr const char* name_of(Quant v) { return kQuantNames[int(v)]; }
 enum class ScalePlacement : uint8_t { separate, in_page };
 inline constexpr const char* kScalePlacementNames[] = {"separate", "in_page"};
 inline constexpr const char* name_of(ScalePlacement v) { return kScalePlacementNames[int(v)]; }
+enum class StateAxis : uint8_t { slot, layer, part };
+inline constexpr const char* kStateAxisNames[] = {"slot", "layer", "part"};
+inline constexpr const char* name_of(StateAxis v) { return kStateAxisNames[int(v)]; }
 inline constexpr int kNumAxes = 8;
 
 // The backend table, one entry per Device. Each backend's entry points are defined in its own folder
