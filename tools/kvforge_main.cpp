@@ -30,7 +30,8 @@ const char* kUsage =
     "  states [--model M]\n"
     "        for each paged variant of a hybrid model (linear_layers): a sequence's state, and\n"
     "        whether one page holds it in place (StatePool over the cache: one pool, one free\n"
-    "        list); the smallest page that does, and the padding a state leaves in it\n"
+    "        list); the smallest page that does, and the padding a state leaves in it; and the order\n"
+    "        of a pool of its own (the layout's state_axes, outermost first)\n"
     "  cpu   the x86-64 level the CPU kernels run at, and the widest this CPU supports; the\n"
     "        environment variable KVFORGE_CPU_LEVEL=2|3|4 runs a narrower one\n"
     "  help  this text\n";
@@ -275,8 +276,8 @@ int states(int argc, char** argv) {
   check_known("states", "--model", q.model, [](const kvforge::VariantDescriptor& d) { return std::string(d.model); });
   size_t width = 7;
   for (const auto& e : kvforge::registry().variants()) width = std::max(width, std::strlen(e.descriptor->name));
-  std::printf("%-*s  %12s  %6s  %12s  %5s  %10s  %12s  %8s\n", int(width), "variant", "state bytes", "page", "page bytes",
-              "fits", "fits from", "page bytes", "padding");
+  std::printf("%-*s  %12s  %6s  %12s  %5s  %10s  %12s  %8s  %s\n", int(width), "variant", "state bytes", "page", "page bytes",
+              "fits", "fits from", "page bytes", "padding", "own pool order");
   int shown = 0;
   for (const auto* e : kvforge::registry().select(q)) {
     const auto& d = *e->descriptor;
@@ -288,10 +289,11 @@ int states(int argc, char** argv) {
       state += n * d.states->num_linear;
     }
     const int64_t need = kvforge::state_page_size(d), at = need * d.bytes_per_token;
-    std::printf("%-*s  %12lld  %6d  %12lld  %5s  %10lld  %12lld  %7.1f%%\n", int(width), d.name,
+    const std::string order = std::string(name_of(d.state_axes[0])) + "," + name_of(d.state_axes[1]) + "," + name_of(d.state_axes[2]);
+    std::printf("%-*s  %12lld  %6d  %12lld  %5s  %10lld  %12lld  %7.1f%%  %s\n", int(width), d.name,
                 static_cast<long long>(state), d.page_size, static_cast<long long>(d.page_size * d.bytes_per_token),
                 need && need <= d.page_size ? "yes" : "no", static_cast<long long>(need), static_cast<long long>(at),
-                at ? 100.0 * double(at - state) / double(at) : 0.0);
+                at ? 100.0 * double(at - state) / double(at) : 0.0, order.c_str());
     ++shown;
   }
   std::printf("%d variants of hybrid models; padding: the share of the smallest page that fits which a state leaves unused\n",
