@@ -28,8 +28,8 @@ struct paged_state_pages__qwen3_next_80b__bf16_traits {
   static constexpr int model_layers = 48;
   static constexpr int linear_layers[] = {0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30, 32, 33, 34, 36, 37, 38, 40, 41, 42, 44, 45, 46};
   static constexpr kvforge::StatePartSpec state_parts[] = {
-      {"conv", 2, {8192, 4, 0, 0}, kvforge::DType::bf16},
-      {"recurrent", 3, {32, 128, 128, 0}, kvforge::DType::f32}};
+      {"conv", 2, {8192, 4, 0, 0}, kvforge::DType::bf16, 0},
+      {"recurrent", 3, {32, 128, 128, 0}, kvforge::DType::f32, 0}};
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::page, kvforge::Axis::layer, kvforge::Axis::kv, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim};

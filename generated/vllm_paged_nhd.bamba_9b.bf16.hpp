@@ -28,8 +28,8 @@ struct vllm_paged_nhd__bamba_9b__bf16_traits {
   static constexpr int model_layers = 32;
   static constexpr int linear_layers[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31};
   static constexpr kvforge::StatePartSpec state_parts[] = {
-      {"conv", 2, {8448, 4, 0, 0}, kvforge::DType::bf16},
-      {"recurrent", 3, {128, 64, 128, 0}, kvforge::DType::f32}};
+      {"conv", 2, {8448, 4, 0, 0}, kvforge::DType::bf16, kvforge::StatePartSpec::kShapesPerDegree},
+      {"recurrent", 3, {128, 64, 128, 0}, kvforge::DType::f32, 0}};
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim};

@@ -28,8 +28,8 @@ struct vllm_paged_nhd__tiny_gdn__fp32_traits {
   static constexpr int model_layers = 4;
   static constexpr int linear_layers[] = {0, 1, 2};
   static constexpr kvforge::StatePartSpec state_parts[] = {
-      {"conv", 2, {64, 4, 0, 0}, kvforge::DType::f32},
-      {"recurrent", 3, {4, 8, 8, 0}, kvforge::DType::f32}};
+      {"conv", 2, {64, 4, 0, 0}, kvforge::DType::f32, 0},
+      {"recurrent", 3, {4, 8, 8, 0}, kvforge::DType::f32, 0}};
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::kv, kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::head, kvforge::Axis::dim};

@@ -1,7 +1,8 @@
 // Transfers between processes, under mpirun (tests/CMakeLists.txt runs each scenario):
 //   layouts            np 2: every ordered pair of the tiny model's default float layouts, bitwise, in
 //                      the physical format (into the pool, and through host staging) and the logical
-//   tp S R             np S+R: a prefill group of degree S feeds a decode group of degree R, bitwise
+//   tp S R             np S+R: a prefill group of degree S feeds a decode group of degree R, bitwise; at
+//                      degrees up to 2, a hybrid model's state slot too (mpi_transfer_states.cpp)
 //   dtypes             np 2: bf16 sent, int8, fp8 and FlashMLA's fp8 records stored on arrival, equal to the
 //                      reference quantizer and the reference record encoder
 //   inflight N         np 2: N requests of random lengths in flight at once, interleaved; no mixing
@@ -62,6 +63,8 @@ void layouts(MpiTransport& t) {
   }
 }
 
+void tp_states(MpiTransport& t, int S, int R);  // mpi_transfer_states.cpp
+
 void tp(MpiTransport& t, int S, int R) {
   require(t.size() == S + R, "tp " + std::to_string(S) + " " + std::to_string(R) + " needs " + std::to_string(S + R) + " ranks");
   PeerGroup senders, receivers;
@@ -73,6 +76,7 @@ void tp(MpiTransport& t, int S, int R) {
   transfer(t, "jetstream_contiguous.tiny_tp.fp32", "deepspeed_blocked.tiny_tp.fp32", senders, receivers, {21}, {33},
            "tp " + std::to_string(S) + "->" + std::to_string(R) + " contiguous to blocked");
   if (t.rank() == 0) std::printf("tp %d -> %d: bitwise, with heads assembled from the right senders\n", S, R);
+  if (S <= 2 && R <= 2) tp_states(t, S, R);  // tiny_gdn's degrees
 }
 
 void dtypes(MpiTransport& t) {

@@ -129,6 +129,74 @@ std::string one(MpiTransport& t, const std::string& name, int64_t request, int64
 
 }  // namespace
 
+// Where element `flat` of part `part` of a rank's record lies in the model's part: a part split on an
+// axis (its spec's shard_axis) holds, at rank r of degree tp, the model's indices [r e, (r + 1) e) of that
+// axis, e its own extent there; a part whole on every rank is the model's.
+static int64_t model_index(const VariantDescriptor& d, int part, int rank, int64_t flat) {
+  const StatePartSpec& p = d.states->parts[part];
+  if (p.shard_axis < 0) return flat;
+  int64_t inner = 1;
+  for (int a = p.shard_axis + 1; a < p.rank; ++a) inner *= p.shape[a];
+  const int64_t extent = p.shape[p.shard_axis];
+  const int64_t outer = flat / (extent * inner), along = flat / inner % extent, within = flat % inner;
+  return (outer * extent * d.tensor_parallel + rank * extent + along) * inner + within;
+}
+
+static std::vector<unsigned char> shard_state(const StatePool& pool, const VariantDescriptor& d, int rank, int64_t request,
+                                              int layer, int part) {
+  const DType dtype = pool.parts()[size_t(part)].dtype;
+  const int es = dtype_size(dtype);
+  std::vector<unsigned char> out(size_t(pool.part_bytes(part)));
+  for (int64_t i = 0; i < pool.part_bytes(part) / es; ++i)
+    store_as(dtype, state_value(request, layer, part, model_index(d, part, rank, i)), &out[size_t(i * es)]);
+  return out;
+}
+
+// tp S R with states: a hybrid model's sequence from a prefill group of degree S to a decode group of
+// degree R, each rank's state its share of the model's (split parts by their spec's shard_axis), checked
+// against the model's values by plain loops over its coordinates. tiny_gdn has shards at degree 2.
+void tp_states(MpiTransport& t, int S, int R) {
+  const int64_t request = 700 + S * 10 + R;
+  const int64_t tokens = 29;
+  PeerGroup senders, receivers;
+  for (int i = 0; i < S; ++i) senders.ranks.push_back(i);
+  for (int i = 0; i < R; ++i) receivers.ranks.push_back(S + i);
+  const int me = t.rank();
+  if (me < S) {
+    Side side = make_side(shard_variant(registry(), "vllm_paged_nhd.tiny_gdn.fp32", S).descriptor->name, 1);
+    StatePool pool(side.d(), StatePoolConfig{Device::cpu, 1, 0, nullptr});
+    const GatherRange range = fill_sender(side, me, request, 0, tokens);
+    for (int layer = 0; layer < pool.layers(); ++layer)
+      for (int part = 0; part < int(pool.parts().size()); ++part)
+        pool.write(0, layer, part, shard_state(pool, side.d(), me, request, layer, part).data(), Device::cpu);
+    KvSender sender(*side.cache, me, t);
+    sender.send(request, range, tokens_of(request, tokens), receivers, StateSource{&pool, 0});
+    while (!sender.poll()) pause();
+  } else if (me < S + R) {
+    const int rank = me - S;
+    Side side = make_side(shard_variant(registry(), "paged_state_pages.tiny_gdn.fp32", R).descriptor->name, 2);
+    StatePool pool(side.d(), StatePoolConfig{Device::cpu, 2, 0, nullptr});
+    StateSlots slots(*side.manager, pool, 1);
+    KvReceiver receiver(*side.cache, rank, t);
+    receiver.expect(request, tokens_of(request, tokens), senders, slots, 7);
+    while (!receiver.done(request)) receiver.poll(), pause();
+    const std::string what = "tp " + std::to_string(S) + " -> " + std::to_string(R) + " with states";
+    check_receiver(side, rank, 7, tokens, what, [&](int layer, int head, int64_t p, int x, int kv) {
+      return value(request, layer, head, p, x, kv);
+    });
+    for (int layer = 0; layer < pool.layers(); ++layer)
+      for (int part = 0; part < int(pool.parts().size()); ++part) {
+        std::vector<unsigned char> got(size_t(pool.part_bytes(part)));
+        pool.read(slots.slot(7), layer, part, got.data(), Device::cpu);
+        require(got == shard_state(pool, side.d(), rank, request, layer, part),
+                what + ": receiver rank " + std::to_string(rank) + " layer " + std::to_string(layer) + " part " +
+                    pool.parts()[size_t(part)].name + " is not its share of the model's state");
+      }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me == 0) std::printf("tp %d -> %d: every linear layer's state, each rank's share of the model's, bitwise\n", S, R);
+}
+
 void states(MpiTransport& t) {
   const std::vector<std::string> names = hybrid_state_variants();
   require(!names.empty(), "no paged float variant of a model with linear layers");
@@ -178,12 +246,13 @@ void states(MpiTransport& t) {
     // Arguments that cannot carry a state: refused before anything is posted.
     const int64_t posted = sender.messages();
     std::string argument;
-    try {
-      sender.send(stopped + 1, side.manager->range(0, 0, 12), tokens_of(stopped, 12), PeerGroup{{1, 1}}, StateSource{&pool, 0});
+    StatePool other(renamed, pool.layers(), StatePoolConfig{Device::cpu, 1, 0, nullptr});
+    try {  // to a group of degree 2, a record whose split the variant's spec does not state
+      sender.send(stopped + 1, side.manager->range(0, 0, 12), tokens_of(stopped, 12), PeerGroup{{1, 1}}, StateSource{&other, 0});
     } catch (const ArgumentError& e) {
       argument = e.argument();
     }
-    require(argument == "state", "a state sent to two receivers was not refused (got '" + argument + "')");
+    require(argument == "state", "a state of another record sent to two receivers was not refused (got '" + argument + "')");
     argument.clear();
     try {
       sender.send(stopped + 1, side.manager->range(0, 0, 12), tokens_of(stopped, 12), PeerGroup{{1}}, StateSource{&pool, 1});

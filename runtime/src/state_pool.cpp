@@ -339,6 +339,11 @@ StateView StatePool::view(int layer, int part) const {
   return v;
 }
 
+int64_t StatePool::image_offset(int layer, int part) const {
+  check_part(layer, part);
+  return image_[size_t(layer) * parts_.size() + size_t(part)];
+}
+
 int64_t StatePool::slot_stride(int layer, int part) const {
   check_part(layer, part);
   return stride_[size_t(layer) * parts_.size() + size_t(part)];

@@ -1,5 +1,6 @@
 // KvReceiver: the decode side of a transfer (transfer.hpp).
 #include "kvforge/transfer.hpp"
+#include "transfer_state.hpp"
 #include "transfer_wire.hpp"
 
 namespace kvforge {
@@ -15,9 +16,11 @@ struct KvReceiver::Incoming {
   int64_t seq_or_row;
   StateSlots* states = nullptr;  // the sequence's state slot arrives too
   int64_t state_slot = -1;
-  Staging state_wire;  // the state as it arrives, written into the slot with the last layer
-  Transport::Handle state_recv = kNone;
-  bool state_in = false;
+  std::optional<transfer_state::StateShards> shards;   // what of the state each piece carries
+  std::vector<std::vector<transfer_state::Slab>> slabs;  // per piece; empty: no state message
+  std::vector<Staging> state_wires;  // per piece with a share: it as it arrives
+  std::vector<Transport::Handle> state_recvs;
+  bool state_in = false;  // written into the slot, with the last layer
   std::vector<int32_t> pages;  // paged: the sequence's pages
   std::vector<ShardPiece> pieces;  // this rank's
   std::vector<TransferHeader> headers;
@@ -59,8 +62,8 @@ template <class In> void cancel_receives(Transport& t, In& in) {
     for (Transport::Handle h : layer) t.cancel(h);
     layer.clear();
   }
-  if (in.state_recv != kNone) t.cancel(in.state_recv);
-  in.state_recv = kNone;
+  for (Transport::Handle h : in.state_recvs) t.cancel(h);
+  in.state_recvs.clear();
 }
 }  // namespace
 
@@ -76,9 +79,7 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
 void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders,
                         StateSlots& states, int64_t seq) {
   const VariantDescriptor& d = cache_.descriptor();
-  if (d.tensor_parallel != 1 || senders.tp() != 1)
-    throw ArgumentError("states", "a state slot comes between groups of one rank each; this receiver's degree is " +
-                                      std::to_string(d.tensor_parallel) + ", the senders' " + std::to_string(senders.tp()));
+  transfer_state::StateShards(states.pool(), d, tp_rank_, d.tensor_parallel, senders.tp(), d.tensor_parallel, "states");  // checks
   if (states.free_slots() < 1) throw CapacityError("states", 1, 0, "every state slot is held");
   begin(request_id, tokens, senders, &states.manager(), seq, &states);
 }
@@ -112,6 +113,8 @@ void KvReceiver::begin(int64_t request_id, const std::vector<int32_t>& tokens, c
         throw;
       }
       in->states = states;
+      in->shards.emplace(states->pool(), d, tp_rank_, d.tensor_parallel, senders.tp(), d.tensor_parallel, "states");
+      for (const ShardPiece& p : in->pieces) in->slabs.push_back(in->shards->slabs(p));
     }
     in->pages = manager->pages(seq_or_row);
     const int64_t P = d.page_size;
@@ -221,7 +224,7 @@ void KvReceiver::fail(int64_t request_id, const std::string& field, const std::s
   else if (in->manager) in->manager->free(in->seq_or_row);
   else cache_.reset_row(in->seq_or_row);
   for (Slot& s : in->ring) give_back(spare_, s);
-  spare_.give(std::move(in->state_wire));
+  for (Staging& w : in->state_wires) spare_.give(std::move(w));
   if (!drain(transport_, in->answer_sends)) retired_.push_back(std::move(in));  // its answers are still being read
   throw TransferError(field, "request " + std::to_string(request_id) + ": " + message + "; nothing was committed");
 }
@@ -273,8 +276,8 @@ void KvReceiver::progress(Incoming& in) {
     check("head_count", h.head_count, p.heads.count);
     check("layer_begin", h.layer_begin, 0);
     check("layer_count", h.layer_count, d.layers);
-    check("state_bytes", h.state_bytes, in.states ? in.states->pool().slot_bytes() : 0);
-    if (in.states) check("state_record", int64_t(h.state_record), int64_t(state_record_hash(in.states->pool())));
+    check("state_bytes", h.state_bytes, in.states ? in.shards->bytes(in.slabs[i]) : 0);
+    if (in.states) check("state_record", int64_t(h.state_record), int64_t(in.shards->model_record_hash()));
     in.judged[i] = true;
     moved = true;
   }
@@ -283,12 +286,15 @@ void KvReceiver::progress(Incoming& in) {
       in.placement = physical_placement(cache_, transport_, in.headers[0], in.pieces, mine.count,
                                       in.manager ? in.pages.data() : nullptr, in.seq_or_row, T);
     for (size_t i = 0; i < in.pieces.size(); ++i) answer(in, i, nullptr);
-    if (in.states) {
-      const StatePool& pool = in.states->pool();
-      in.state_wire = spare_.take_host(transport_, pool.config().device, pool.slot_bytes());
-      in.state_recv = transport_.post_recv(in.state_wire.device.data(), pool.slot_bytes(), in.senders.ranks[0],
-                                           tag_of(transport_, in.request_id, kStateSlot, in.epoch));
-    }
+    if (in.states)
+      for (size_t i = 0; i < in.pieces.size(); ++i) {
+        const int64_t bytes = in.shards->bytes(in.slabs[i]);
+        if (bytes == 0) continue;
+        in.state_wires.push_back(spare_.take_host(transport_, in.states->pool().config().device, bytes));
+        in.state_recvs.push_back(transport_.post_recv(in.state_wires.back().device.data(), bytes,
+                                                      in.senders.ranks[size_t(in.pieces[i].sender)],
+                                                      tag_of(transport_, in.request_id, kStateSlot, in.epoch)));
+      }
     if (in.placement && !staged_physical()) {
       // Straight into the pool: every layer's receives go up now, one per run of consecutive pages.
       const int sender = in.senders.ranks[size_t(in.pieces[0].sender)];
@@ -407,12 +413,18 @@ void KvReceiver::progress(Incoming& in) {
 // The state slot, once it has come: written into the sequence's slot (only the last layer waits for it).
 bool KvReceiver::state_landed(Incoming& in) {
   if (!in.states || in.state_in) return true;
-  if (!transport_.poll(in.state_recv)) return false;
-  in.state_recv = kNone;
+  if (!drain(transport_, in.state_recvs)) return false;
+  // Every share in: the slot's image is their union (each part wholly covered), written at once.
   StatePool& pool = in.states->pool();
-  pool.write_slot(in.state_slot, in.state_wire.device.data());
+  std::vector<unsigned char> image(size_t(pool.slot_bytes()), 0);
+  size_t wire = 0;
+  for (size_t i = 0; i < in.pieces.size(); ++i)
+    if (in.shards->bytes(in.slabs[i]) > 0)
+      in.shards->unpack(in.slabs[i], static_cast<const unsigned char*>(in.state_wires[wire++].device.data()), image.data());
+  pool.write_slot(in.state_slot, image.data());
   pool.synchronize();
-  spare_.give(std::move(in.state_wire));
+  for (Staging& w : in.state_wires) spare_.give(std::move(w));
+  in.state_wires.clear();
   in.state_in = true;
   return true;
 }

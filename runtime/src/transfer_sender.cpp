@@ -2,6 +2,7 @@
 #include <random>
 
 #include "kvforge/transfer.hpp"
+#include "transfer_state.hpp"
 #include "transfer_wire.hpp"
 
 namespace kvforge {
@@ -26,8 +27,10 @@ struct KvSender::Outgoing {
   std::vector<std::optional<Placement>> placements;  // per piece: physical, or logical (empty)
   std::vector<Slot> ring;
   StateSource state;   // the state slot that goes too, if any
-  Staging state_wire;  // its host copy, from the answer until it is sent
-  Transport::Handle state_send = kNone;
+  std::optional<transfer_state::StateShards> shards;   // what of it each piece carries
+  std::vector<std::vector<transfer_state::Slab>> slabs;  // per piece; empty: no state message
+  std::vector<Staging> state_wires;                     // per piece: its packed share, until sent
+  std::vector<Transport::Handle> state_sends;
   int next_layer = 0;
   bool abandoned = false;
   std::chrono::steady_clock::time_point started;
@@ -62,9 +65,6 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   if (state.pool) {
     if (state.slot < 0 || state.slot >= state.pool->config().slots)
       throw OutOfRangeError("state.slot", state.slot, 0, state.pool->config().slots);
-    if (d.tensor_parallel != 1 || receivers.tp() != 1)
-      throw ArgumentError("state", "a state slot goes between groups of one rank each; this sender's degree is " +
-                                       std::to_string(d.tensor_parallel) + ", the receivers' " + std::to_string(receivers.tp()));
   }
   // The physical format writes the wire with plain loops on the host, one value per element: from the
   // pool where it is host memory, else from a host copy of each gathered layer (staged_physical()),
@@ -99,6 +99,10 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   o->state = state;
   for (const ShardPiece& p : shard_pieces(d.model_heads, d.tensor_parallel, receivers.tp()))
     if (p.sender == tp_rank_) o->pieces.push_back(p);
+  if (state.pool) {
+    o->shards.emplace(*state.pool, d, tp_rank_, d.tensor_parallel, d.tensor_parallel, receivers.tp(), "state");
+    for (const ShardPiece& p : o->pieces) o->slabs.push_back(o->shards->slabs(p));
+  }
   TransferHeader h{};
   h.magic = kMagic, h.version = kVersion;
   copy_name(h.layout, d.layout);
@@ -110,8 +114,7 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   h.layer_begin = 0, h.layer_count = d.layers;
   h.tokens = o->tokens, h.request_id = request_id, h.token_hash = token_hash(tokens);
   h.attempt = o->attempt = next_attempt_++;
-  h.state_bytes = state.pool ? state.pool->slot_bytes() : 0;
-  h.state_record = state.pool ? state_record_hash(*state.pool) : 0;
+  h.state_record = state.pool ? o->shards->model_record_hash() : 0;
   h.record_kind = d.record_kind(), h.record_first = d.record_first(), h.record_second = d.record_second();
   o->headers.reserve(o->pieces.size());  // posted sends and receives point into these
   o->answers.reserve(o->pieces.size());
@@ -120,6 +123,7 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   for (const ShardPiece& p : o->pieces) {
     const int peer = receivers.ranks[size_t(p.receiver)];
     h.head_begin = p.heads.begin, h.head_count = p.heads.count;
+    h.state_bytes = state.pool ? o->shards->bytes(o->slabs[o->headers.size()]) : 0;
     o->headers.push_back(h);
     o->header_sends.push_back(transport_.post_send(&o->headers.back(), sizeof h, peer, tag_of(transport_, request_id, kHeaderSlot)));
     ++messages_;
@@ -239,14 +243,22 @@ bool KvSender::progress(Outgoing& o) {
       o.ring.push_back(std::move(slot));
     }
     if (o.state.pool && !o.abandoned) {
-      // Read now, not at send(): nothing is read before the receivers answer.
+      // Read now, not at send(): nothing is read before the receivers answer. Each piece's receiver
+      // gets its share of the slot in one message.
       const StatePool& pool = *o.state.pool;
-      o.state_wire = spare_.take_host(transport_, pool.config().device, pool.slot_bytes());
-      pool.read_slot(o.state.slot, o.state_wire.device.data());
+      std::vector<unsigned char> image(size_t(pool.slot_bytes()));
+      pool.read_slot(o.state.slot, image.data());
       pool.synchronize();
-      o.state_send = transport_.post_send(o.state_wire.device.data(), pool.slot_bytes(), o.receivers.ranks[0],
-                                          tag_of(transport_, o.request_id, kStateSlot, o.epochs[0]));
-      ++messages_;
+      for (size_t i = 0; i < o.pieces.size(); ++i) {
+        const int64_t bytes = o.shards->bytes(o.slabs[i]);
+        if (bytes == 0) continue;
+        o.state_wires.push_back(spare_.take_host(transport_, pool.config().device, bytes));
+        auto* wire = static_cast<unsigned char*>(o.state_wires.back().device.data());
+        o.shards->pack(o.slabs[i], image.data(), wire);
+        o.state_sends.push_back(transport_.post_send(wire, bytes, o.receivers.ranks[size_t(o.pieces[i].receiver)],
+                                                     tag_of(transport_, o.request_id, kStateSlot, o.epochs[i])));
+        ++messages_;
+      }
     }
   }
   for (Slot& s : o.ring) {
@@ -297,13 +309,13 @@ bool KvSender::progress(Outgoing& o) {
     }
     s.layer = layer;
   }
-  if (o.state_send != kNone && transport_.poll(o.state_send)) o.state_send = kNone;
+  const bool states_sent = drain(transport_, o.state_sends);
   const bool sent = o.abandoned || o.next_layer >= d.layers;
-  const bool done = sent && o.header_sends.empty() && o.state_send == kNone &&
+  const bool done = sent && o.header_sends.empty() && states_sent &&
                     std::all_of(o.ring.begin(), o.ring.end(), [](const Slot& s) { return s.layer < 0; });
   if (done) {
     for (Slot& s : o.ring) give_back(spare_, s);
-    spare_.give(std::move(o.state_wire));
+    for (Staging& w : o.state_wires) spare_.give(std::move(w));
   }
   return done;
 }

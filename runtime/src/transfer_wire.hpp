@@ -14,7 +14,7 @@
 namespace kvforge::transfer_wire {
 
 constexpr uint32_t kMagic = 0x6b76666bu;  // "kvfk"
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 constexpr uint16_t kCanWritePhysical = 1;  // TransferHeader::flags
 constexpr uint16_t kWithdrawn = 2;         // TransferHeader::flags: the sender gave this attempt up
 // A request's tags: its header and the receiver's answer in slots 0 and 1 of epoch 0, then layer l in

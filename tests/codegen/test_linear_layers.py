@@ -104,7 +104,10 @@ class LinearLayers(unittest.TestCase):
             self.assertEqual({p.name: p.shape for p in v.model.states}, expected if tp > 1 else written, v.name)
             self.assertEqual(v.model.kv_heads, 4 // tp)
         header = render([v for v in plan_variants(specs) if v.model.tp == 4])["ok.m_tp4.bf16.hpp"]
-        self.assertIn('{"conv", 2, {24, 3, 0, 0}, kvforge::DType::bf16}', header)
+        self.assertIn('{"conv", 2, {24, 3, 0, 0}, kvforge::DType::bf16, 0}', header)  # split on axis 0
+        self.assertIn('{"norm", 1, {12, 0, 0, 0}, kvforge::DType::f32}', header)  # whole on every rank
+        self.assertIn('{"mamba_conv", 2, {16, 3, 0, 0}, kvforge::DType::bf16, kvforge::StatePartSpec::kShapesPerDegree}',
+                      header)
 
     def test_a_shard_axis_that_tensor_parallel_cannot_split_is_refused(self):
         bad = SHARDED.replace("shape: [96, 3]", "shape: [6, 3]").replace(
@@ -143,7 +146,7 @@ class LinearLayers(unittest.TestCase):
         header = render([v])["vllm_paged_nhd.tiny_gdn.fp32.hpp"]
         self.assertIn("static constexpr int layers = 1;", header)
         self.assertIn("static constexpr int linear_layers[] = {0, 1, 2};", header)
-        self.assertIn('{"recurrent", 3, {4, 8, 8, 0}, kvforge::DType::f32}', header)
+        self.assertIn('{"recurrent", 3, {4, 8, 8, 0}, kvforge::DType::f32, 0}', header)
         self.assertEqual(model.state_bytes_per_sequence, 3 * (64 * 4 * 4 + 4 * 8 * 8 * 4))
 
 

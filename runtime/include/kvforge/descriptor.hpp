@@ -20,8 +20,13 @@ struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
 struct StatePartSpec {
   const char* name;
   int rank;
-  int64_t shape[4];  // the first `rank` extents
+  int64_t shape[4];  // the first `rank` extents (a shard model's: one rank's)
   DType dtype;
+  // How tensor parallelism splits it (the model spec's shard_axis): the axis each rank holds
+  // extent / degree of, kWhole where every rank holds it whole, kShapesPerDegree where the spec gives
+  // each degree's shape (shard_shapes), which only a group of the same degree can take.
+  int shard_axis = kWhole;
+  static constexpr int kWhole = -1, kShapesPerDegree = -2;
 };
 
 // The order of a state pool's memory, outermost first: a permutation of slot, layer and part.

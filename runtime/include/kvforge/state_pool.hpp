@@ -90,6 +90,8 @@ class StatePool {
   // one after another, each part on 64 bytes, padded to 256. Wherever the slots lie, so that offload,
   // transfers and NIXL move one image between any two pools of one record.
   int64_t slot_bytes() const { return slot_bytes_; }
+  // Where one part of one layer lies in that image: bytes from its start.
+  int64_t image_offset(int layer, int part) const;
   // Bytes the pool allocated (slots and checkpoints; 0 in a cache's pages), and the part of those that
   // is padding.
   int64_t bytes() const { return cache_ ? 0 : slot_bytes_ * (config_.slots + config_.checkpoints); }

@@ -20,10 +20,11 @@
 //
 // A hybrid model's sequence also holds a state slot (StatePool: its linear layers' conv and recurrent
 // states). A transfer may carry it: the sender reads the slot once the receivers have answered and
-// sends it as one message; the receiver takes it into host staging and writes its slot only when every
-// layer has arrived, so a failed transfer leaves no state either. Both sides must hold the same record
-// (checked in the header), and both groups must be of one rank (a model with linear layers has no
-// tensor parallelism).
+// sends each receiver its share in one message; the receiver takes its shares into host staging and
+// writes its slot only when every layer has arrived, so a failed transfer leaves no state either. Both
+// sides must hold the same model record (checked in the header). Between groups of other degrees, each
+// part goes as its spec splits it (shard_axis: the slabs two ranks both hold; whole on every rank: from
+// the sender of the receiver's first piece of heads).
 //
 // Every transfer starts with a header (TransferHeader) that the receiver checks against what it
 // expects, and answers: accepted (with the wire format) or refused (naming the field). On any
@@ -92,8 +93,8 @@ struct TransferHeader {
   int64_t request_id;  // must match
   uint64_t token_hash;  // must match
   uint64_t attempt;     // this send's own number: answers echo it, a withdrawal names it
-  int64_t state_bytes;    // the state slot that follows the layers (StatePool::slot_bytes), 0 for none: must match
-  uint64_t state_record;  // a hash of that slot's record (state_record_hash): must match
+  int64_t state_bytes;    // this piece's share of the state slot that follows the layers, 0 for none: must match
+  uint64_t state_record;  // a hash of the model's state record, whatever the degree: must match
   // What a head's K and V halves mean, which head_dim alone cannot tell (VariantDescriptor::record_kind,
   // record_first, record_second): must match.
   int32_t record_kind, record_first, record_second;
@@ -163,8 +164,10 @@ class KvSender {
   // bits tag the messages); receivers.ranks: ranks of the transport. Both are checked before anything
   // is posted. Nothing is read before the receivers answer: a range the cache cannot read raises from
   // poll(), and the transfer is then abandoned, its receiver timing out with nothing committed.
-  // With `state`, that state slot goes too: both groups must be of one rank (ArgumentError "state"),
-  // and the slot must stay unchanged until the transfer is done.
+  // With `state`, that state slot goes too, and must stay unchanged until the transfer is done. Between
+  // groups of a degree above 1 the pool must hold the variant's record, whose spec says how each part
+  // splits, and a part whose spec gives each degree's shape goes only between groups of one degree
+  // (ArgumentError "state").
   void send(int64_t request_id, const GatherRange& range, const std::vector<int32_t>& tokens, const PeerGroup& receivers,
             StateSource state = {});
   // Progress on every transfer; true when all are done (their buffers may then be reused). Raises
@@ -210,8 +213,8 @@ class KvReceiver {
               int64_t seq_or_row);
   // The same for a hybrid model's sequence: its pages come from states.manager() and its state slot from
   // `states`, which the sender's state fills once every layer has arrived. A slot short raises
-  // CapacityError("states") before anything is allocated; both groups must be of one rank. A failed
-  // transfer gives back the pages and the slot (StateSlots::free).
+  // CapacityError("states") before anything is allocated; the pool's record is checked as send()'s
+  // (ArgumentError "states"). A failed transfer gives back the pages and the slot (StateSlots::free).
   void expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders, StateSlots& states,
               int64_t seq);
   // Progress on every transfer. Raises TransferError for the first that failed (header mismatch,
