@@ -91,18 +91,19 @@ TEST(StateShards, EveryReceiverAssemblesItsShareOfTheModelsState) {
       for (int r = 0; r < R; ++r) receivers.emplace_back(receiver.parts(), kLayers, StatePoolConfig{Device::cpu, 1, 0});
       std::vector<std::vector<unsigned char>> got(size_t(R), std::vector<unsigned char>(size_t(receivers[0].slot_bytes()), 0xee));
       int messages = 0;
-      for (const ShardPiece& p : shard_pieces(kHeads, S, R)) {
-        const StateShards out(senders[size_t(p.sender)], sender.d, p.sender, S, S, R, "state");
-        const StateShards in(receivers[size_t(p.receiver)], receiver.d, p.receiver, R, S, R, "states");
-        ASSERT_EQ(out.model_record_hash(), in.model_record_hash()) << S << " -> " << R;
-        const auto slabs = out.slabs(p);
-        ASSERT_EQ(out.bytes(slabs), in.bytes(in.slabs(p))) << S << " -> " << R;
-        if (slabs.empty()) continue;
-        std::vector<unsigned char> message(size_t(out.bytes(slabs)));
-        out.pack(slabs, share(senders[size_t(p.sender)], p.sender).data(), message.data());
-        in.unpack(in.slabs(p), message.data(), got[size_t(p.receiver)].data());
-        ++messages;
-      }
+      const StateShards out(sender.parts(), kLayers, sender.d, S, S, R, "state");
+      const StateShards in(receiver.parts(), kLayers, receiver.d, R, S, R, "states");
+      ASSERT_EQ(out.model_record_hash(), in.model_record_hash()) << S << " -> " << R;
+      for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r) {
+          const auto rows = out.rows(s, r);
+          ASSERT_EQ(StateShards::bytes(rows), StateShards::bytes(in.rows(s, r))) << S << " -> " << R;
+          if (rows.empty()) continue;
+          std::vector<unsigned char> message(size_t(StateShards::bytes(rows)));
+          StateShards::pack(rows, senders[size_t(s)], share(senders[size_t(s)], s).data(), message.data());
+          StateShards::unpack(in.rows(s, r), receivers[size_t(r)], message.data(), got[size_t(r)].data());
+          ++messages;
+        }
       for (int r = 0; r < R; ++r) {
         const std::vector<unsigned char> want = share(receivers[size_t(r)], r);
         for (int layer = 0; layer < kLayers; ++layer)
@@ -112,7 +113,8 @@ TEST(StateShards, EveryReceiverAssemblesItsShareOfTheModelsState) {
                 << S << " -> " << R << ": receiver " << r << " layer " << layer << " part " << kModel[part].name;
           }
       }
-      EXPECT_EQ(messages, int(shard_pieces(kHeads, S, R).size())) << "every piece carries a share here";
+      // Every pair whose shares of the split parts meet exchanges one message (4 heads split alike).
+      EXPECT_EQ(messages, int(shard_pieces(kHeads, S, R).size())) << S << " -> " << R;
     }
 }
 
@@ -128,26 +130,23 @@ void expect_refused(const std::function<void()>& make, const std::string& words)
 
 TEST(StateShards, RefusesWhatCannotGoAsTheSpecSplitsIt) {
   const Shard two(2);
-  const StatePool pool(two.parts(), kLayers, StatePoolConfig{Device::cpu, 1, 0});
   // A record other than the variant's: its split is unknown.
   std::vector<StatePart> other = two.parts();
   other[1].name = "other";
-  const StatePool stranger(other, kLayers, StatePoolConfig{Device::cpu, 1, 0});
-  expect_refused([&] { StateShards(stranger, two.d, 0, 2, 2, 1, "state"); }, "only from a pool of the variant's own record");
+  expect_refused([&] { StateShards(other, kLayers, two.d, 2, 2, 1, "state"); }, "only from and into a pool of the variant's own record");
   // Between groups of one rank, any record goes whole.
   const Shard one(1);
-  const StatePool whole(other, kLayers, StatePoolConfig{Device::cpu, 1, 0});
-  EXPECT_NO_THROW(StateShards(whole, one.d, 0, 1, 1, 1, "state"));
-  // A part given per degree, between two degrees.
+  EXPECT_NO_THROW(StateShards(other, kLayers, one.d, 1, 1, 1, "state"));
+  // A part given per degree, between two degrees; between two of one degree, rank to rank.
   Shard per_degree(2);
   per_degree.specs[0].shard_axis = StatePartSpec::kShapesPerDegree;
-  expect_refused([&] { StateShards(pool, per_degree.d, 0, 2, 2, 1, "state"); }, "part 'conv' has a shape of its own");
-  EXPECT_NO_THROW(StateShards(pool, per_degree.d, 0, 2, 2, 2, "state"));
+  expect_refused([&] { StateShards(two.parts(), kLayers, per_degree.d, 2, 2, 1, "state"); }, "part 'conv' has a shape of its own");
+  EXPECT_NO_THROW(StateShards(two.parts(), kLayers, per_degree.d, 2, 2, 2, "state").require_paired_with_heads("state"));
   // Two KV heads over four senders: receiver 0 takes its heads from one of two replicas, but its state
-  // from both.
+  // from both, so a transfer that goes with the heads cannot carry it (a one-sided pull can).
   const Shard four(4, 2);
-  const StatePool quarter(four.parts(), kLayers, StatePoolConfig{Device::cpu, 1, 0});
-  expect_refused([&] { StateShards(quarter, four.d, 0, 4, 4, 2, "state"); }, "none of its K/V heads");
+  const StateShards quarter(four.parts(), kLayers, four.d, 4, 4, 2, "state");
+  expect_refused([&] { quarter.require_paired_with_heads("state"); }, "none of its K/V heads");
 }
 
 }  // namespace

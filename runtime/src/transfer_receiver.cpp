@@ -17,7 +17,7 @@ struct KvReceiver::Incoming {
   StateSlots* states = nullptr;  // the sequence's state slot arrives too
   int64_t state_slot = -1;
   std::optional<transfer_state::StateShards> shards;   // what of the state each piece carries
-  std::vector<std::vector<transfer_state::Slab>> slabs;  // per piece; empty: no state message
+  std::vector<std::vector<transfer_state::Row>> state_rows;  // per piece; empty: no state message
   std::vector<Staging> state_wires;  // per piece with a share: it as it arrives
   std::vector<Transport::Handle> state_recvs;
   bool state_in = false;  // written into the slot, with the last layer
@@ -79,7 +79,9 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
 void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders,
                         StateSlots& states, int64_t seq) {
   const VariantDescriptor& d = cache_.descriptor();
-  transfer_state::StateShards(states.pool(), d, tp_rank_, d.tensor_parallel, senders.tp(), d.tensor_parallel, "states");  // checks
+  transfer_state::StateShards(states.pool().parts(), states.pool().layers(), d, d.tensor_parallel, senders.tp(), d.tensor_parallel,
+                              "states")
+      .require_paired_with_heads("states");
   if (states.free_slots() < 1) throw CapacityError("states", 1, 0, "every state slot is held");
   begin(request_id, tokens, senders, &states.manager(), seq, &states);
 }
@@ -113,8 +115,9 @@ void KvReceiver::begin(int64_t request_id, const std::vector<int32_t>& tokens, c
         throw;
       }
       in->states = states;
-      in->shards.emplace(states->pool(), d, tp_rank_, d.tensor_parallel, senders.tp(), d.tensor_parallel, "states");
-      for (const ShardPiece& p : in->pieces) in->slabs.push_back(in->shards->slabs(p));
+      in->shards.emplace(states->pool().parts(), states->pool().layers(), d, d.tensor_parallel, senders.tp(), d.tensor_parallel,
+                         "states");
+      for (const ShardPiece& p : in->pieces) in->state_rows.push_back(in->shards->rows(p.sender, p.receiver));
     }
     in->pages = manager->pages(seq_or_row);
     const int64_t P = d.page_size;
@@ -276,7 +279,7 @@ void KvReceiver::progress(Incoming& in) {
     check("head_count", h.head_count, p.heads.count);
     check("layer_begin", h.layer_begin, 0);
     check("layer_count", h.layer_count, d.layers);
-    check("state_bytes", h.state_bytes, in.states ? in.shards->bytes(in.slabs[i]) : 0);
+    check("state_bytes", h.state_bytes, in.states ? transfer_state::StateShards::bytes(in.state_rows[i]) : 0);
     if (in.states) check("state_record", int64_t(h.state_record), int64_t(in.shards->model_record_hash()));
     in.judged[i] = true;
     moved = true;
@@ -288,7 +291,7 @@ void KvReceiver::progress(Incoming& in) {
     for (size_t i = 0; i < in.pieces.size(); ++i) answer(in, i, nullptr);
     if (in.states)
       for (size_t i = 0; i < in.pieces.size(); ++i) {
-        const int64_t bytes = in.shards->bytes(in.slabs[i]);
+        const int64_t bytes = transfer_state::StateShards::bytes(in.state_rows[i]);
         if (bytes == 0) continue;
         in.state_wires.push_back(spare_.take_host(transport_, in.states->pool().config().device, bytes));
         in.state_recvs.push_back(transport_.post_recv(in.state_wires.back().device.data(), bytes,
@@ -419,8 +422,9 @@ bool KvReceiver::state_landed(Incoming& in) {
   std::vector<unsigned char> image(size_t(pool.slot_bytes()), 0);
   size_t wire = 0;
   for (size_t i = 0; i < in.pieces.size(); ++i)
-    if (in.shards->bytes(in.slabs[i]) > 0)
-      in.shards->unpack(in.slabs[i], static_cast<const unsigned char*>(in.state_wires[wire++].device.data()), image.data());
+    if (!in.state_rows[i].empty())
+      transfer_state::StateShards::unpack(in.state_rows[i], pool, static_cast<const unsigned char*>(in.state_wires[wire++].device.data()),
+                                          image.data());
   pool.write_slot(in.state_slot, image.data());
   pool.synchronize();
   for (Staging& w : in.state_wires) spare_.give(std::move(w));

@@ -1,15 +1,16 @@
-// A hybrid model's state slot between tensor-parallel groups (transfer_sender.cpp, transfer_receiver.cpp):
-// what each piece of a transfer (a sender and a receiver that exchange K/V heads, shard_pieces) carries
-// of a sequence's state, and how it is packed. Internal to transfer_*.cpp.
+// A hybrid model's state slot between tensor-parallel groups (transfer_sender.cpp, transfer_receiver.cpp,
+// and NIXL's pull_state through Python): what a sender rank gives a receiver rank of a sequence's state,
+// row by row, with where each row lies in the part on either side. Internal to the runtime.
 //
-// A part split on an axis (its spec's shard_axis) goes in slabs of that axis: piece (s, r) carries the
-// model's [begin, end) there that both sender s and receiver r hold. A part that every rank holds whole,
-// or one whose spec gives each degree's shape (shard_shapes, between groups of one degree only), goes
-// whole from one sender to each receiver: the sender of the receiver's first piece. A message packs its
-// slabs in (layer, part) order, each slab's rows one after another, from and into StatePool's host image.
+// A part split on an axis (its spec's shard_axis) goes in slabs of that axis: sender s gives receiver r
+// the model's [begin, end) there that both hold, a row for each index of the axes before it. A part that
+// every rank holds whole, or one whose spec gives each degree's shape (shard_shapes, between groups of
+// one degree only), goes whole from one sender to each receiver: the sender of the receiver's first
+// piece of heads (shard_pieces). A message holds its rows in (layer, part) order, one after another.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kvforge/descriptor.hpp"
@@ -18,42 +19,45 @@
 
 namespace kvforge::transfer_state {
 
-struct Slab {
+struct Row {
   int layer, part;
-  int64_t begin, end;  // along the part's split axis (axis 0 of a whole part), in the model's coordinates
+  int64_t sender_offset, receiver_offset;  // bytes from the part's start, in each side's own shape
+  int64_t bytes;
 };
 
 class StateShards {
  public:
-  // The state this rank (`rank` of a group of degree `own_tp`) holds in `pool`, to go between groups of
-  // degrees sender_tp and receiver_tp. ArgumentError(argument) where it cannot: a degree above 1 with a
-  // pool whose record is not the variant's (whose spec says how each part splits), a part given per
-  // degree between groups of two degrees, or a slab between two ranks that exchange no K/V heads.
-  StateShards(const StatePool& pool, const VariantDescriptor& d, int rank, int own_tp, int sender_tp, int receiver_tp,
-              const char* argument);
+  // The state record `parts` over `layers` layers, held at degree own_tp by a variant `d` (a shard, or the
+  // whole model), to go from a group of degree sender_tp to one of receiver_tp. ArgumentError(argument)
+  // where it cannot: a degree above 1 with a record other than the variant's (whose spec says how each
+  // part splits), or a part given per degree between groups of two degrees.
+  StateShards(const std::vector<StatePart>& parts, int layers, const VariantDescriptor& d, int own_tp, int sender_tp,
+              int receiver_tp, const char* argument);
 
-  std::vector<Slab> slabs(const ShardPiece& piece) const;  // empty: the piece carries no state
-  int64_t bytes(const std::vector<Slab>& slabs) const;     // of the packed message
+  // For a transfer whose messages go with the heads (KvSender, KvReceiver): every pair of ranks that
+  // has rows to exchange exchanges heads too, and a part given per degree goes only from rank r to r.
+  void require_paired_with_heads(const char* argument) const;
+  std::vector<Row> rows(int sender, int receiver) const;  // empty: nothing goes between them
+  static int64_t bytes(const std::vector<Row>& rows);
   // What the model's state record is, whichever degree holds it: layers, and each part's name, dtype,
   // split and the model's shape. Both groups must agree.
   uint64_t model_record_hash() const { return hash_; }
-  // Between this rank's host image (StatePool::read_slot's) and a piece's packed message.
-  void pack(const std::vector<Slab>& slabs, const unsigned char* image, unsigned char* message) const;
-  void unpack(const std::vector<Slab>& slabs, const unsigned char* message, unsigned char* image) const;
+  // Between a side's host image (StatePool::read_slot's, of `pool`) and a message.
+  static void pack(const std::vector<Row>& rows, const StatePool& pool, const unsigned char* image, unsigned char* message);
+  static void unpack(const std::vector<Row>& rows, const StatePool& pool, const unsigned char* message, unsigned char* image);
 
  private:
   struct Part {
-    std::vector<int64_t> shape;  // this rank's
+    std::vector<int64_t> model_shape;
     int64_t element_bytes;
     int axis;    // the split axis, or 0
     bool split;  // on `axis`, extent / degree a rank
+    bool per_degree;
   };
-  template <class Move> void walk(const std::vector<Slab>& slabs, Move&& move) const;
-
-  const StatePool& pool_;
   std::vector<Part> parts_;
-  int rank_, own_tp_, sender_tp_, receiver_tp_;
-  std::vector<ShardPiece> pieces_;  // every piece of the transfer, both groups' ranks
+  std::vector<std::string> names_;
+  int layers_, sender_tp_, receiver_tp_, model_heads_;
+  std::vector<ShardPiece> pieces_;  // every piece of heads, both groups' ranks
   uint64_t hash_ = 0;
 };
 
