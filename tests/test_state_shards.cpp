@@ -1,4 +1,4 @@
-// What a transfer between tensor-parallel groups carries of a state slot (transfer_state.hpp), in one
+// What a transfer between tensor-parallel groups carries of a state slot (state_shards.hpp), in one
 // process: every sender rank packs each of its pieces from its own pool, every receiver rank unpacks the
 // pieces addressed to it, and each receiver's state is then its share of the model's, checked by plain
 // loops over the model's coordinates. Parts split on axes 0, 1 and 2, and one whole on every rank, over
@@ -12,12 +12,11 @@
 #include <vector>
 
 #include "kvforge/kvforge.hpp"
-#include "transfer_state.hpp"
+#include "kvforge/state_shards.hpp"
 
 namespace kvforge {
 namespace {
 
-using transfer_state::StateShards;
 
 constexpr int kLayers = 2, kHeads = 4;
 

@@ -57,6 +57,17 @@ def _describe(cache, rank):
             "strides": strides, "addresses": layers, "buffers": buffers, "tensor_scales": scales}
 
 
+def check_ranks(theirs, rank, name, kind):
+    """Source `rank` of a sending group, described by theirs[rank] (its degree and rank): one source per
+    rank, in rank order."""
+    d = theirs[rank]
+    if d["tp"] != len(theirs):
+        raise kvforge.ArgumentError(f"sources: {len(theirs)} given, but sources[{rank}] ({name}) is a shard "
+                                    f"of degree {d['tp']}: give one source per rank")
+    if d["rank"] != rank:
+        raise kvforge.ArgumentError(f"sources[{rank}]: that {kind} is rank {d['rank']}; list the sources in rank order")
+
+
 def _check_pair(mine, theirs):
     """Every sender against this cache: one model, one degree, ranks in order; a refusal names the field."""
     for rank, d in enumerate(theirs):
@@ -64,12 +75,7 @@ def _check_pair(mine, theirs):
             if d[field] != mine[field]:
                 raise kvforge.ArgumentError(f"{field}: sources[{rank}] ({d['name']}) has {d[field]!r}, this cache "
                                             f"({mine['name']}) {mine[field]!r}")
-        if d["tp"] != len(theirs):
-            raise kvforge.ArgumentError(f"sources: {len(theirs)} given, but sources[{rank}] ({d['name']}) is a shard "
-                                        f"of degree {d['tp']}: give one source per rank")
-        if d["rank"] != rank:
-            raise kvforge.ArgumentError(f"sources[{rank}]: that cache is rank {d['rank']}; list the sources in rank "
-                                        f"order")
+        check_ranks(theirs, rank, d["name"], "cache")
         if d["quant"] != "none" and not page_pulls.same_pages(mine, theirs) and not staged_pulls.decodable(d):
             raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}, "
                                            f"{d['quant']} scales); pulls read float sources, int8 or fp8 codes under "

@@ -130,7 +130,7 @@ class Agent:
         self._serving = {}
         self._release_abandoned()
         if not (self._abandoned or self._parked):  # else a cancelled READ may still use a registration
-            for _, _, registered in list(self._caches.values()) + list(self._states.values()):
+            for registered in [c[2] for c in self._caches.values()] + [s[2] for s in self._states.values()]:
                 self._nixl.deregister_memory(registered)
             for _, registered in self._spare + self._scratch:
                 self._nixl.deregister_memory(registered)
@@ -170,15 +170,15 @@ class Agent:
         registered = self._nixl.register_memory(buffers)
         self._caches[key] = (cache, description, registered)
 
-    def register_states(self, key, pool):
-        """Registers a kvforge.StatePool's memory under `key` (a hybrid model's per-sequence states), as it is."""
+    def register_states(self, key, pool, descriptor=None, rank=0):
+        """Registers a StatePool's memory under `key`, as it is; its variant and TP rank let pulls span groups."""
         with self._lock:
-            states.register(self, key, pool)
+            states.register(self, key, pool, descriptor, rank)
 
     def pull_state(self, source, key, src_slot, dst_slot, timeout=30.0):
-        """Pulls slot src_slot of the state pool source = (agent name, key) into slot dst_slot of this
-        agent's pool `key`: one READ of the slot's bytes, after the two records are checked equal (a
-        mismatch raises ArgumentError naming the field). Returns {bytes, descriptors}."""
+        """Pulls slot src_slot of the state pool source = (agent name, key), or of a TP group's pools listed in
+        rank order (each gives this rank its share, kvforge.state_rows), into slot dst_slot of pool `key`, one
+        READ a source, after the records are checked. Returns {bytes, descriptors, reads}."""
         return states.pull(self, source, key, src_slot, dst_slot, timeout)
 
     def metadata(self):

@@ -94,6 +94,13 @@ NB_MODULE(_native, m) {
                         : std::vector<int>{};
       })
       .def_prop_ro("state_axes", [](const VariantDescriptor& d) { return state_axes_tuple(d.state_axes); })
+      // How tensor parallelism splits each part (its spec's shard_axis): the axis, -1 whole on every rank,
+      // -2 a shape per degree (shard_shapes).
+      .def_prop_ro("state_shard_axes", [](const VariantDescriptor& d) {
+        std::vector<int> out;
+        for (int i = 0; d.states && i < d.states->num_parts; ++i) out.push_back(d.states->parts[i].shard_axis);
+        return out;
+      })
       .def_prop_ro("state_parts", [](const VariantDescriptor& d) {
         nb::list out;
         if (d.states)

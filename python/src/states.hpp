@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kvforge/state_pool.hpp"
+#include "kvforge/state_shards.hpp"
 #include "kvforge/state_slots.hpp"
 #include "translate.hpp"
 
@@ -172,6 +173,28 @@ void bind_states(nb::module_& m) {
       .def("checkpoint", &StatePool::checkpoint, "slot"_a, "index"_a, Release())
       .def("restore", &StatePool::restore, "index"_a, "slot"_a, Release())
       .def("synchronize", &StatePool::synchronize, Release());
+  // A state between tensor-parallel groups (state_shards.hpp), for transports that move it themselves.
+  auto shards_of = [](const VariantDescriptor& d, int sender_tp, int receiver_tp) {
+    for (auto [name, tp] : {std::pair{"sender_tp", sender_tp}, std::pair{"receiver_tp", receiver_tp}})
+      if (tp < 1 || tp > 1024) throw OutOfRangeError(name, tp, 1, 1025);
+    return StateShards(state_parts(d), d.states->num_linear, d, d.tensor_parallel, sender_tp, receiver_tp, "descriptor");
+  };
+  m.def("state_rows", [shards_of](const VariantDescriptor& d, int sender_tp, int receiver_tp, int sender, int receiver) {
+    if (sender < 0 || sender >= sender_tp) throw OutOfRangeError("sender", sender, 0, sender_tp);
+    if (receiver < 0 || receiver >= receiver_tp) throw OutOfRangeError("receiver", receiver, 0, receiver_tp);
+    nb::list out;
+    for (const StateRow& r : shards_of(d, sender_tp, receiver_tp).rows(sender, receiver))
+      out.append(nb::make_tuple(r.layer, r.part, r.sender_offset, r.receiver_offset, r.bytes));
+    return out;
+  }, "descriptor"_a, "sender_tp"_a, "receiver_tp"_a, "sender"_a, "receiver"_a,
+        "What sender rank `sender` of a group of degree sender_tp gives receiver rank `receiver` of one of "
+        "receiver_tp of a sequence's state, for the model of `descriptor` (a variant with linear_layers, at "
+        "either degree): (layer, part, sender_offset, receiver_offset, bytes) rows, the offsets from the part's "
+        "start on each side. Each part splits as the model spec's shard_axis says; a part whole on every rank "
+        "comes from the sender of the receiver's first piece of heads.");
+  m.def("state_model_hash", [shards_of](const VariantDescriptor& d) { return shards_of(d, 1, 1).model_record_hash(); },
+        "descriptor"_a, "A hash of the model's state record (layers, and each part's name, dtype, split and the model's "
+        "shape), the same at every degree: two shards of one model agree.");
   m.def("state_page_size", &state_page_size, "descriptor"_a,
         "The fewest tokens a page of the variant's layout must hold for one page to hold its model's whole state "
         "record (StatePool.in_pages_of): the smallest multiple of its page size that fits, or 0 where none does.");

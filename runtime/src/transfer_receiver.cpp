@@ -1,6 +1,6 @@
 // KvReceiver: the decode side of a transfer (transfer.hpp).
 #include "kvforge/transfer.hpp"
-#include "transfer_state.hpp"
+#include "kvforge/state_shards.hpp"
 #include "transfer_wire.hpp"
 
 namespace kvforge {
@@ -16,8 +16,8 @@ struct KvReceiver::Incoming {
   int64_t seq_or_row;
   StateSlots* states = nullptr;  // the sequence's state slot arrives too
   int64_t state_slot = -1;
-  std::optional<transfer_state::StateShards> shards;   // what of the state each piece carries
-  std::vector<std::vector<transfer_state::Row>> state_rows;  // per piece; empty: no state message
+  std::optional<StateShards> shards;   // what of the state each piece carries
+  std::vector<std::vector<StateRow>> state_rows;  // per piece; empty: no state message
   std::vector<Staging> state_wires;  // per piece with a share: it as it arrives
   std::vector<Transport::Handle> state_recvs;
   bool state_in = false;  // written into the slot, with the last layer
@@ -79,7 +79,7 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
 void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders,
                         StateSlots& states, int64_t seq) {
   const VariantDescriptor& d = cache_.descriptor();
-  transfer_state::StateShards(states.pool().parts(), states.pool().layers(), d, d.tensor_parallel, senders.tp(), d.tensor_parallel,
+  StateShards(states.pool().parts(), states.pool().layers(), d, d.tensor_parallel, senders.tp(), d.tensor_parallel,
                               "states")
       .require_paired_with_heads("states");
   if (states.free_slots() < 1) throw CapacityError("states", 1, 0, "every state slot is held");
@@ -279,7 +279,7 @@ void KvReceiver::progress(Incoming& in) {
     check("head_count", h.head_count, p.heads.count);
     check("layer_begin", h.layer_begin, 0);
     check("layer_count", h.layer_count, d.layers);
-    check("state_bytes", h.state_bytes, in.states ? transfer_state::StateShards::bytes(in.state_rows[i]) : 0);
+    check("state_bytes", h.state_bytes, in.states ? StateShards::bytes(in.state_rows[i]) : 0);
     if (in.states) check("state_record", int64_t(h.state_record), int64_t(in.shards->model_record_hash()));
     in.judged[i] = true;
     moved = true;
@@ -291,7 +291,7 @@ void KvReceiver::progress(Incoming& in) {
     for (size_t i = 0; i < in.pieces.size(); ++i) answer(in, i, nullptr);
     if (in.states)
       for (size_t i = 0; i < in.pieces.size(); ++i) {
-        const int64_t bytes = transfer_state::StateShards::bytes(in.state_rows[i]);
+        const int64_t bytes = StateShards::bytes(in.state_rows[i]);
         if (bytes == 0) continue;
         in.state_wires.push_back(spare_.take_host(transport_, in.states->pool().config().device, bytes));
         in.state_recvs.push_back(transport_.post_recv(in.state_wires.back().device.data(), bytes,
@@ -423,7 +423,7 @@ bool KvReceiver::state_landed(Incoming& in) {
   size_t wire = 0;
   for (size_t i = 0; i < in.pieces.size(); ++i)
     if (!in.state_rows[i].empty())
-      transfer_state::StateShards::unpack(in.state_rows[i], pool, static_cast<const unsigned char*>(in.state_wires[wire++].device.data()),
+      StateShards::unpack(in.state_rows[i], pool, static_cast<const unsigned char*>(in.state_wires[wire++].device.data()),
                                           image.data());
   pool.write_slot(in.state_slot, image.data());
   pool.synchronize();

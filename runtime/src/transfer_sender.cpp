@@ -2,7 +2,7 @@
 #include <random>
 
 #include "kvforge/transfer.hpp"
-#include "transfer_state.hpp"
+#include "kvforge/state_shards.hpp"
 #include "transfer_wire.hpp"
 
 namespace kvforge {
@@ -27,8 +27,8 @@ struct KvSender::Outgoing {
   std::vector<std::optional<Placement>> placements;  // per piece: physical, or logical (empty)
   std::vector<Slot> ring;
   StateSource state;   // the state slot that goes too, if any
-  std::optional<transfer_state::StateShards> shards;   // what of it each piece carries
-  std::vector<std::vector<transfer_state::Row>> state_rows;  // per piece; empty: no state message
+  std::optional<StateShards> shards;   // what of it each piece carries
+  std::vector<std::vector<StateRow>> state_rows;  // per piece; empty: no state message
   std::vector<Staging> state_wires;                     // per piece: its packed share, until sent
   std::vector<Transport::Handle> state_sends;
   int next_layer = 0;
@@ -124,7 +124,7 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   for (const ShardPiece& p : o->pieces) {
     const int peer = receivers.ranks[size_t(p.receiver)];
     h.head_begin = p.heads.begin, h.head_count = p.heads.count;
-    h.state_bytes = state.pool ? transfer_state::StateShards::bytes(o->state_rows[o->headers.size()]) : 0;
+    h.state_bytes = state.pool ? StateShards::bytes(o->state_rows[o->headers.size()]) : 0;
     o->headers.push_back(h);
     o->header_sends.push_back(transport_.post_send(&o->headers.back(), sizeof h, peer, tag_of(transport_, request_id, kHeaderSlot)));
     ++messages_;
@@ -251,11 +251,11 @@ bool KvSender::progress(Outgoing& o) {
       pool.read_slot(o.state.slot, image.data());
       pool.synchronize();
       for (size_t i = 0; i < o.pieces.size(); ++i) {
-        const int64_t bytes = transfer_state::StateShards::bytes(o.state_rows[i]);
+        const int64_t bytes = StateShards::bytes(o.state_rows[i]);
         if (bytes == 0) continue;
         o.state_wires.push_back(spare_.take_host(transport_, pool.config().device, bytes));
         auto* wire = static_cast<unsigned char*>(o.state_wires.back().device.data());
-        transfer_state::StateShards::pack(o.state_rows[i], pool, image.data(), wire);
+        StateShards::pack(o.state_rows[i], pool, image.data(), wire);
         o.state_sends.push_back(transport_.post_send(wire, bytes, o.receivers.ranks[size_t(o.pieces[i].receiver)],
                                                      tag_of(transport_, o.request_id, kStateSlot, o.epochs[i])));
         ++messages_;

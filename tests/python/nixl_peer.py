@@ -67,6 +67,31 @@ def fill_states(pool):
                 view[slot].copy_(state_value(slot, layer, part, shape))
 
 
+def model_state(slot, layer, part, model_shape):
+    """The model's whole part (every rank's share together) in slot `slot` of layer `layer`: exact in fp32."""
+    n = int(np.prod(model_shape))
+    return ((torch.arange(n) * 3 + slot * 1000 + layer * 101 + part * 7) % 4093).float().view(*model_shape)
+
+
+def model_shape(descriptor, part):
+    """A part's shape in the whole model: a rank's, times the degree along its spec's shard_axis."""
+    shape = list(descriptor.state_parts[part][1])
+    axis = descriptor.state_shard_axes[part]
+    if axis >= 0:
+        shape[axis] *= descriptor.tensor_parallel
+    return shape
+
+
+def rank_share(descriptor, rank, slot, layer, part):
+    """Rank `rank`'s share of the model's part: its 1 / degree of the shard axis, or all of a whole part."""
+    full = model_state(slot, layer, part, model_shape(descriptor, part))
+    axis = descriptor.state_shard_axes[part]
+    if axis < 0:
+        return full
+    n = descriptor.state_parts[part][1][axis]
+    return full.narrow(axis, rank * n, n)
+
+
 def main():
     name, plan, how = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else ""
     agent = kvforge.nixl.Agent(name, serve=how == "serve", progress_thread=how == "progress")
@@ -74,9 +99,18 @@ def main():
     for entry in plan:
         if "states" in entry:  # a hybrid model's state pool, every slot filled by state_value
             st = entry["states"]
-            pool = kvforge.StatePool([tuple(p) for p in st["record"]], layers=st["layers"], slots=st["slots"])
-            fill_states(pool)
-            agent.register_states(entry["key"], pool)
+            if "variant" in st:  # a variant's pool at its rank, each slot its share of the model's state
+                d = kvforge.describe(st["variant"])
+                pool = kvforge.StatePool.for_variant(d, slots=st["slots"])
+                for layer in range(pool.layers):
+                    for part, (name, _, _) in enumerate(pool.parts):
+                        for slot in range(pool.slots):
+                            torch.from_dlpack(pool.view(layer, name))[slot].copy_(rank_share(d, st["rank"], slot, layer, part))
+                agent.register_states(entry["key"], pool, d, st["rank"])
+            else:
+                pool = kvforge.StatePool([tuple(p) for p in st["record"]], layers=st["layers"], slots=st["slots"])
+                fill_states(pool)
+                agent.register_states(entry["key"], pool)
             caches.append(pool)
             continue
         cache = kvforge.create(entry["variant"], **{k: entry[k] for k in ("pages", "rows", "max_staged_tokens")

@@ -30,7 +30,7 @@ from kvforge import _nixl_pages as page_pulls  # noqa: E402
 from kvforge import _nixl_prepared  # noqa: E402
 from kvforge._nixl_plan import _describe, _same_geometry  # noqa: E402
 from kvforge.nixl import Placement  # noqa: E402
-from nixl_peer import state_value, write_request  # noqa: E402
+from nixl_peer import rank_share, state_value, write_request  # noqa: E402
 from test_nixl import (COUNT, LAYOUTS, TP, TP_PAGES, Peer, assert_holds, config_of, gathered,  # noqa: E402
                        placement_of, pool_bytes, source_of, target_of)
 
@@ -38,6 +38,8 @@ from test_nixl import (COUNT, LAYOUTS, TP, TP_PAGES, Peer, assert_holds, config_
 STATE_RECORD = [["conv", [64, 4], "bf16"], ["recurrent", [4, 8, 8], "fp32"]]
 # MLA records in vLLM's pages of 16 and FlashMLA's of 64, by property; request 90 + i in layout i.
 MLA = [d for d in kvforge.variants(model="tiny_mla", storage="bf16") if d.mla]
+# tiny_gdn whole and its shard at degree 2, in vLLM's NHD pages (a pool of their own, vLLM's order).
+GDN = {tp: f"vllm_paged_nhd.{'tiny_gdn' if tp == 1 else 'tiny_gdn_tp2'}.fp32" for tp in (1, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,9 @@ def served():
             for i, d in enumerate(LAYOUTS)]
     plan.append({"key": "tp1", "variant": TP[1], "pages": 8, "requests": [[42, {"pages": TP_PAGES}, COUNT]]})
     plan.append({"key": "states", "states": {"record": STATE_RECORD, "layers": 3, "slots": 4}})
+    # tiny_gdn's state whole, and as its two ranks at degree 2.
+    plan.append({"key": "gdn", "states": {"variant": GDN[1], "rank": 0, "slots": 2}})
+    plan += [{"key": f"gdn_r{r}", "states": {"variant": GDN[2], "rank": r, "slots": 2}} for r in range(2)]
     plan += [{"key": d.name, "variant": d.name, **config_of(d), "requests": [[90 + i, placement_of(d, 90 + i), COUNT]]}
              for i, d in enumerate(MLA)]
     peer = Peer("s0", plan, "serve")
@@ -268,3 +273,39 @@ def test_a_state_slot_arrives_in_one_read_a_run(served):
         agent.pull_state(("s0", "states"), "states_here", 4, 0)
     with pytest.raises(kvforge.ArgumentError, match="source: agent 's0' is not connected or registered no state pool"):
         agent.pull_state(("s0", "nothing"), "states_here", 0, 0)
+
+
+def test_a_state_goes_between_tensor_parallel_groups_as_its_spec_splits_it(served):
+    # Each pool holds its rank's share of the model's state (nixl_peer.rank_share: the slice of each part's
+    # shard_axis); a pull assembles this rank's share from the sending group's pools, one READ a source.
+    agent, _ = served
+
+    def holds(pool, d, rank, slot, src_slot):
+        return all(torch.equal(torch.from_dlpack(pool.view(layer, name))[slot], rank_share(d, rank, src_slot, layer, part))
+                   for layer in range(pool.layers) for part, (name, _, _) in enumerate(pool.parts))
+
+    whole, half = kvforge.describe(GDN[1]), kvforge.describe(GDN[2])
+    assert half.state_shard_axes == [0, 0]  # the model spec splits conv channels and recurrent heads
+    pool = kvforge.StatePool.for_variant(whole, slots=2)
+    agent.register_states("gdn_whole", pool, whole)
+    report = agent.pull_state([("s0", "gdn_r0"), ("s0", "gdn_r1")], "gdn_whole", src_slot=1, dst_slot=0)
+    assert report["reads"] == 2 and holds(pool, whole, 0, 0, 1)
+    assert not torch.from_dlpack(pool.view(2, "recurrent"))[1].any(), "the other slot was written"
+    for rank in range(2):  # 1 -> 2: each rank its half, from the one whole pool
+        shard = kvforge.StatePool.for_variant(half, slots=2)
+        agent.register_states(f"gdn_half{rank}", shard, half, rank)
+        assert agent.pull_state([("s0", "gdn")], f"gdn_half{rank}", 0, 1)["reads"] == 1
+        assert holds(shard, half, rank, 1, 0), rank
+    with pytest.raises(kvforge.ArgumentError, match=r"sources: 1 given, but sources\[0\] .* degree 2"):
+        agent.pull_state([("s0", "gdn_r0")], "gdn_whole", 0, 0)
+    with pytest.raises(kvforge.ArgumentError, match=r"sources\[0\]: that pool is rank 1"):
+        agent.pull_state([("s0", "gdn_r1"), ("s0", "gdn_r0")], "gdn_whole", 0, 0)
+    with pytest.raises(kvforge.ArgumentError, match="key: 'states_plain' was registered without its descriptor"):
+        agent.register_states("states_plain", kvforge.StatePool.for_variant(whole, slots=1))
+        agent.pull_state([("s0", "gdn_r0"), ("s0", "gdn_r1")], "states_plain", 0, 0)
+    with pytest.raises(kvforge.ArgumentError, match=r"pool: its record is not vllm_paged_nhd.tiny_gdn.fp32's"):
+        agent.register_states("wrong", kvforge.StatePool([("conv", (64, 4), "fp32")], layers=3, slots=1), whole)
+    with pytest.raises(kvforge.OutOfRangeError, match=r"sender = 2 is outside \[0, 2\)"):
+        kvforge.state_rows(half, 2, 1, 2, 0)
+    with pytest.raises(kvforge.OutOfRangeError, match=r"rank = 2 is outside \[0, 2\)"):
+        agent.register_states("far", kvforge.StatePool.for_variant(half, slots=1), half, 2)

@@ -15,6 +15,7 @@
 #include "kvforge/on_demand.hpp"
 #include "kvforge/registry.hpp"
 #include "kvforge/state_pool.hpp"
+#include "kvforge/state_shards.hpp"
 #include "kvforge/state_slots.hpp"
 #include "kvforge/tensor.hpp"
 #include "kvforge/variant_library.hpp"

@@ -1,4 +1,4 @@
-#include "transfer_state.hpp"
+#include "kvforge/state_shards.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "kvforge/errors.hpp"
 
-namespace kvforge::transfer_state {
+namespace kvforge {
 namespace {
 
 constexpr uint64_t kFnvBasis = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
@@ -23,24 +23,22 @@ StateShards::StateShards(const std::vector<StatePart>& parts, int layers, const 
                          int sender_tp, int receiver_tp, const char* argument)
     : layers_(layers), sender_tp_(sender_tp), receiver_tp_(receiver_tp), model_heads_(d.model_heads),
       pieces_(shard_pieces(d.model_heads, sender_tp, receiver_tp)) {
-  const bool sharded = sender_tp > 1 || receiver_tp > 1;
+  // Each part splits as the variant's spec says, where the record is the variant's; a record of its own
+  // goes whole, between groups of one rank only.
   const StateRecord* r = d.states;
-  if (sharded) {
-    // The split of each part is the variant's spec's: the record must be that one.
-    bool same = r && r->num_linear == layers && r->num_parts == int(parts.size());
-    for (int i = 0; same && i < r->num_parts; ++i)
-      same = parts[size_t(i)].name == r->parts[i].name && parts[size_t(i)].dtype == r->parts[i].dtype &&
-             parts[size_t(i)].shape == std::vector<int64_t>(r->parts[i].shape, r->parts[i].shape + r->parts[i].rank);
-    if (!same)
-      throw ArgumentError(argument, std::string("a state goes ") + degrees(sender_tp, receiver_tp) +
-                                       " only from and into a pool of the variant's own record (" + d.name +
-                                       "'s model spec says how each part splits); this pool's record is another");
-  }
+  bool own = r && r->num_linear == layers && r->num_parts == int(parts.size());
+  for (int i = 0; own && i < r->num_parts; ++i)
+    own = parts[size_t(i)].name == r->parts[i].name && parts[size_t(i)].dtype == r->parts[i].dtype &&
+          parts[size_t(i)].shape == std::vector<int64_t>(r->parts[i].shape, r->parts[i].shape + r->parts[i].rank);
+  if (!own && (sender_tp > 1 || receiver_tp > 1))
+    throw ArgumentError(argument, std::string("a state goes ") + degrees(sender_tp, receiver_tp) +
+                                     " only from and into a pool of the variant's own record (" + d.name +
+                                     "'s model spec says how each part splits); this pool's record is another");
   hash_ = kFnvBasis;
   mix(hash_, layers);
   for (size_t i = 0; i < parts.size(); ++i) {
     const StatePart& p = parts[i];
-    const int spec_axis = sharded ? r->parts[i].shard_axis : StatePartSpec::kWhole;
+    const int spec_axis = own ? r->parts[i].shard_axis : StatePartSpec::kWhole;
     if (spec_axis == StatePartSpec::kShapesPerDegree && sender_tp != receiver_tp)
       throw ArgumentError(argument, "part '" + p.name + "' has a shape of its own at each degree (shard_shapes), so it goes " +
                                        "only between groups of one degree, not " + degrees(sender_tp, receiver_tp));
@@ -77,10 +75,10 @@ void StateShards::require_paired_with_heads(const char* argument) const {
                                            std::to_string(p.sender));
 }
 
-std::vector<Row> StateShards::rows(int sender, int receiver) const {
+std::vector<StateRow> StateShards::rows(int sender, int receiver) const {
   const auto first = std::find_if(pieces_.begin(), pieces_.end(), [&](const ShardPiece& p) { return p.receiver == receiver; });
   const bool source = first != pieces_.end() && first->sender == sender;
-  std::vector<Row> out;
+  std::vector<StateRow> out;
   for (int layer = 0; layer < layers_; ++layer)
     for (size_t i = 0; i < parts_.size(); ++i) {
       const Part& p = parts_[i];
@@ -105,24 +103,24 @@ std::vector<Row> StateShards::rows(int sender, int receiver) const {
   return out;
 }
 
-int64_t StateShards::bytes(const std::vector<Row>& rows) {
+int64_t StateShards::bytes(const std::vector<StateRow>& rows) {
   int64_t total = 0;
-  for (const Row& r : rows) total += r.bytes;
+  for (const StateRow& r : rows) total += r.bytes;
   return total;
 }
 
-void StateShards::pack(const std::vector<Row>& rows, const StatePool& pool, const unsigned char* image, unsigned char* message) {
-  for (const Row& r : rows) {
+void StateShards::pack(const std::vector<StateRow>& rows, const StatePool& pool, const unsigned char* image, unsigned char* message) {
+  for (const StateRow& r : rows) {
     std::memcpy(message, image + pool.image_offset(r.layer, r.part) + r.sender_offset, size_t(r.bytes));
     message += r.bytes;
   }
 }
 
-void StateShards::unpack(const std::vector<Row>& rows, const StatePool& pool, const unsigned char* message, unsigned char* image) {
-  for (const Row& r : rows) {
+void StateShards::unpack(const std::vector<StateRow>& rows, const StatePool& pool, const unsigned char* message, unsigned char* image) {
+  for (const StateRow& r : rows) {
     std::memcpy(image + pool.image_offset(r.layer, r.part) + r.receiver_offset, message, size_t(r.bytes));
     message += r.bytes;
   }
 }
 
-}  // namespace kvforge::transfer_state
+}  // namespace kvforge
