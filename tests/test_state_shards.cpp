@@ -117,6 +117,16 @@ TEST(StateShards, EveryReceiverAssemblesItsShareOfTheModelsState) {
     }
 }
 
+// Two pieces of heads between one pair of ranks carry the pair's rows once, in the first.
+TEST(StateShards, APairsRowsGoWithItsFirstPieceOnly) {
+  const Shard one(1);
+  const StateShards shards(one.parts(), kLayers, one.d, 1, 1, 1, "state");
+  const auto rows = shards.piece_rows({ShardPiece{0, 0, {0, 1}}, ShardPiece{0, 0, {2, 2}}});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(StateShards::bytes(rows[0]), StateShards::bytes(shards.rows(0, 0)));
+  EXPECT_TRUE(rows[1].empty());
+}
+
 void expect_refused(const std::function<void()>& make, const std::string& words) {
   try {
     make();

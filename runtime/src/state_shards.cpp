@@ -103,6 +103,17 @@ std::vector<StateRow> StateShards::rows(int sender, int receiver) const {
   return out;
 }
 
+std::vector<std::vector<StateRow>> StateShards::piece_rows(const std::vector<ShardPiece>& pieces) const {
+  std::vector<std::vector<StateRow>> out;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const bool first = std::none_of(pieces.begin(), pieces.begin() + int64_t(i), [&](const ShardPiece& p) {
+      return p.sender == pieces[i].sender && p.receiver == pieces[i].receiver;
+    });
+    out.push_back(first ? rows(pieces[i].sender, pieces[i].receiver) : std::vector<StateRow>{});
+  }
+  return out;
+}
+
 int64_t StateShards::bytes(const std::vector<StateRow>& rows) {
   int64_t total = 0;
   for (const StateRow& r : rows) total += r.bytes;

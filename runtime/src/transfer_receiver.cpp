@@ -79,8 +79,7 @@ void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, 
 void KvReceiver::expect(int64_t request_id, const std::vector<int32_t>& tokens, const PeerGroup& senders,
                         StateSlots& states, int64_t seq) {
   const VariantDescriptor& d = cache_.descriptor();
-  StateShards(states.pool().parts(), states.pool().layers(), d, d.tensor_parallel, senders.tp(), d.tensor_parallel,
-                              "states")
+  StateShards(states.pool().parts(), states.pool().layers(), d, d.tensor_parallel, senders.tp(), d.tensor_parallel, "states")
       .require_paired_with_heads("states");
   if (states.free_slots() < 1) throw CapacityError("states", 1, 0, "every state slot is held");
   begin(request_id, tokens, senders, &states.manager(), seq, &states);
@@ -117,7 +116,7 @@ void KvReceiver::begin(int64_t request_id, const std::vector<int32_t>& tokens, c
       in->states = states;
       in->shards.emplace(states->pool().parts(), states->pool().layers(), d, d.tensor_parallel, senders.tp(), d.tensor_parallel,
                          "states");
-      for (const ShardPiece& p : in->pieces) in->state_rows.push_back(in->shards->rows(p.sender, p.receiver));
+      in->state_rows = in->shards->piece_rows(in->pieces);
     }
     in->pages = manager->pages(seq_or_row);
     const int64_t P = d.page_size;

@@ -102,7 +102,7 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   if (state.pool) {
     o->shards.emplace(state.pool->parts(), state.pool->layers(), d, d.tensor_parallel, d.tensor_parallel, receivers.tp(), "state");
     o->shards->require_paired_with_heads("state");
-    for (const ShardPiece& p : o->pieces) o->state_rows.push_back(o->shards->rows(p.sender, p.receiver));
+    o->state_rows = o->shards->piece_rows(o->pieces);
   }
   TransferHeader h{};
   h.magic = kMagic, h.version = kVersion;

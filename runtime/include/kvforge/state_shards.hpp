@@ -39,6 +39,9 @@ class StateShards {
   // has rows to exchange exchanges heads too, and a part given per degree goes only from rank r to r.
   void require_paired_with_heads(const char* argument) const;
   std::vector<StateRow> rows(int sender, int receiver) const;  // empty: nothing goes between them
+  // rows() for each of a side's pieces of heads, where the first piece of each (sender, receiver) pair
+  // carries them and any other none.
+  std::vector<std::vector<StateRow>> piece_rows(const std::vector<ShardPiece>& pieces) const;
   static int64_t bytes(const std::vector<StateRow>& rows);
   // What the model's state record is, whichever degree holds it: layers, and each part's name, dtype,
   // split and the model's shape. Both groups must agree.
