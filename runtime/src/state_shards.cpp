@@ -5,15 +5,10 @@
 #include <string>
 
 #include "kvforge/errors.hpp"
+#include "fnv.hpp"
 
 namespace kvforge {
 namespace {
-
-constexpr uint64_t kFnvBasis = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
-
-void mix(uint64_t& h, int64_t x) {
-  for (int i = 0; i < 8; ++i) h = (h ^ uint64_t((x >> (8 * i)) & 0xff)) * kFnvPrime;
-}
 
 std::string degrees(int s, int r) { return "from a group of degree " + std::to_string(s) + " to one of " + std::to_string(r); }
 
@@ -35,22 +30,21 @@ StateShards::StateShards(const std::vector<StatePart>& parts, int layers, const 
                                      " only from and into a pool of the variant's own record (" + d.name +
                                      "'s model spec says how each part splits); this pool's record is another");
   hash_ = kFnvBasis;
-  mix(hash_, layers);
+  fnv_mix(hash_, uint64_t(layers));
   for (size_t i = 0; i < parts.size(); ++i) {
     const StatePart& p = parts[i];
     const int spec_axis = own ? r->parts[i].shard_axis : StatePartSpec::kWhole;
     if (spec_axis == StatePartSpec::kShapesPerDegree && sender_tp != receiver_tp)
       throw ArgumentError(argument, "part '" + p.name + "' has a shape of its own at each degree (shard_shapes), so it goes " +
                                        "only between groups of one degree, not " + degrees(sender_tp, receiver_tp));
-    Part part{p.shape, dtype_size(p.dtype), std::max(spec_axis, 0), spec_axis >= 0,
+    Part part{p.name, p.shape, dtype_size(p.dtype), std::max(spec_axis, 0), spec_axis >= 0,
               spec_axis == StatePartSpec::kShapesPerDegree};
     if (part.split) part.model_shape[size_t(part.axis)] *= own_tp;
-    for (char c : p.name) mix(hash_, c);
-    mix(hash_, int64_t(p.dtype));
-    mix(hash_, spec_axis);
-    for (int64_t e : part.model_shape) mix(hash_, e);
+    for (char c : p.name) fnv_mix(hash_, uint64_t(int64_t(c)));
+    fnv_mix(hash_, uint64_t(p.dtype));
+    fnv_mix(hash_, uint64_t(int64_t(spec_axis)));
+    for (int64_t e : part.model_shape) fnv_mix(hash_, uint64_t(e));
     parts_.push_back(std::move(part));
-    names_.push_back(p.name);
   }
 }
 
@@ -70,7 +64,7 @@ void StateShards::require_paired_with_heads(const char* argument) const {
     if (parts_[i].per_degree)
       for (const ShardPiece& p : pieces_)
         if (p.sender != p.receiver)
-          throw ArgumentError(argument, "part '" + names_[i] + "' has a shape of its own at each rank (shard_shapes), and " +
+          throw ArgumentError(argument, "part '" + parts_[i].name + "' has a shape of its own at each rank (shard_shapes), and " +
                                            "receiver rank " + std::to_string(p.receiver) + " takes its heads from sender rank " +
                                            std::to_string(p.sender));
 }

@@ -1,5 +1,6 @@
 #include "kvforge/transfer.hpp"
 
+#include "fnv.hpp"
 #include "transfer_wire.hpp"
 
 namespace kvforge {
@@ -48,32 +49,9 @@ void StagingPool::give(Staging s) {
   if (spare_.size() > size_t(std::max(keep, 0))) spare_.resize(size_t(std::max(keep, 0)));
 }
 
-namespace {
-constexpr uint64_t kFnvBasis = 1469598103934665603ull;
-// FNV-1a over the low `bytes` bytes of x, least significant first.
-void fnv_mix(uint64_t& h, uint64_t x, int bytes) {
-  for (int i = 0; i < bytes; ++i) h = (h ^ ((x >> (8 * i)) & 0xffu)) * 1099511628211ull;
-}
-}  // namespace
-
 uint64_t token_hash(const std::vector<int32_t>& tokens) {
   uint64_t h = kFnvBasis;
   for (int32_t t : tokens) fnv_mix(h, uint32_t(t), 4);
-  return h;
-}
-
-uint64_t state_record_hash(const StatePool& pool) {
-  uint64_t h = kFnvBasis;
-  auto mix = [&](int64_t x) { fnv_mix(h, uint64_t(x), 8); };
-  mix(pool.layers());
-  mix(int64_t(pool.parts().size()));
-  for (const StatePart& p : pool.parts()) {
-    mix(int64_t(p.name.size()));
-    for (char c : p.name) mix(c);
-    mix(int64_t(p.shape.size()));
-    for (int64_t e : p.shape) mix(e);
-    mix(int64_t(p.dtype));
-  }
   return h;
 }
 

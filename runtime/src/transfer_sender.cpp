@@ -62,9 +62,12 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   const VariantDescriptor& d = cache_.descriptor();
   const Device device = cache_.config().device;
   check_request(transport_, outgoing_, request_id, receivers, "receivers");
+  std::optional<StateShards> shards;  // checked here, before anything is allocated
   if (state.pool) {
     if (state.slot < 0 || state.slot >= state.pool->config().slots)
       throw OutOfRangeError("state.slot", state.slot, 0, state.pool->config().slots);
+    shards.emplace(state.pool->parts(), state.pool->layers(), d, d.tensor_parallel, d.tensor_parallel, receivers.tp(), "state");
+    shards->require_paired_with_heads("state");
   }
   // The physical format writes the wire with plain loops on the host, one value per element: from the
   // pool where it is host memory, else from a host copy of each gathered layer (staged_physical()),
@@ -99,10 +102,9 @@ void KvSender::send(int64_t request_id, const GatherRange& range, const std::vec
   o->state = state;
   for (const ShardPiece& p : shard_pieces(d.model_heads, d.tensor_parallel, receivers.tp()))
     if (p.sender == tp_rank_) o->pieces.push_back(p);
-  if (state.pool) {
-    o->shards.emplace(state.pool->parts(), state.pool->layers(), d, d.tensor_parallel, d.tensor_parallel, receivers.tp(), "state");
-    o->shards->require_paired_with_heads("state");
-    o->state_rows = o->shards->piece_rows(o->pieces);
+  if (shards) {
+    o->state_rows = shards->piece_rows(o->pieces);
+    o->shards = std::move(shards);
   }
   TransferHeader h{};
   h.magic = kMagic, h.version = kVersion;

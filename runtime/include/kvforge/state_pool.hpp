@@ -67,8 +67,9 @@ int64_t state_page_size(const VariantDescriptor& d);
 
 class StatePool {
  public:
-  // Checks every argument before allocating: a bad part, a layer count outside [1, 1024] or a slot
-  // count below 1 raises ArgumentError or OutOfRangeError naming it. The pool starts zeroed.
+  // Checks every argument before allocating: a bad part, a layer count outside [1, 1024], a slot
+  // count below 1 or an order that does not name each axis once raises ArgumentError or
+  // OutOfRangeError naming it. The pool starts zeroed.
   StatePool(std::vector<StatePart> parts, int layers, StatePoolConfig config, StateAxes axes = kSlotMajor);
   // The pool of a variant whose model spec names linear_layers: its record, over those layers, in its
   // layout's order (state_axes). UnsupportedError for another variant.

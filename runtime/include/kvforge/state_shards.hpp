@@ -52,6 +52,7 @@ class StateShards {
 
  private:
   struct Part {
+    std::string name;
     std::vector<int64_t> model_shape;
     int64_t element_bytes;
     int axis;    // the split axis, or 0
@@ -59,7 +60,6 @@ class StateShards {
     bool per_degree;
   };
   std::vector<Part> parts_;
-  std::vector<std::string> names_;
   int layers_, sender_tp_, receiver_tp_, model_heads_;
   std::vector<ShardPiece> pieces_;  // every piece of heads, both groups' ranks
   uint64_t hash_ = 0;

@@ -100,10 +100,6 @@ struct TransferHeader {
   int32_t record_kind, record_first, record_second;
 };
 
-// A hash of what a state slot's bytes mean: the layers, and each part's name, shape and dtype, in order.
-// Two pools of equal hashes place every byte of a slot alike.
-uint64_t state_record_hash(const StatePool& pool);
-
 // The state slot a sender sends beside a sequence's K/V: slot `slot` of `pool`.
 struct StateSource {
   const StatePool* pool = nullptr;
