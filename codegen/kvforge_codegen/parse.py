@@ -11,7 +11,7 @@ from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 from . import vocab
 from .diagnostics import Diagnostics, Loc
 from .spec import (LayerGroup, Tuning, tp_divides, ModelSpec, Expansion, Quantization, LayoutSpec, SpecSet, MODEL_FIELDS, LAYER_GROUP_FIELDS, LAYOUT_FIELDS, STORAGE_FIELDS, EXPANSION_FIELDS)
-from .parse_mla import parse_mla, parse_v_head_dim, refuse_heads_beside_mla
+from .parse_mla import parse_mla, parse_v_head_dim, refuse_heads_beside_mla, stored_half
 from .parse_quant import parse_quantization
 from .parse_states import parse_linear_layers
 from .yamlnodes import Entry, Value, load
@@ -146,13 +146,13 @@ def _parse_model(path: str, display: str, diags: Diagnostics) -> Optional[ModelS
     if r.has("mla"):
         refuse_heads_beside_mla(r, diags)
         mla = parse_mla(r.fields["mla"].value, diags, _Reader)
-        kv_heads, head_dim = 1, (sum(mla) // 2 if mla else None)  # one head: K and V are the record's halves
+        kv_heads, head_dim = 1, (stored_half(sum(mla)) if mla else None)  # one head: K and V are the record's halves
     else:
         kv_heads = r.positive_int("kv_heads", maximum=vocab.MAX_KV_HEADS)
         head_dim = r.positive_int("head_dim", maximum=vocab.MAX_HEAD_DIM)
         kv_widths = parse_v_head_dim(r, head_dim, diags)
         if kv_widths:
-            head_dim = sum(kv_widths) // 2  # K and V are each head's record's halves
+            head_dim = stored_half(sum(kv_widths))  # K and V are each head's record's halves
     max_seq_len = r.positive_int("max_seq_len", maximum=vocab.MAX_SEQ_LEN)
     window = r.positive_int("sliding_window", required=False, maximum=vocab.MAX_SEQ_LEN)
     _check_file_name(name, path, r, diags)

@@ -1,6 +1,7 @@
 """Reading a model spec's token record where it is not K and V of one width: an MLA model's latent
 (`mla`, docs/specs.md "MLA models"), or K and V of different widths (`v_head_dim`). Either is stored as
-each head's record [K | V] cut at its middle, the two halves a K and a V of head_dim = half the record."""
+each head's record [K | V] cut at its middle, the two halves a K and a V of head_dim = half the record.
+A record of odd width takes one value of padding at its end (V's last), so head_dim = (width + 1) / 2."""
 
 from __future__ import annotations
 
@@ -25,10 +26,7 @@ def parse_mla(value: Value, diags: Diagnostics, reader) -> Optional[Tuple[int, i
     rope = r.positive_int("qk_rope_head_dim", maximum=limit)
     if rank is not None and rope is not None:
         width = rank + rope
-        if width % 2:
-            diags.error(value.loc, "mla", f"the record of {rank} + {rope} = {width} values is odd; kvforge stores it "
-                        "as two equal halves", "kv_lora_rank + qk_rope_head_dim even")
-        elif width > limit:
+        if width > limit:
             diags.error(value.loc, "mla", f"the record of {width} values is too wide", f"a record of at most {limit}")
     if len(diags.errors) != before:
         return None
@@ -41,12 +39,12 @@ def parse_v_head_dim(r, head_dim: Optional[int], diags: Diagnostics) -> Optional
     width = r.positive_int("v_head_dim", required=False, maximum=vocab.MAX_HEAD_DIM)
     if width is None or head_dim is None or width == head_dim:
         return None
-    if (head_dim + width) % 2:
-        diags.error(r.loc_of("v_head_dim"), "v_head_dim",
-                    f"head_dim {head_dim} + v_head_dim {width} = {head_dim + width} is odd; kvforge stores a head's "
-                    "K and V as two equal halves of its record", "a v_head_dim of head_dim's parity")
-        return None
     return head_dim, width
+
+
+def stored_half(width: int) -> int:
+    """head_dim of a record `width` values wide: its half, rounded up where one value pads it."""
+    return (width + 1) // 2
 
 
 def refuse_heads_beside_mla(r, diags: Diagnostics) -> None:

@@ -69,6 +69,9 @@ def record_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, input_dty
     elif model.mla[0] % tile:
         reasons.append(f"{storage} scales the latent in tiles of {tile}, and {model.name}'s kv_lora_rank "
                        f"{model.mla[0]} is not a multiple of {tile}")
+    elif sum(model.mla) % 2:
+        reasons.append(f"{storage} holds a record as two halves of bytes, and {model.name}'s record of "
+                       f"{model.mla[0]} + {model.mla[1]} values is odd (FlashMLA's RoPE part is 64)")
     return reasons
 
 

@@ -350,16 +350,18 @@ class KvforgeCache(Cache):
         if not (self.descriptor.mla or self.descriptor.kv_widths):
             return self._update_kv(layer, key_states, value_states,
                                    lambda shape, like: (like.new_empty(shape), like.new_empty(shape)))
-        width = key_states.shape[-1]
+        width, whole_width = key_states.shape[-1], key_states.shape[-1] + value_states.shape[-1]
         record = []
 
         def halves(shape, like):  # both halves of one [batch, heads, positions, record] tensor, to return whole
             record.append(like.new_empty(*shape[:-1], 2 * shape[-1]))
             return record[0].chunk(2, dim=-1)
 
-        self._update_kv(layer, *torch.cat([key_states, value_states], dim=-1).chunk(2, dim=-1), halves)
+        # A record of odd width is stored with a zero after it (the spec's head_dim is half of one more).
+        joined = torch.nn.functional.pad(torch.cat([key_states, value_states], dim=-1), (0, whole_width % 2))
+        self._update_kv(layer, *joined.chunk(2, dim=-1), halves)
         whole = record[0].to(key_states.dtype)
-        return whole[..., :width], whole[..., width:]
+        return whole[..., :width], whole[..., width:whole_width]
 
     def _update_kv(self, layer, key_states, value_states, outputs):
         """The update of K and V [batch, heads, new, head_dim] into `outputs(shape, like)`'s two tensors,

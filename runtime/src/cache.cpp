@@ -1,5 +1,8 @@
 #include "kvforge/cache.hpp"
 
+#include "kvforge/backend.hpp"
+#include "kvforge/errors.hpp"
+
 #include <string>
 
 namespace kvforge {
@@ -25,7 +28,9 @@ RecordHalves record_halves(const VariantDescriptor& d, const TensorView& record,
     throw ShapeError(arg, "its last axis holds " + std::to_string(record.shape[2]) +
                      " values with stride " + std::to_string(record.stride[2]) + ", " + d.name +
                      "'s " + what + " is " + std::to_string(d.record_first()) + " + " +
-                     std::to_string(d.record_second()) + " = " + std::to_string(width) + " contiguous values");
+                     std::to_string(d.record_second()) + " = " + std::to_string(d.record_width()) +
+                     " contiguous values" + (d.record_width() < width ? " (or " + std::to_string(width) +
+                     " with its pad)" : ""));
   if (record.dtype != d.input)
     throw DtypeError(arg, "is " + std::string(dtype_name(record.dtype)) + ", " + d.name + " takes " +
                      std::string(dtype_name(d.input)));
@@ -34,6 +39,63 @@ RecordHalves record_halves(const VariantDescriptor& d, const TensorView& record,
   h.v.data = static_cast<char*>(record.data) + d.head_dim * dtype_size(record.dtype);
   return h;
 }
+
+namespace {
+
+// A record of odd width is stored with one value of zero padding at its end, so that its halves are
+// K and V of one width. A caller's records of the odd width go through this buffer of whole stored
+// records [A, B, 2 * head_dim] on their device: copied in before an append, gathered into and copied
+// out after a gather, a copy a record. Only such models pay it; records given with their pad do not.
+class PaddedRecords {
+ public:
+  PaddedRecords(const VariantDescriptor& d, const TensorView& caller, Device device, const char* arg)
+      : backend_(kvforge::backend(device)), width_(d.record_width()), stored_(2 * int64_t(d.head_dim)) {
+    if (caller.device != device)
+      throw DeviceError(arg, std::string("is on ") + name_of(caller.device) + ", the cache is on " + name_of(device));
+    if (caller.dtype != d.input)
+      throw DtypeError(arg, "is " + std::string(dtype_name(caller.dtype)) + ", " + d.name + " takes " +
+                       std::string(dtype_name(d.input)));
+    if (caller.shape[0] < 0 || caller.shape[1] < 0)
+      throw ShapeError(arg, "has a negative extent");
+    if (caller.shape[0] * caller.shape[1] > 0 && caller.data == nullptr) throw ArgumentError(arg, "data is null");
+    staged_ = caller;
+    staged_.shape[2] = stored_;
+    staged_.stride = {caller.shape[1] * stored_, stored_, 1};
+    const int64_t bytes = caller.shape[0] * caller.shape[1] * stored_ * dtype_size(caller.dtype);
+    staged_.data = bytes > 0 ? backend_.allocate(bytes) : nullptr;  // zero-filled: the pads
+  }
+  ~PaddedRecords() {
+    if (staged_.data) backend_.release(staged_.data);
+  }
+  PaddedRecords(const PaddedRecords&) = delete;
+  PaddedRecords& operator=(const PaddedRecords&) = delete;
+
+  const TensorView& staged() const { return staged_; }
+  void copy_in(const TensorView& from) { move(staged_, from, true); }
+  void copy_out(const TensorView& to) { move(staged_, to, false); }
+
+ private:
+  void move(const TensorView& staged, const TensorView& caller, bool in) {
+    const int64_t size = dtype_size(caller.dtype);
+    for (int64_t a = 0; a < caller.shape[0]; ++a)
+      for (int64_t b = 0; b < caller.shape[1]; ++b) {
+        char* s = static_cast<char*>(staged.data) + ((a * caller.shape[1] + b) * stored_) * size;
+        char* c = static_cast<char*>(caller.data) + (a * caller.stride[0] + b * caller.stride[1]) * size;
+        in ? backend_.copy(s, c, width_ * size, nullptr) : backend_.copy(c, s, width_ * size, nullptr);
+      }
+    backend_.synchronize(nullptr);
+  }
+
+  Backend& backend_;
+  int64_t width_, stored_;
+  TensorView staged_;
+};
+
+bool needs_pad(const VariantDescriptor& d, const TensorView& record) {
+  return d.records() && d.record_width() % 2 && record.shape[2] == d.record_width() && record.stride[2] == 1;
+}
+
+}  // namespace
 
 std::optional<RecordView> record_view(const Cache& cache, int layer) {
   const VariantDescriptor& d = cache.descriptor();
@@ -79,16 +141,32 @@ void Cache::gather_latent(int layer, const GatherRange& range, const TensorView&
 }
 
 void Cache::append_record(int layer, const TensorView& record, const TokenTargets& targets, const char* arg) {
+  if (needs_pad(descriptor(), record)) {
+    PaddedRecords padded(descriptor(), record, config().device, arg);
+    const RecordHalves h = record_halves(descriptor(), padded.staged(), arg);
+    padded.copy_in(record);
+    append(layer, h.k, h.v, targets);
+    synchronize();  // the append has read the buffer before it goes
+    return;
+  }
   const RecordHalves h = record_halves(descriptor(), record, arg);
   append(layer, h.k, h.v, targets);
 }
 
 void Cache::gather_record(int layer, const GatherRange& range, const TensorView& record_out, const char* arg) {
-  const RecordHalves h = record_halves(descriptor(), record_out, arg);
   if (range.end >= range.begin && record_out.shape[1] != range.end - range.begin)
     throw ShapeError(arg, "holds " + std::to_string(record_out.shape[1]) + " positions, the range [" +
                      std::to_string(range.begin) + ", " + std::to_string(range.end) + ") reads " +
                      std::to_string(range.end - range.begin));
+  if (needs_pad(descriptor(), record_out)) {
+    PaddedRecords padded(descriptor(), record_out, config().device, arg);
+    const RecordHalves h = record_halves(descriptor(), padded.staged(), arg);
+    gather(layer, range, h.k, h.v);
+    synchronize();
+    padded.copy_out(record_out);
+    return;
+  }
+  const RecordHalves h = record_halves(descriptor(), record_out, arg);
   gather(layer, range, h.k, h.v);
 }
 

@@ -12,9 +12,6 @@ HEAD = "name: m\nlayers: 2\nkv_heads: 2\nmax_seq_len: 64\nhead_dim: 24\n"
 
 class KvWidths(unittest.TestCase):
     def test_every_problem_at_once(self):
-        self.assertEqual(model_errors(HEAD + "v_head_dim: 15\n"), [
-            "models/m.yaml:6: v_head_dim: head_dim 24 + v_head_dim 15 = 39 is odd; kvforge stores a head's K and V "
-            "as two equal halves of its record (allowed: a v_head_dim of head_dim's parity)"])
         self.assertEqual(model_errors(HEAD + "v_head_dim: 0\n"), [
             "models/m.yaml:6: v_head_dim: expected a positive integer, got 0 (allowed: 1..4096)"])
         self.assertEqual(model_errors("name: m\nlayers: 2\nmax_seq_len: 64\nv_head_dim: 16\n"

@@ -2,10 +2,12 @@
 variants' one head holding a token's latent record as its K and V halves."""
 
 import os
+import tempfile
 import unittest
 
 from kvforge_codegen.validate import load_specs
-from test_codegen import MODELS, REPO, model_errors, plan_variants, render  # tests/codegen is on the path
+from kvforge_codegen.diagnostics import SpecFailure
+from test_codegen import GOOD_LAYOUT, MODELS, REPO, model_errors, plan_variants, render  # tests/codegen is on the path
 
 
 class Mla(unittest.TestCase):
@@ -29,11 +31,8 @@ class Mla(unittest.TestCase):
             "models/m.yaml:7: mla.kv_lora_rank: expected a positive integer, got 0 (allowed: 1..8192)",
             "models/m.yaml:9: mla.q_lora_rank: unknown field (allowed: kv_lora_rank, qk_rope_head_dim)"])
 
-    def test_an_odd_or_too_wide_record_and_a_missing_field(self):
+    def test_a_too_wide_record_and_a_missing_field(self):
         head = "name: m\nlayers: 2\nmax_seq_len: 64\n"
-        self.assertEqual(model_errors(head + "mla:\n  kv_lora_rank: 25\n  qk_rope_head_dim: 8\n"), [
-            "models/m.yaml:5: mla: the record of 25 + 8 = 33 values is odd; kvforge stores it as two equal halves "
-            "(allowed: kv_lora_rank + qk_rope_head_dim even)"])
         self.assertEqual(model_errors(head + "mla:\n  kv_lora_rank: 8192\n  qk_rope_head_dim: 64\n"), [
             "models/m.yaml:5: mla: the record of 8256 values is too wide (allowed: a record of at most 8192)"])
         self.assertEqual(model_errors(head + "mla:\n  kv_lora_rank: 512\n"), [
@@ -53,3 +52,35 @@ class Mla(unittest.TestCase):
         # A shard replicates the record: it has no heads to split.
         shard = model.shard(8)
         self.assertEqual((shard.kv_heads, shard.head_dim, shard.mla), (1, 288, (512, 64)))
+
+
+class OddRecords(unittest.TestCase):
+    """A record of odd width (kv_lora_rank 21 + RoPE 6, or K 24 + V 15) is stored with one zero after it."""
+
+    def specs(self, model, layout=GOOD_LAYOUT.format(name="ok")):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        for folder, text in (("models", model), ("layouts", layout)):
+            os.makedirs(os.path.join(tmp.name, folder))
+            name = text.split("\n")[0].split(": ")[1]
+            with open(os.path.join(tmp.name, folder, name + ".yaml"), "w") as f:
+                f.write(text)
+        return load_specs([os.path.join(tmp.name, "layouts")], [os.path.join(tmp.name, "models")], tmp.name)
+
+    def test_the_stored_halves_take_one_value_of_padding(self):
+        mla = self.specs("name: tiny\nlayers: 2\nmax_seq_len: 64\nmla:\n  kv_lora_rank: 21\n  qk_rope_head_dim: 6\n")
+        model = mla.model("tiny")
+        self.assertEqual((model.kv_heads, model.head_dim, model.mla), (1, 14, (21, 6)))
+        [v] = plan_variants(mla)
+        self.assertEqual(v.bytes_per_token, 2 * 28 * 2)  # 27 values a layer and the pad, in bf16
+        widths = self.specs("name: tiny\nlayers: 2\nkv_heads: 2\nmax_seq_len: 64\nhead_dim: 24\nv_head_dim: 15\n")
+        self.assertEqual((widths.model("tiny").head_dim, widths.model("tiny").kv_widths), (20, (24, 15)))
+
+    def test_flashmla_records_refuse_an_odd_one(self):
+        layout = GOOD_LAYOUT.format(name="ok").replace("[bf16]", "[flashmla_fp8]") + "    input_dtypes: [bf16]\n"
+        with self.assertRaises(SpecFailure) as raised:
+            self.specs("name: tiny\nlayers: 2\nmax_seq_len: 64\nmla:\n  kv_lora_rank: 128\n  qk_rope_head_dim: 7\n",
+                       layout)
+        self.assertEqual([str(e) for e in raised.exception.errors], [
+            "layouts/ok.yaml:7: expand[0]: ok.tiny.flashmla_fp8_in_bf16: flashmla_fp8 holds a record as two halves "
+            "of bytes, and tiny's record of 128 + 7 values is odd (FlashMLA's RoPE part is 64)"])

@@ -47,12 +47,14 @@ def test_generates_the_same_tokens_as_dynamic_cache(variant):
     assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
 
 
-def test_any_dimensions_on_demand():
-    # 3 KV heads of K 28 and V 12 (no spec has them), on vLLM's split K/V tensors.
-    m = mimo(head_dim=28, v_head_dim=12, num_key_value_heads=3, num_attention_heads=6, num_hidden_layers=3)
+@pytest.mark.parametrize("v_head_dim", [12, 11])
+def test_any_dimensions_on_demand(v_head_dim):
+    # 3 KV heads of K 28 and V 12 or 11 (no spec has them), on vLLM's split K/V tensors. A record of 39
+    # values is stored as halves of 20, its last value a zero.
+    m = mimo(head_dim=28, v_head_dim=v_head_dim, num_key_value_heads=3, num_attention_heads=6, num_hidden_layers=3)
     ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_paged_nhd", batch_size=2)
     d = ours.descriptor
-    assert (d.kv_widths, d.heads, d.head_dim, d.bytes_per_token) == ((28, 12), 3, 20, 3 * 3 * (28 + 12) * 4)
+    assert (d.kv_widths, d.heads, d.head_dim, d.bytes_per_token) == ((28, v_head_dim), 3, 20, 3 * 3 * 40 * 4)
     assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
 
 

@@ -122,6 +122,34 @@ def test_any_dimensions_on_demand_over_split_k_v_tensors(layout):
     assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
 
 
+def test_a_record_of_odd_width_is_stored_with_a_zero_after_it():
+    # kv_lora_rank 21 + RoPE 6 = 27 values: the halves are 14 wide, the last stored value a zero pad. HF's
+    # tokens through the record layout (vLLM's tensor, on demand), then the C++ calls with 27-value records.
+    m = deepseek_v3(kv_lora_rank=21, qk_rope_head_dim=6)
+    ours = kvforge.hf.KvforgeCache.from_model(m, layout="vllm_mla", batch_size=2)
+    d = ours.descriptor
+    assert (d.mla, d.heads, d.head_dim, d.input) == ((21, 6), 1, 14, "fp32")
+    assert torch.equal(generate(m, ours), generate(m, DynamicCache(config=m.config)))
+    cache, page = kvforge.create(d.name, pages=3), d.page_size
+    latent = torch.randn(11, 1, 27, generator=torch.Generator().manual_seed(5))
+    slots = torch.randperm(3 * page, generator=torch.Generator().manual_seed(6))[:11]
+    cache.append_latent(1, latent, slots=slots)
+    start = torch.from_dlpack(cache.view(1)["k"]).data_ptr()  # the layer's tensor: [pages, page_size, 28]
+    pool = torch.frombuffer((ctypes.c_float * (3 * page * 28)).from_address(start), dtype=torch.float32)
+    pool = pool.view(3, page, 28)
+    for t, slot in enumerate(slots.tolist()):  # vLLM's formula, a token 28 values apart
+        assert torch.equal(pool[slot // page, slot % page, :27], latent[t, 0])
+        assert pool[slot // page, slot % page, 27] == 0
+    view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if key in ("record", "kpe")}
+    assert torch.equal(view["record"][:, :, 0], pool[..., :27]) and torch.equal(view["kpe"], pool[..., 21:27])
+    table = torch.tensor([slots[0] // page], dtype=torch.int32)
+    out = torch.full((1, page, 27), 7.0)
+    cache.gather_latent(1, out, pages=table, end=page)
+    assert torch.equal(out[0], pool[table[0], :, :27])
+    with pytest.raises(kvforge.ShapeError, match=r"^latent: .*21 \+ 6 = 27 contiguous values \(or 28 with its pad\)"):
+        cache.append_latent(1, latent[..., :26], slots=slots)
+
+
 class LatentStore:
     """One sequence's latent records in a kvforge paged MLA cache, page i of the sequence in pool page
     pages[i]. They are read back by gather_latent, or (in_place) where FlashInfer's MLA kernel reads them:

@@ -96,7 +96,7 @@ RecordHalves record_halves(const VariantDescriptor& d, const TensorView& record,
 // A layer's records in place, where a float layout keeps each head's record whole (its V half right
 // after its K half: axes ending [.., kv, head, dim] with one head, or [.., head, kv, dim]), as engines
 // hand them to their kernels. Each part is [rows or pages, positions or slots, heads, width] with
-// `strides` (elements; the last axis contiguous): the whole record (2 * head_dim values) at `record`,
+// `strides` (elements; the last axis contiguous): the whole record (record_width() values) at `record`,
 // its first part (record_first() values: an MLA model's kv_lora_rank, FlashInfer's ckv_cache; K of
 // another width than V) there too, its second (record_second(): the RoPE part, kpe_cache; V) at `second`.
 struct RecordView {
@@ -136,13 +136,15 @@ class Cache {
   // these are append and gather of its two halves, and every check and error is theirs (named `arg`).
   // A record's parts are views of it: K = record[..., :k_head_dim], V = record[..., k_head_dim:].
   // Other variants: UnsupportedError.
-  //   record:     [T, heads, 2 * head_dim], as append's k
-  //   record_out: [heads, end - begin, 2 * head_dim], as gather's k_out
+  // A record of odd width W is stored with one zero after it (head_dim = (W + 1) / 2): these take W
+  // values, through a padded copy a record (synchronizing the cache), or 2 * head_dim, straight through.
+  //   record:     [T, heads, W or 2 * head_dim], as append's k
+  //   record_out: [heads, end - begin, W or 2 * head_dim], as gather's k_out
   void append_record(int layer, const TensorView& record, const TokenTargets& targets, const char* arg = "record");
   void gather_record(int layer, const GatherRange& range, const TensorView& record_out,
                      const char* arg = "record_out");
   // The same for an MLA variant alone, whose record has one head.
-  //   latent:     [T, 1, R + P]
+  //   latent:     [T, 1, R + P] (or its even width, as above)
   //   latent_out: [1, end - begin, R + P]
   void append_latent(int layer, const TensorView& latent, const TokenTargets& targets);
   void gather_latent(int layer, const GatherRange& range, const TensorView& latent_out);

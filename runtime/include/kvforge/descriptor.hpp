@@ -79,7 +79,8 @@ struct VariantDescriptor {
   StateAxes state_axes = kSlotMajor;     // the layout's order of a state pool of its own (`state_axes`)
   // An MLA model (a model spec's `mla`): each token caches a latent record of mla_kv_lora_rank values
   // then mla_rope_dim RoPE values, stored as one head whose K is the record's first half and V its
-  // second (head_dim = half the record; record_halves in cache.hpp splits one). 0 for a K/V model.
+  // second (head_dim = half the record, rounded up: an odd record's last stored value is a zero pad;
+  // record_halves in cache.hpp splits one). 0 for a K/V model.
   int mla_kv_lora_rank = 0;
   int mla_rope_dim = 0;
   // K and V of different widths (a model spec's `v_head_dim`): each head's record, k_head_dim values of K
@@ -108,6 +109,8 @@ struct VariantDescriptor {
   constexpr int record_first() const { return mla() ? mla_kv_lora_rank : k_head_dim; }
   constexpr int record_second() const { return mla() ? mla_rope_dim : v_head_dim; }
   constexpr int record_kind() const { return mla() ? 1 : split_widths() ? 2 : 0; }
+  // Values of a head's record as the caller sees it; one less than the stored 2 * head_dim where it is odd.
+  constexpr int record_width() const { return records() ? record_first() + record_second() : 2 * head_dim; }
   // Whether set_tensor_scale applies: a per_tensor layout's scales, or a tensor-scaled one's second level.
   constexpr bool takes_tensor_scale() const { return quant == Quant::per_tensor || tensor_scaled; }
   // Those scales' bytes, a fixed cost beside the tokens' (at most: a tensor-scaled layout's fp32 scales
@@ -187,7 +190,7 @@ template <class T, class = void> struct mla_traits {
 template <class T> struct mla_traits<T, std::void_t<decltype(T::mla_kv_lora_rank)>> {
   static constexpr int kv_lora_rank = T::mla_kv_lora_rank;
   static constexpr int rope_dim = T::mla_rope_dim;
-  static_assert(kv_lora_rank + rope_dim == 2 * T::head_dim, "an MLA record is the K and V of one head");
+  static_assert((kv_lora_rank + rope_dim + 1) / 2 == T::head_dim, "an MLA record is the K and V of one head");
 };
 
 // A model whose K and V differ in width states both (variant.hpp.j2); another says nothing.
@@ -198,7 +201,7 @@ template <class T, class = void> struct kv_width_traits {
 template <class T> struct kv_width_traits<T, std::void_t<decltype(T::v_head_dim)>> {
   static constexpr int k_head_dim = T::k_head_dim;
   static constexpr int v_head_dim = T::v_head_dim;
-  static_assert(k_head_dim + v_head_dim == 2 * T::head_dim, "a head's K and V are the halves of its record");
+  static_assert((k_head_dim + v_head_dim + 1) / 2 == T::head_dim, "a head's K and V are the halves of its record");
 };
 
 // What every generated traits struct states, hybrid or not: names, dtypes, the model's shape and the
