@@ -38,9 +38,10 @@ TEST_P(KvWidths, KAndVComeBackAtTheirCoordinatesAndLieWholeInAHeadsRecord) {
   const Case c = GetParam();
   KVTEST_REQUIRE_DEVICE(c.device);
   const VariantDescriptor& d = *c.entry->descriptor;
-  const int64_t K = d.k_head_dim, V = d.v_head_dim, H = d.heads, width = K + V;
+  // A record of odd width is stored with one zero after it: a head takes `stored` values.
+  const int64_t K = d.k_head_dim, V = d.v_head_dim, H = d.heads, width = K + V, stored = width + width % 2;
   ASSERT_NE(K, V);
-  ASSERT_EQ(width, 2 * d.head_dim);
+  ASSERT_EQ(stored, 2 * d.head_dim);
   const int64_t es = dtype_size(d.input);
   const int layer = d.layers - 1;
   CacheConfig config;
@@ -86,10 +87,12 @@ TEST_P(KvWidths, KAndVComeBackAtTheirCoordinatesAndLieWholeInAHeadsRecord) {
         ASSERT_EQ(load_as(d.input, &got[size_t(((h * positions + p) * width + i) * es)]), value(t, h, i))
             << (i < K ? "K" : "V") << " value " << (i < K ? i : i - K) << " of head " << h << ", token " << t;
       if (head_records_whole(d)) {
-        const int64_t layer_elems = config.pages * d.page_size * H * width;  // one tensor per layer, back to back
-        const int64_t offset = (layer * layer_elems + (p * H + h) * width) * es;
+        const int64_t layer_elems = config.pages * d.page_size * H * stored;  // one tensor per layer, back to back
+        const int64_t offset = (layer * layer_elems + (p * H + h) * stored) * es;
         ASSERT_EQ(0, std::memcmp(&pool[size_t(offset)], &records[size_t((t * H + h) * width * es)], size_t(width * es)))
             << "head " << h << " of token " << t << " is not where [pages, page_size, heads, k + v] holds it";
+        for (int64_t i = width; i < stored; ++i)
+          ASSERT_EQ(load_as(d.input, &pool[size_t(offset + i * es)]), 0.0) << "head " << h << " of token " << t << "'s pad";
       }
     }
   }
@@ -98,12 +101,12 @@ TEST_P(KvWidths, KAndVComeBackAtTheirCoordinatesAndLieWholeInAHeadsRecord) {
   const std::optional<RecordView> r = record_view(*cache, layer);
   ASSERT_EQ(r.has_value(), head_records_whole(d));
   if (r) {
-    const int64_t layer_elems = config.pages * d.page_size * H * width;
+    const int64_t layer_elems = config.pages * d.page_size * H * stored;
     EXPECT_EQ(r->record, static_cast<const char*>(cache->storage()) + layer * layer_elems * es);
     EXPECT_EQ(r->second, static_cast<const char*>(r->record) + K * es);
-    EXPECT_EQ(r->strides.row_or_page, d.page_size * H * width);
-    EXPECT_EQ(r->strides.seq_or_slot, H * width);
-    EXPECT_EQ(r->strides.head, width);
+    EXPECT_EQ(r->strides.row_or_page, d.page_size * H * stored);
+    EXPECT_EQ(r->strides.seq_or_slot, H * stored);
+    EXPECT_EQ(r->strides.head, stored);
     EXPECT_EQ((std::vector<int64_t>{r->rows_or_pages, r->seq_or_slots, r->heads, r->first_width, r->second_width}),
               (std::vector<int64_t>{config.pages, d.page_size, H, K, V}));
   }
@@ -124,8 +127,9 @@ TEST_P(KvWidths, RefusesARecordOfAnotherWidthNamingIt) {
                                          : TokenTargets::row_positions(arena.index(std::vector<int32_t>{0, 0}),
                                                                        arena.index(std::vector<int32_t>{0, 1}));
   const std::vector<unsigned char> before = held_bytes(*cache);
-  // K and V of the model's K width each (the symmetric shape a caller might assume).
-  const int64_t wrong = 2 * d.k_head_dim;
+  // K and V of the model's K width each (the symmetric shape a caller might assume), unless that is a
+  // width the record takes (K 12, V 11 is stored as 24).
+  const int64_t wrong = 2 * d.k_head_dim == 2 * d.head_dim ? 2 * d.k_head_dim + 2 : 2 * d.k_head_dim;
   try {
     cache->append_record(0, {data, d.input, c.device, {2, H, wrong}, {H * wrong, wrong, 1}}, targets);
     ADD_FAILURE() << "a record of " << wrong << " values was accepted";

@@ -34,10 +34,12 @@ TEST_P(Mla, RecordsComeBackWholeAndLieWhereVllmsTensorPutsThem) {
   const Case c = GetParam();
   KVTEST_REQUIRE_DEVICE(c.device);
   const VariantDescriptor& d = *c.entry->descriptor;
-  ASSERT_EQ(d.mla_kv_lora_rank + d.mla_rope_dim, 2 * d.head_dim);
+  // A record of odd width is stored with one zero after it: a token takes `stored` values.
+  const int64_t width = d.mla_kv_lora_rank + d.mla_rope_dim, stored = width + width % 2;
+  ASSERT_EQ(stored, 2 * d.head_dim);
   ASSERT_EQ(d.heads, 1);
   // Two pages and part of a third, scattered over a pool with room to spare, for any page size.
-  const int64_t width = d.mla_kv_lora_rank + d.mla_rope_dim, P = d.page_size, tokens = 2 * P + 3, pages = tokens / P + 2;
+  const int64_t P = d.page_size, tokens = 2 * P + 3, pages = tokens / P + 2;
   const int64_t es = dtype_size(d.input);
   CacheConfig config;
   config.device = c.device, config.pages = pages;
@@ -60,15 +62,17 @@ TEST_P(Mla, RecordsComeBackWholeAndLieWhereVllmsTensorPutsThem) {
                        TensorView{out, d.input, c.device, {1, positions, width}, {positions * width, width, 1}});
   const std::vector<unsigned char> got = arena.fetch(out, positions * width * es);
   const std::vector<unsigned char> pool = held_bytes(*cache);
-  const int64_t layer_elems = pages * P * width;  // no layer axis: one tensor per layer, back to back
+  const int64_t layer_elems = pages * P * stored;  // no layer axis: one tensor per layer, back to back
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t s = slots[size_t(t)];
     ASSERT_EQ(0, std::memcmp(&got[size_t(s * width * es)], &records[size_t(t * width * es)], size_t(width * es)))
         << "token " << t << " at slot " << s;
     if (vllm_record_tensor(d)) {
-      const int64_t at = (layer * layer_elems + (s / P) * P * width + (s % P) * width) * es;
+      const int64_t at = (layer * layer_elems + (s / P) * P * stored + (s % P) * stored) * es;
       ASSERT_EQ(0, std::memcmp(&pool[size_t(at)], &records[size_t(t * width * es)], size_t(width * es)))
-          << "token " << t << " is not where vLLM's [blocks, block_size, " << width << "] tensor holds it";
+          << "token " << t << " is not where vLLM's [blocks, block_size, " << stored << "] tensor holds it";
+      for (int64_t i = width; i < stored; ++i)
+        ASSERT_EQ(load_as(d.input, &pool[size_t(at + i * es)]), 0.0) << "token " << t << "'s pad";
     }
   }
 }

@@ -37,14 +37,15 @@ def model_yaml(rng: random.Random, name: str) -> tuple:
     shape = [f"kv_heads: {heads}", f"head_dim: {head_dim}"]
     draw = rng.random()
     if draw < 0.15:  # K and V of different widths: each head's record, K then V, held as a head of half of it
-        v_head_dim = rng.choice([w for w in range(head_dim % 2 or 2, 2 * head_dim + 3, 2) if w != head_dim])
+        # of either parity: an odd record is stored with one zero after it
+        v_head_dim = rng.choice([w for w in range(1, 2 * head_dim + 3) if w != head_dim])
         shape.append(f"v_head_dim: {v_head_dim}")
-        head_dim = (head_dim + v_head_dim) // 2
-    elif draw < 0.35:  # an MLA model: a latent record of any even width, held as one head's K and V
+        head_dim = (head_dim + v_head_dim + 1) // 2
+    elif draw < 0.35:  # an MLA model: a latent record of any width, held as one head's K and V
         rope = rng.choice((2, 4, 8, 64))
-        rank = rng.choice((2, 6, 16, 62, 128, 512))  # 128 and 512 also take FlashMLA's fp8 record
+        rank = rng.choice((2, 6, 16, 21, 62, 128, 512))  # 128 and 512 also take FlashMLA's fp8 record
         shape = ["mla:", f"  kv_lora_rank: {rank}", f"  qk_rope_head_dim: {rope}"]
-        head_dim = (rank + rope) // 2
+        head_dim = (rank + rope + 1) // 2
     lines = [f"name: {name}", f"layers: {layers}", *shape, f"max_seq_len: {max_seq_len}"]
     if rng.random() < 0.5:
         lines.append(f"sliding_window: {rng.randint(1, max_seq_len)}")
