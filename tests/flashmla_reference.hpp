@@ -42,6 +42,14 @@ inline uint8_t ref_e4m3_nearest(float v) {
   return uint8_t(sign | c);
 }
 
+// A tile of 128 values over scale s: its e4m3 codes, and what they read back as in `input`'s precision.
+inline void ref_code_tile(const float* x, float s, DType input, uint8_t* codes, float* gathered) {
+  for (int i = 0; i < 128; ++i) {
+    codes[i] = ref_e4m3_nearest(x[i] / s);
+    gathered[i] = round_to(input, ref_decode(DType::f8e4m3, codes[i]) * s);
+  }
+}
+
 inline RefRecord ref_flashmla_record(const std::vector<float>& latent, int L, int R, DType input) {
   RefRecord out;
   out.bytes.assign(size_t(ref_record_bytes(L, R)), 0);
@@ -55,11 +63,7 @@ inline RefRecord ref_flashmla_record(const std::vector<float>& latent, int L, in
       while (scale < double(amax) / 448.0) scale *= 2;
     }
     const float s = float(scale);
-    for (int i = 0; i < 128; ++i) {
-      const uint8_t code = ref_e4m3_nearest(latent[size_t(t * 128 + i)] / s);
-      out.bytes[size_t(t * 128 + i)] = code;
-      out.gathered[size_t(t * 128 + i)] = round_to(input, ref_decode(DType::f8e4m3, code) * s);
-    }
+    ref_code_tile(&latent[size_t(t * 128)], s, input, &out.bytes[size_t(t * 128)], &out.gathered[size_t(t * 128)]);
     std::memcpy(&out.bytes[size_t(L + 4 * t)], &s, 4);
   }
   for (int i = 0; i < R; ++i) {

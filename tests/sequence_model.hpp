@@ -19,6 +19,7 @@
 #include <string>
 
 #include "flashmla_reference.hpp"
+#include "indexer_reference.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {
@@ -406,10 +407,11 @@ class SequenceModel {
     std::vector<float>& known = expected_[{token_hash(tokens, pos), kv}];
     if (known.empty()) {
       std::vector<float> x = token_values(tokens, pos, kv);
-      if (d_.flashmla_records()) {  // the record codes K's and V's values together (one head): both sides known
+      if (d_.flashmla_records() || d_.indexer_records()) {  // a record codes K's and V's values together
         std::vector<float> latent = token_values(tokens, pos, 0), v = token_values(tokens, pos, 1);
         latent.insert(latent.end(), v.begin(), v.end());
-        const RefRecord r = ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
+        const RefRecord r = d_.indexer_records() ? ref_index_key(latent, d_.input)
+                                                 : ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
         for (int side = 0; side < 2; ++side)
           expected_[{token_hash(tokens, pos), side}].assign(r.gathered.begin() + side * d_.head_dim,
                                                             r.gathered.begin() + (side + 1) * d_.head_dim);

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "flashmla_reference.hpp"
+#include "indexer_reference.hpp"
 #include "quant_reference.hpp"
 #include "reference.hpp"
 
@@ -135,16 +136,18 @@ class Driver {
       for (int i = 0; i < dim_; ++i) x[size_t(h) * dim_ + i] = Reference::value(id, kv, h, i, heads_, dim_);
     return quantized_[{id, kv}] = ref_quantize(d_, x, tensor_scale(layer, kv));
   }
-  // A FlashMLA record's reference: the token's whole latent (K's values, then V's) encoded at once.
+  // A record's reference (FlashMLA's, or an fp8 index key's): the token's whole latent or key (K's
+  // values, then V's) encoded at once.
   const RefRecord& record_token(uint64_t id) {
     auto it = records_.find(id);
     if (it != records_.end()) return it->second;
     std::vector<float> latent(size_t(2) * dim_);
     for (int i = 0; i < 2 * dim_; ++i) latent[size_t(i)] = Reference::value(id, i / dim_, 0, i % dim_, heads_, dim_);
-    return records_[id] = ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
+    return records_[id] = d_.indexer_records() ? ref_index_key(latent, d_.input)
+                                               : ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
   }
   float expected(int layer, uint64_t id, int kv, int h, int x) {
-    if (d_.flashmla_records() && id != 0) return record_token(id).gathered[size_t(kv) * dim_ + x];
+    if ((d_.flashmla_records() || d_.indexer_records()) && id != 0) return record_token(id).gathered[size_t(kv) * dim_ + x];
     if (!d_.quantized() || id == 0) return Reference::value(id, kv, h, x, heads_, dim_);
     return quantized_token(layer, id, kv).gathered[size_t(h) * dim_ + x];
   }
@@ -219,10 +222,12 @@ class Driver {
                                   : std::vector<unsigned char>();
     const CacheConfig& cfg = cache_->config();
     const int64_t positions = ref_.window ? d_.window : cfg.max_seq_len;
-    // Stored elements of a head's row: its values, two a byte for 4-bit codes; a FlashMLA record's
-    // half of bytes (K's row the first half, V's the second).
-    const bool records = d_.flashmla_records();
-    const int half = ref_record_bytes(d_.mla_kv_lora_rank, d_.mla_rope_dim) / 2;
+    // Stored elements of a head's row: its values, two a byte for 4-bit codes; a record's half of bytes
+    // (FlashMLA's: K's row the first half, V's the second; an index key's: its page's size only, its
+    // bytes lying where indexer_reference.hpp says).
+    const bool records = d_.flashmla_records() || d_.indexer_records();
+    const int key_width = 2 * dim_;
+    const int half = d_.indexer_records() ? (key_width + key_width / 32) / 2 : ref_record_bytes(d_.mla_kv_lora_rank, d_.mla_rope_dim) / 2;
     const int row = records ? half : dim_ / dtype_values(d_.storage);
     std::vector<int64_t> extent;
     for (int i = 0; i < d_.num_axes; ++i) {
@@ -294,6 +299,10 @@ class Driver {
               scale_at = d_.quant == Quant::per_tensor ? (layer * 2 + kv) * ss : (tensor_index * scales + scale_in) * ss;
             }
             std::string problem;
+            if (d_.indexer_records()) {  // the page starts where its slot 0's record would; vLLM's offsets in it
+              const int64_t slot = cell % d_.page_size, j = kv * half + x;
+              code_at = code_at - (slot * 2 * half + j) + ref_index_key_byte(d_.page_size, key_width, slot, j);
+            }
             if (records) {
               const int got = pool[size_t(code_at)], want = record_token(id).bytes[size_t(kv * half + x)];
               if (got != want) problem = "record byte " + std::to_string(got) + ", want " + std::to_string(want);

@@ -70,10 +70,12 @@ class Variant:
     @property
     def stored_row(self) -> int:
         """Stored elements of a head's row (C++'s stored_row): head_dim over the values an element holds,
-        or half a FlashMLA record's bytes."""
+        or half a record's bytes (FlashMLA's, an fp8 index key's)."""
         t = vocab.DTYPES[self.storage]
-        if t.get("record"):
+        if t.get("record") == "flashmla":
             return flashmla_record_bytes(*self.model.mla) // 2
+        if t.get("record") == "indexer":
+            return indexer_record_bytes(2 * self.model.head_dim) // 2
         return self.model.head_dim // t.get("values", 1)
 
     @property
@@ -92,6 +94,11 @@ def hybrid_members(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage
     layouts = {l.name: l for l in specs.layouts}
     return tuple((model.group(g), Variant(layouts[member], model.for_group(model.group(g)), storage, input_dtype))
                  for g, member in layout.groups)
+
+
+def indexer_record_bytes(width: int) -> int:
+    """An fp8 index key's bytes in its page: its codes, and an fp32 scale per tile of them."""
+    return width + 4 * (width // vocab.INDEXER_TILE)
 
 
 def flashmla_record_bytes(kv_lora_rank: int, rope_dim: int) -> int:

@@ -58,11 +58,14 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
 
 
 def record_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, input_dtype: str) -> List[str]:
-    """Why a FlashMLA fp8 record cannot store this model; empty when it can."""
+    """Why a record dtype (FlashMLA's fp8 record, an fp8 index key) cannot store this model; empty when
+    it can."""
     reasons: List[str] = []
     tile = vocab.FLASHMLA_TILE
     if input_dtype == storage:
         reasons.append(f"{storage} storage encodes a float input; give input_dtypes ({', '.join(vocab.INPUT_DTYPES)})")
+    if vocab.DTYPES[storage]["record"] == "indexer":
+        return reasons + indexer_reasons(layout, model, storage)
     if model.mla is None:
         reasons.append(f"{storage} stores an MLA latent record, and {model.name} has no mla "
                        f"(a model with mla: {{kv_lora_rank, qk_rope_head_dim}})")
@@ -72,6 +75,24 @@ def record_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, input_dty
     elif sum(model.mla) % 2:
         reasons.append(f"{storage} holds a record as two halves of bytes, and {model.name}'s record of "
                        f"{model.mla[0]} + {model.mla[1]} values is odd (FlashMLA's RoPE part is 64)")
+    return reasons
+
+
+def indexer_reasons(layout: LayoutSpec, model: ModelSpec, storage: str) -> List[str]:
+    """An fp8 index key is placed in its page, codes then scales (vLLM's and SGLang's indexer pages): one
+    key a token, in a paged layout whose pages each hold their tokens' records and nothing else."""
+    reasons: List[str] = []
+    tile, width = vocab.INDEXER_TILE, 2 * model.head_dim
+    if model.kv_heads != 1 or model.mla is not None or model.kv_widths is not None:
+        reasons.append(f"{storage} stores one index key a token, a head of K then V; {model.name} is not a model of "
+                       f"kv_heads: 1")
+    elif width % tile:
+        reasons.append(f"{storage} scales a key in tiles of {tile}, and {model.name}'s key of {width} values "
+                       f"(head_dim {model.head_dim}, K then V) is not a multiple of {tile}")
+    inside = tuple(layout.axes[layout.axes.index("page") + 1:]) if "page" in layout.axes else ()
+    if layout.addressing != "paged" or inside != ("slot", "kv", "head", "dim") or layout.update != "eager":
+        reasons.append(f"{storage} places a page's codes, then its scales: it takes a paged, eager layout whose axes "
+                       f"end [page, slot, kv, head, dim]")
     return reasons
 
 

@@ -38,9 +38,15 @@ DTYPES = {
     # per 128 of them, then the RoPE part in bf16. Its scales are inside the record, so it takes no
     # quantization block; an element is one byte of it, and K's and V's rows are its two halves.
     "flashmla_fp8": {"bytes": 1, "cpp": "kvforge::flashmla_fp8_byte", "enum": "flashmla_f8", "quantized": False,
-                     "record": True},
+                     "record": "flashmla"},
+    # DeepSeek-V3.2's indexer keys as vLLM and SGLang page them: a page's tokens' e4m3 codes, then their
+    # fp32 power-of-two scales, one per 128 values. A token's record (K then V of one head) is coded
+    # whole; its bytes are not one run of the page, so K's and V's rows are nominal halves.
+    "indexer_fp8": {"bytes": 1, "cpp": "kvforge::indexer_fp8_byte", "enum": "indexer_f8", "quantized": False,
+                    "record": "indexer"},
 }
 FLASHMLA_TILE = 128  # latent values that share one scale in a FlashMLA record
+INDEXER_TILE = 128   # index key values that share one scale (vLLM's quant_block_size)
 INPUT_DTYPES = ("fp32", "fp16", "bf16")
 QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])
 

@@ -9,6 +9,7 @@
 #include "physical.hpp"
 #include "states.hpp"
 #include "translate.hpp"
+#include "views.hpp"
 
 NB_MODULE(_native, m) {
   using namespace kvforge;

@@ -1,7 +1,7 @@
 // The translations of kvforge._native (bindings.cpp), which includes this header once: DLPack arrays in
 // and out as the runtime's views, names as its enums, its typed errors as the Python classes of
-// kvforge/errors.py, and its results (views, step arrays, ranges) as Python values. Internal linkage:
-// one translation unit uses it.
+// kvforge/errors.py, and its results (step arrays, ranges) as Python values; views.hpp exports the
+// cache's memory. Internal linkage: one translation unit uses it.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -224,6 +224,7 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     case DType::f4e2m1:                               // two codes a byte; torch views it as float4_e2m1fn_x2
     case DType::i4:
     case DType::flashmla_f8: return nb::dtype<uint8_t>();  // a record's bytes
+    case DType::indexer_f8: return nb::dtype<uint8_t>();   // a page's bytes of index keys
   }
   return nb::dtype<uint8_t>();
 }
@@ -263,7 +264,7 @@ Device device_named(const std::string& name) { return enum_from<Device>(name, kD
 std::optional<DType> dtype_named(const std::optional<std::string>& name, const char* argument) {
   if (!name) return std::nullopt;
   constexpr DType kNamed[] = {DType::f32,    DType::f16,    DType::bf16, DType::i8,
-                              DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4, DType::flashmla_f8};
+                              DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4, DType::flashmla_f8, DType::indexer_f8};
   std::string allowed;
   for (DType t : kNamed) {
     if (*name == dtype_name(t)) return t;
@@ -318,89 +319,6 @@ void translate(const std::exception_ptr& p, void*) {
   } catch (const BackendError& e) {
     raise_python("BackendError", e);
   }
-}
-
-// ---- cache views ----
-
-// The record views of a float layout that keeps each head's record whole (kvforge::record_view): "record"
-// [.., heads, first + second]; an MLA model's "ckv" [.., R] and "kpe" [.., P] without the heads axis
-// (FlashInfer's ckv_cache and kpe_cache; SGLang slices its one buffer so), K and V of other widths'
-// "k_part" [.., heads, K] and "v_part" [.., heads, V]. FlashMLA's fp8 records: "record" only, its bytes.
-void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out) {
-  const std::optional<RecordView> r = record_view(cache, layer);
-  if (!r) return;
-  const size_t rows = size_t(r->rows_or_pages), slots = size_t(r->seq_or_slots), heads = size_t(r->heads);
-  const std::vector<int64_t> strides{r->strides.row_or_page, r->strides.seq_or_slot, r->strides.head, 1};
-  const size_t first = size_t(r->first_width), second = size_t(r->second_width);
-  out["record"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first + second}, strides, owner);
-  if (cache.descriptor().flashmla_records()) return;  // bytes of three types: no part is a tensor of one
-  if (cache.descriptor().mla()) {
-    const std::vector<int64_t> token{strides[0], strides[1], 1};
-    out["ckv"] = export_array(r->record, r->dtype, r->device, {rows, slots, first}, token, owner);
-    out["kpe"] = export_array(r->second, r->dtype, r->device, {rows, slots, second}, token, owner);
-  } else {
-    out["k_part"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first}, strides, owner);
-    out["v_part"] = export_array(r->second, r->dtype, r->device, {rows, slots, heads, second}, strides, owner);
-  }
-}
-
-nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
-  const LayerView v = cache.view(layer);
-  // The last axis counts stored elements: a byte of two values for packed 4-bit codes, half a record's
-  // bytes for FlashMLA's.
-  const std::vector<size_t> shape{size_t(v.rows_or_pages), size_t(v.seq_or_slots), size_t(v.heads),
-                                  size_t(v.stored_dim)};
-  const std::vector<int64_t> strides{v.strides.row_or_page, v.strides.seq_or_slot, v.strides.head, 1};
-  nb::dict out;
-  out["k"] = export_array(v.k, v.dtype, v.device, shape, strides, owner);
-  out["v"] = export_array(v.v, v.dtype, v.device, shape, strides, owner);
-  out["dtype"] = name(v.dtype);
-  out["quant"] = name_of(v.quant);
-  if (v.quant != Quant::none) {
-    // [rows or pages, positions or slots, heads], and per_group's [.., groups] (a head's groups adjacent).
-    std::vector<size_t> scale_shape{shape[0], shape[1], shape[2]};
-    std::vector<int64_t> scale_strides{v.scale_strides.row_or_page, v.scale_strides.seq_or_slot, v.scale_strides.head};
-    if (v.quant == Quant::per_group) scale_shape.push_back(size_t(v.scale_groups)), scale_strides.push_back(1);
-    out["k_scales"] = export_array(v.k_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
-    out["v_scales"] = export_array(v.v_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
-    if (v.tensor_scales)  // [2]: K's and V's second-level scale, which every group scale of the layer sits on
-      out["tensor_scales"] = export_array(v.tensor_scales, DType::f32, v.device, {2}, {1}, owner);
-  }
-  record_views(cache, layer, owner, out);
-  return out;
-}
-
-// The cache's own allocations as flat bytes: the pool, then the separate scale buffer if there is one
-// (in-page scales are inside the pool). A hybrid cache lists each group's in turn.
-void raw_buffers(const Cache& cache, nb::handle owner, nb::list& out) {
-  if (cache.num_groups() > 1) {
-    for (int g = 0; g < cache.num_groups(); ++g) raw_buffers(const_cast<Cache&>(cache).group(g), owner, out);
-    return;
-  }
-  const MemoryReport m = cache.memory();
-  const bool separate_scales = cache.scale_storage() != nullptr;
-  const int64_t pool = m.storage_bytes - (separate_scales ? m.scale_bytes : 0);
-  out.append(export_array(cache.storage(), DType::i8, cache.config().device, {size_t(pool)}, {1}, owner));
-  if (separate_scales)
-    out.append(export_array(cache.scale_storage(), DType::i8, cache.config().device, {size_t(m.scale_bytes)}, {1}, owner));
-}
-
-nb::list layer_groups(const VariantDescriptor& d) {
-  nb::list groups;
-  if (d.hybrid)
-    for (int g = 0; g < d.hybrid->num_groups; ++g) {
-      const LayerGroupInfo& info = d.hybrid->groups[g];
-      nb::dict gi;
-      gi["name"] = info.name;
-      gi["layers"] = std::vector<int>(info.layers, info.layers + info.num_layers);
-      gi["sliding_window"] = info.sliding_window;
-      gi["member"] = info.member->name;
-      gi["member_layout"] = info.member->layout;
-      gi["page_size"] = info.member->page_size;
-      gi["heads"] = info.member->heads;
-      groups.append(gi);
-    }
-  return groups;
 }
 
 // `base` with the fields `given` names (Cache.set_tuning's keywords), each an int; any other name

@@ -128,9 +128,11 @@ struct VariantDescriptor {
   constexpr int stored_dim() const { return stored_row(storage, head_dim, mla_kv_lora_rank); }
   // Whether tokens are FlashMLA's fp8 records, scales inside each (flashmla_record.hpp).
   constexpr bool flashmla_records() const { return storage == DType::flashmla_f8; }
+  // fp8 index keys (indexer_record.hpp): a page's codes, then its scales; no row of the pool is a token's.
+  constexpr bool indexer_records() const { return storage == DType::indexer_f8; }
   // Whether the pool holds values element for element, with no scales (what the physical transfer
-  // format moves): not codes, and not FlashMLA's records.
-  constexpr bool plain_values() const { return !quantized() && !flashmla_records(); }
+  // format moves): not codes, and not records coded whole (FlashMLA's, index keys).
+  constexpr bool plain_values() const { return !quantized() && !flashmla_records() && !indexer_records(); }
 };
 
 // Bytes one token of one sequence occupies: K and V of every layer and head, and their dynamic scales.

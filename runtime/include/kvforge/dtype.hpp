@@ -12,7 +12,7 @@
 
 namespace kvforge {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4, flashmla_f8 };
+enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4, flashmla_f8, indexer_f8 };
 
 struct fp16 {
   uint16_t bits;
@@ -47,6 +47,14 @@ constexpr int kFlashMlaTile = 128;  // latent values that share one scale
 constexpr int flashmla_record_bytes(int kv_lora_rank, int rope_dim) {
   return kv_lora_rank + 4 * (kv_lora_rank / kFlashMlaTile) + 2 * rope_dim;
 }
+// A byte of an fp8 index key (DeepSeek-V3.2's sparse-attention indexer, detail/indexer_record.hpp) in a
+// page as vLLM and SGLang lay it out: the page's tokens' e4m3 codes, then their fp32 scales, one per 128
+// values. kvforge keeps a key as K then V of one head; a page of P keys is P * indexer_record_bytes.
+struct indexer_fp8_byte {
+  uint8_t bits;
+};
+constexpr int kIndexerTile = 128;  // key values that share one scale
+constexpr int indexer_record_bytes(int width) { return width + 4 * (width / kIndexerTile); }
 // OCP MX's scale type: a bare exponent, the value 2^(bits - 127); 0xff is NaN. Only a scale, never
 // storage.
 struct ue8m0 {
@@ -67,6 +75,7 @@ constexpr int dtype_size(DType t) {
     case DType::f4e2m1: return 1;  // two values
     case DType::i4: return 1;      // two values
     case DType::flashmla_f8: return 1;  // a byte of a record
+    case DType::indexer_f8: return 1;   // a byte of a page of index keys
   }
   return 0;
 }
@@ -85,6 +94,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f4e2m1: return "fp4_e2m1";
     case DType::i4: return "int4";
     case DType::flashmla_f8: return "flashmla_fp8";
+    case DType::indexer_f8: return "indexer_fp8";
   }
   return "?";
 }
@@ -102,6 +112,7 @@ template <> struct dtype_of<ue8m0> { static constexpr DType value = DType::ue8m0
 template <> struct dtype_of<fp4_e2m1x2> { static constexpr DType value = DType::f4e2m1; };
 template <> struct dtype_of<int4x2> { static constexpr DType value = DType::i4; };
 template <> struct dtype_of<flashmla_fp8_byte> { static constexpr DType value = DType::flashmla_f8; };
+template <> struct dtype_of<indexer_fp8_byte> { static constexpr DType value = DType::indexer_f8; };
 
 // Values one stored element holds: 2 for the 4-bit types, else 1. Rows of D values take
 // D / dtype_values elements of dtype_size bytes.
@@ -112,13 +123,14 @@ template <class T> inline constexpr int kValuesPerElement = dtype_values(dtype_o
 // record (an MLA model's one head, head_dim half the latent's values) half the record's bytes. The
 // one formula for a row's width in the pool; `kv_lora_rank` matters to the record only.
 constexpr int stored_row(DType storage, int head_dim, int kv_lora_rank) {
-  return storage == DType::flashmla_f8 ? flashmla_record_bytes(kv_lora_rank, 2 * head_dim - kv_lora_rank) / 2
-                                       : head_dim / dtype_values(storage);
+  return storage == DType::flashmla_f8   ? flashmla_record_bytes(kv_lora_rank, 2 * head_dim - kv_lora_rank) / 2
+         : storage == DType::indexer_f8 ? indexer_record_bytes(2 * head_dim) / 2
+                                         : head_dim / dtype_values(storage);
 }
 
 constexpr bool is_quantized(DType t) {
   return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2 || t == DType::f4e2m1 || t == DType::i4 ||
-         t == DType::flashmla_f8;
+         t == DType::flashmla_f8 || t == DType::indexer_f8;
 }
 
 KVF_HD KVF_INLINE uint32_t float_bits(float f) {

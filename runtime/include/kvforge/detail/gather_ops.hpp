@@ -120,7 +120,14 @@ template <class Traits, class Exec> struct GatherOps : QuantOps<Traits, Exec> {
           return;
         }
       }
-      if constexpr (O::kFlashMla) {
+      if constexpr (O::kIndexer) {
+        const auto* page = reinterpret_cast<const uint8_t*>(a.pool + element_offset(a.s, a.layer, 0, unit, 0));
+        const uint8_t *codes = O::IndexKey::codes(page, slot), *scales = O::IndexKey::scales(page, O::P, slot);
+        if constexpr (O::kRecordWhole)
+          O::IndexKey::decode_whole(codes, scales, k_out.data, v_out.data);
+        else
+          O::IndexKey::decode(codes, scales, k_out.data, v_out.data, lane, lanes);
+      } else if constexpr (O::kFlashMla) {
         const auto* record = reinterpret_cast<const uint8_t*>(src);
         for (int h = 0; h < H; ++h) {
           if constexpr (O::kRecordWhole)

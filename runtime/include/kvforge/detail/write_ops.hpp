@@ -171,7 +171,14 @@ template <class Traits, class Exec> struct WriteOps : QuantOps<Traits, Exec> {
           return;
         }
       }
-      if constexpr (O::kFlashMla) {
+      if constexpr (O::kIndexer) {
+        auto* page = reinterpret_cast<uint8_t*>(a.pool + element_offset(a.s, layer, 0, unit, 0));
+        uint8_t *codes = O::IndexKey::codes(page, slot), *scales = O::IndexKey::scales(page, O::P, slot);
+        if constexpr (O::kRecordWhole)
+          O::IndexKey::encode_whole(k, v, codes, scales);
+        else
+          O::IndexKey::encode(k, v, codes, scales, lane, lanes);
+      } else if constexpr (O::kFlashMla) {
         auto* record = reinterpret_cast<uint8_t*>(dst);
         for (int h = 0; h < H; ++h) {
           if constexpr (O::kRecordWhole)
