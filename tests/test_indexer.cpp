@@ -120,8 +120,11 @@ TEST_P(IndexerPages, KeysLieWhereVllmsFormulaPutsThemAndNothingElseIsWritten) {
       written[size_t(at)] = true;
     }
   }
-  for (size_t i = 0; i < pool.size(); ++i)
-    if (!written[i]) ASSERT_EQ(pool[i], 0) << "byte " << i << " of no key was written";
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (!written[i]) {
+      ASSERT_EQ(pool[i], 0) << "byte " << i << " of no key was written";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, IndexerPages, testing::ValuesIn(indexer_cases()), case_name);

@@ -136,9 +136,9 @@ int list(int argc, char** argv) {
 // (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2 for e2m1, whose subnormal step is half its scale).
 float tolerance(const kvforge::VariantDescriptor& d, float want) {
   using kvforge::DType;
-  // A FlashMLA record's latent is e4m3 codes under a power-of-two scale that nothing saturates, and its
-  // RoPE part bf16, within e4m3's bound.
-  if (d.flashmla_records()) return std::fabs(want) * 0.0625f + 0.0625f;
+  // A FlashMLA record's latent and an fp8 index key are e4m3 codes under a power-of-two scale that nothing
+  // saturates (the record's RoPE part bf16), within e4m3's bound.
+  if (d.flashmla_records() || d.indexer_records()) return std::fabs(want) * 0.0625f + 0.0625f;
   if (!d.quantized()) return 0.0f;
   const float round_up = kvforge::scale_round_up(d.scale);
   if (d.storage == DType::i8) return 0.5f * round_up * 32.0f / 127.0f + 0.0625f;
