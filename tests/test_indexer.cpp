@@ -86,7 +86,8 @@ TEST_P(IndexerPages, KeysLieWhereVllmsFormulaPutsThemAndNothingElseIsWritten) {
   const Case c = GetParam();
   KVTEST_REQUIRE_DEVICE(c.device);
   const VariantDescriptor& d = *c.entry->descriptor;
-  const int64_t W = 2 * d.head_dim, P = d.page_size, key_bytes = W + W / 32, pages = 3, tokens = P + 5;
+  // Part of a second page, scattered over a pool with room to spare, for any page size.
+  const int64_t W = 2 * d.head_dim, P = d.page_size, key_bytes = W + W / 32, tokens = P + 5, pages = tokens / P + 2;
   CacheConfig config;
   config.device = c.device, config.pages = pages;
   auto cache = registry().create(d.name, config);

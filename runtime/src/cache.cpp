@@ -1,6 +1,7 @@
 #include "kvforge/cache.hpp"
 
 #include "kvforge/backend.hpp"
+#include "kvforge/detail/checks.hpp"
 #include "kvforge/errors.hpp"
 
 #include <string>
@@ -50,14 +51,8 @@ class PaddedRecords {
  public:
   PaddedRecords(const VariantDescriptor& d, const TensorView& caller, Device device, const char* arg)
       : backend_(kvforge::backend(device)), width_(d.record_width()), stored_(2 * int64_t(d.head_dim)) {
-    if (caller.device != device)
-      throw DeviceError(arg, std::string("is on ") + name_of(caller.device) + ", the cache is on " + name_of(device));
-    if (caller.dtype != d.input)
-      throw DtypeError(arg, "is " + std::string(dtype_name(caller.dtype)) + ", " + d.name + " takes " +
-                       std::string(dtype_name(d.input)));
-    if (caller.shape[0] < 0 || caller.shape[1] < 0)
-      throw ShapeError(arg, "has a negative extent");
-    if (caller.shape[0] * caller.shape[1] > 0 && caller.data == nullptr) throw ArgumentError(arg, "data is null");
+    // The checks an append or gather makes of its tensors, before the copy that would read this one.
+    detail::check_tensor(arg, caller, {caller.shape[0], caller.shape[1], width_}, d.input, device);
     staged_ = caller;
     staged_.shape[2] = stored_;
     staged_.stride = {caller.shape[1] * stored_, stored_, 1};
@@ -71,15 +66,15 @@ class PaddedRecords {
   PaddedRecords& operator=(const PaddedRecords&) = delete;
 
   const TensorView& staged() const { return staged_; }
-  void copy_in(const TensorView& from) { move(staged_, from, true); }
-  void copy_out(const TensorView& to) { move(staged_, to, false); }
+  void copy_in(const TensorView& from) { move(from, true); }
+  void copy_out(const TensorView& to) { move(to, false); }
 
  private:
-  void move(const TensorView& staged, const TensorView& caller, bool in) {
+  void move(const TensorView& caller, bool in) {
     const int64_t size = dtype_size(caller.dtype);
     for (int64_t a = 0; a < caller.shape[0]; ++a)
       for (int64_t b = 0; b < caller.shape[1]; ++b) {
-        char* s = static_cast<char*>(staged.data) + ((a * caller.shape[1] + b) * stored_) * size;
+        char* s = static_cast<char*>(staged_.data) + ((a * caller.shape[1] + b) * stored_) * size;
         char* c = static_cast<char*>(caller.data) + (a * caller.stride[0] + b * caller.stride[1]) * size;
         in ? backend_.copy(s, c, width_ * size, nullptr) : backend_.copy(c, s, width_ * size, nullptr);
       }
