@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     std::printf("memory utilization %.1f%% (live-token bytes / bytes of pages held)\n", 100 * engine.manager().utilization());
     engine.manager().check_invariants();
     // The documented bound (docs/quantization.md) at this model's largest |value|, 8.5: half a scale step
-    // of int8 and int4, or half the float grid's spacing (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2
+    // of int8, int4 and uint4 (whose step is a range of at most 17 over 15), or half the float grid's spacing (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2
     // for e2m1, whose subnormal step is half its scale), plus the input dtype's rounding of the result.
     // A dynamic scale is amax / qmax rounded up, by scale_round_up (at a tensor scale of 1 this model's
     // group scales are normal e4m3 values).
@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
                            : !e.descriptor->quantized()        ? 0.0
                            : storage == DType::i8     ? 8.5 / 127 * round_up + 0.07
                            : storage == DType::i4     ? 0.5 * 8.5 / 7 * round_up + 0.07
+                           : storage == DType::u4     ? 0.5 * 17 / 15 + 0.07  // a head's range, at most 17
                            : storage == DType::f4e2m1 ? 8.5 / 4 + 0.25 * 8.5 / 6 * round_up + 0.07
                            : storage == DType::f8e4m3 ? 8.5 / 16 + 0.07
                                                       : 8.5 / 8 + 0.07;

@@ -8,7 +8,7 @@
 
 namespace kvforge {
 
-// The 122 variants of this expansion.
+// The 125 variants of this expansion.
 const kvforge::Registry& registry();
 
 }  // namespace kvforge

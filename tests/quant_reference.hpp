@@ -30,11 +30,13 @@ template <class Code> uint8_t code_byte(Code c) {
 
 inline Fp8Spec fp8_spec(DType t) { return t == DType::f8e4m3 ? Fp8Spec{4, 3, 7, false} : Fp8Spec{5, 2, 15, true}; }
 
-// Whether a code is an integer (int8, int4) rather than a float format.
-inline bool integer_code(DType t) { return t == DType::i8 || t == DType::i4; }
+// Whether a code is an integer (int8, int4, uint4) rather than a float format.
+inline bool integer_code(DType t) { return t == DType::i8 || t == DType::i4 || t == DType::u4; }
 
-// The value of a code (for 4-bit formats, a nibble 0..15); NaN where the format says NaN.
+// The value of a code (for 4-bit formats, a nibble 0..15; uint4's before its zero point is taken off);
+// NaN where the format says NaN.
 inline float ref_decode(DType t, uint8_t code) {
+  if (t == DType::u4) return float(code);
   if (t == DType::i8) return float(int8_t(code));
   if (t == DType::i4) return float(code >= 8 ? int(code) - 16 : int(code));  // two's complement nibble
   if (t == DType::f4e2m1) {
@@ -53,7 +55,7 @@ inline float ref_decode(DType t, uint8_t code) {
   return sign * std::ldexp(float(m + (1 << f.mant_bits)), e - f.bias - f.mant_bits);
 }
 
-inline int ref_code_count(DType t) { return t == DType::f4e2m1 || t == DType::i4 ? 16 : 256; }
+inline int ref_code_count(DType t) { return t == DType::f4e2m1 || t == DType::i4 || t == DType::u4 ? 16 : 256; }
 
 // ref_decode of every code, worked out once a dtype: the nearest-value searches run over these.
 inline float ref_decoded(DType t, uint8_t code) {
@@ -69,6 +71,7 @@ inline float ref_decoded(DType t, uint8_t code) {
 inline float ref_qmax(DType t) {
   if (t == DType::i8) return 127.0f;
   if (t == DType::i4) return 7.0f;  // kvforge keeps the grid symmetric, as int8's 127
+  if (t == DType::u4) return 15.0f;  // the codes' span, around a group's zero point
   float best = 0;
   for (int c = 0; c < ref_code_count(t) / 2; ++c)
     if (std::isfinite(ref_decode(t, uint8_t(c)))) best = std::max(best, ref_decode(t, uint8_t(c)));
@@ -165,6 +168,30 @@ inline float ref_scale(DType scale_dtype, float amax, float qmax, float tensor =
   return s;
 }
 
+// A zero-point group (uint4 storage), from the rule in docs/quantization.md with plain loops in doubles:
+// its finite values' range widened to hold 0, a scale of hi / 15 - lo / 15 (1 if that is 0) rounded up to
+// the scale dtype, the zero point -lo / scale rounded half to even within 0..15, and codes
+// clamp(round(x / scale) + zero, 0, 15), NaN taking the zero point. Quotients are fp32's, as the rule's.
+struct RefZeroGroup {
+  float scale, zero;
+};
+inline RefZeroGroup ref_zero_group(DType value_dtype, const float* x, int n) {
+  float lo = 0.0f, hi = 0.0f;
+  for (int i = 0; i < n; ++i)
+    if (std::isfinite(x[i])) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  const float wanted = hi / 15.0f - lo / 15.0f;  // in fp32, as the rule states it
+  const float scale = ref_scale(value_dtype, wanted > 0.0f ? wanted : 1.0f, 1.0f);
+  const float zero_quotient = -lo / scale;  // in fp32, as the rule states it
+  const double zero = std::clamp(std::nearbyint(double(zero_quotient)), 0.0, 15.0);
+  return {scale, float(zero)};
+}
+inline uint8_t ref_zero_code(float x, RefZeroGroup g) {
+  if (std::isnan(x)) return uint8_t(g.zero);
+  const float q = x / g.scale;  // in fp32, as the rule states it
+  if (std::isinf(q)) return q > 0 ? 15 : 0;
+  return uint8_t(std::clamp(std::nearbyint(double(q)) + double(g.zero), 0.0, 15.0));
+}
+
 // Scales of one head's row: head_dim / group for per_group, else 1.
 inline int ref_groups(const VariantDescriptor& d) { return d.quant == Quant::per_group ? d.head_dim / d.quant_group : 1; }
 
@@ -173,6 +200,7 @@ struct RefToken {
   std::vector<uint8_t> codes;   // [heads][dim]
   std::vector<float> scales;    // [heads][groups] (the same value repeated for per_token and per_tensor)
   std::vector<float> gathered;  // [heads][dim], in the input dtype's precision
+  std::vector<float> zeros;     // [heads][groups], zero-point layouts (uint4) only
 };
 
 // tensor_scale: a per_tensor layout's scale, or a tensor-scaled per_group layout's second level.
@@ -192,6 +220,22 @@ inline RefToken ref_quantize(const VariantDescriptor& d, const std::vector<float
         if (std::isfinite(x[size_t(h) * D + i])) m = std::max(m, std::fabs(x[size_t(h) * D + i]));
     return m;
   };
+  if (d.storage == DType::u4) {
+    out.zeros.resize(out.scales.size());
+    for (int h = 0; h < H; ++h)
+      for (int g = 0; g < groups; ++g) {
+        const float* group = x.data() + size_t(h) * D + size_t(g) * width;
+        const RefZeroGroup z = ref_zero_group(scale_value_dtype(d.scale), group, width);
+        out.scales[size_t(h) * groups + g] = z.scale;
+        out.zeros[size_t(h) * groups + g] = z.zero;
+        for (int i = 0; i < width; ++i) {
+          const size_t at = size_t(h) * D + size_t(g) * width + i;
+          out.codes[at] = ref_zero_code(x[at], z);
+          out.gathered[at] = round_to(d.input, (float(out.codes[at]) - z.zero) * z.scale);
+        }
+      }
+    return out;
+  }
   for (int h = 0; h < H; ++h)
     for (int g = 0; g < groups; ++g) {
       float& stored = out.scales[size_t(h) * groups + g];
@@ -209,11 +253,17 @@ inline RefToken ref_quantize(const VariantDescriptor& d, const std::vector<float
   return out;
 }
 
-// A stored scale's value; a ue8m0 byte e is 2^(e - 127), an e4m3 byte its fp8 value.
+// A stored scale's value; a ue8m0 byte e is 2^(e - 127), an e4m3 byte its fp8 value, a zero-point
+// entry's first value (its zero point is the second: load_zero).
 inline float load_scale(DType t, const void* src) {
+  t = scale_value_dtype(t);
   if (t == DType::ue8m0) return std::ldexp(1.0f, int(*static_cast<const uint8_t*>(src)) - 127);
   if (t == DType::f8e4m3) return ref_decode(t, *static_cast<const uint8_t*>(src));
   return t == DType::f32 ? load_as(DType::f32, src) : load_as(DType::bf16, src);
+}
+
+inline float load_zero(DType t, const void* src) {
+  return load_scale(t, static_cast<const char*>(src) + dtype_size(scale_value_dtype(t)));
 }
 
 }  // namespace kvtest

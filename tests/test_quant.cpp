@@ -194,9 +194,11 @@ class QuantHarness {
     return out;
   }
 
-  // The stored scale of (layer, position t, kv, head, group), read through the raw view attention
-  // kernels use: a head's groups are adjacent, as the view documents.
-  float stored_scale(int layer, int64_t t, int kv, int h, int group = 0) {
+  // The stored scale (or a zero-point layout's zero point) of (layer, position t, kv, head, group), read
+  // through the raw view attention kernels use: a head's groups are adjacent, as the view documents.
+  float stored_scale(int layer, int64_t t, int kv, int h, int group = 0) { return stored_entry(layer, t, kv, h, group, false); }
+  float stored_zero(int layer, int64_t t, int kv, int h, int group = 0) { return stored_entry(layer, t, kv, h, group, true); }
+  float stored_entry(int layer, int64_t t, int kv, int h, int group, bool zero) {
     const LayerView v = cache_->view(layer);
     EXPECT_EQ(v.scale_groups, ref_groups(d_));
     const int64_t unit = d_.paged() ? pages_[size_t(t / d_.page_size)] : 0;
@@ -205,7 +207,7 @@ class QuantHarness {
         unit * v.scale_strides.row_or_page + slot * v.scale_strides.seq_or_slot + h * v.scale_strides.head + group;
     const int ss = dtype_size(v.scale_dtype);
     const auto bytes = arena_.fetch(static_cast<const unsigned char*>(kv ? v.v_scales : v.k_scales) + at * ss, ss);
-    return load_scale(v.scale_dtype, bytes.data());
+    return zero ? load_zero(v.scale_dtype, bytes.data()) : load_scale(v.scale_dtype, bytes.data());
   }
 
   const VariantDescriptor& d_;
@@ -274,9 +276,14 @@ TEST_P(EveryQuantizedVariant, EdgeCasesMatchTheReferenceQuantizer) {
           << "): got " << got[t][i] << ", want " << want.gathered[i];
     const int groups = ref_groups(d);
     for (int h = 0; h < d.heads; ++h)
-      for (int g = 0; g < groups; ++g)
+      for (int g = 0; g < groups; ++g) {
         EXPECT_EQ(q.stored_scale(layer, int64_t(t / 2), kv, h, g), want.scales[size_t(h * groups + g)])
             << d.name << " token " << t / 2 << " kv " << kv << " head " << h << " group " << g;
+        if (is_zero_point_scale(d.scale)) {
+          EXPECT_EQ(q.stored_zero(layer, int64_t(t / 2), kv, h, g), want.zeros[size_t(h * groups + g)])
+              << d.name << " token " << t / 2 << " kv " << kv << " head " << h << " group " << g;
+        }
+      }
   }
   // The documented rules, spelled out for the cases that matter most.
   for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[0][i], 0.0f) << "an all-zero token reads back as zeros";
@@ -284,8 +291,8 @@ TEST_P(EveryQuantizedVariant, EdgeCasesMatchTheReferenceQuantizer) {
     EXPECT_EQ(q.stored_scale(layer, 0, 0, 0), 1.0f) << "an all-zero token's scale is 1, not 0 or NaN";
     EXPECT_FALSE(std::isnan(got[6][3])) << "a finite value next to NaN and inf stays finite";
   }
-  const bool no_nan_code = d.storage == DType::i8 || d.storage == DType::i4 || d.storage == DType::f4e2m1;
-  EXPECT_EQ(std::isnan(got[6][0]), !no_nan_code) << "NaN is stored as NaN in fp8 and as 0 in int8, int4 and fp4";
+  const bool no_nan_code = integer_code(d.storage) || d.storage == DType::f4e2m1;
+  EXPECT_EQ(std::isnan(got[6][0]), !no_nan_code) << "NaN is stored as NaN in fp8 and as 0 in int8, int4, uint4 and fp4";
   if (no_nan_code) {
     EXPECT_EQ(got[6][0], 0.0f);
   }

@@ -192,9 +192,13 @@ struct ChunkedTraits {
   static constexpr Quant quant = Q;
 };
 
+template <class T> struct IsScaleZero : std::false_type {};
+template <class S> struct IsScaleZero<ScaleZero<S>> : std::true_type {};
+
 // A scale's initial value, to be overwritten; ue8m0 and e4m3 have no from_float.
 template <class Scale> Scale scale_from_float(float x) {
-  if constexpr (std::is_same_v<Scale, ue8m0>) return ue8m0{uint8_t(x > 0 ? 127 : 0xff)};
+  if constexpr (IsScaleZero<Scale>::value) return Scale{from_float<decltype(Scale::scale)>(x), from_float<decltype(Scale::zero)>(x)};
+  else if constexpr (std::is_same_v<Scale, ue8m0>) return ue8m0{uint8_t(x > 0 ? 127 : 0xff)};
   else if constexpr (std::is_same_v<Scale, fp8_e4m3>) return fp8_e4m3{detail::E4M3::encode(x)};
   else return from_float<Scale>(x);
 }
@@ -203,8 +207,9 @@ template <class Scale> Scale scale_from_float(float x) {
 // it; or, for a shape that takes it, the element path quantize_token) and back through its gather
 // (dequantize_token_chunked, or decode_head per head), its lanes emulated, against the reference
 // quantizer: codes, every stored scale, and the values read back.
-template <class Traits> void check_chunked_token(DType storage, DType input, DType scale_dtype, uint32_t seed) {
-  using O = detail::QuantOps<Traits, EmulatedCudaExec>;
+template <class Traits, class Exec = EmulatedCudaExec>
+void check_chunked_token(DType storage, DType input, DType scale_dtype, uint32_t seed) {
+  using O = detail::QuantOps<Traits, Exec>;
   using Store = typename Traits::storage_t;
   using In = typename Traits::input_t;
   using Scale = typename Traits::scale_t;
@@ -242,7 +247,14 @@ template <class Traits> void check_chunked_token(DType storage, DType input, DTy
   ASSERT_TRUE(converged) << "the lanes did not all reach the same reductions";
   const RefToken want = ref_quantize(d, xf, tensor_scale);
   const int stored_scales = Traits::quant == Quant::per_group ? H * ref_groups(d) : Traits::quant == Quant::per_token_head ? H : 1;
-  for (int h = 0; h < stored_scales; ++h) ASSERT_EQ(to_float(scales[size_t(h)]), want.scales[size_t(h)]) << "scale " << h;
+  for (int h = 0; h < stored_scales; ++h) {
+    if constexpr (IsScaleZero<Scale>::value) {
+      ASSERT_EQ(to_float(scales[size_t(h)].scale), want.scales[size_t(h)]) << "scale " << h;
+      ASSERT_EQ(to_float(scales[size_t(h)].zero), want.zeros[size_t(h)]) << "zero point " << h;
+    } else {
+      ASSERT_EQ(to_float(scales[size_t(h)]), want.scales[size_t(h)]) << "scale " << h;
+    }
+  }
   for (size_t e = 0; e < x.size(); ++e) {
     const uint8_t stored = code_byte(codes[e / kValues]);
     ASSERT_EQ(kValues == 1 ? stored : (stored >> (4 * (e % 2))) & 0xf, want.codes[e]) << "element " << e;
@@ -323,6 +335,22 @@ TEST(ChunkedQuantizer, PackedCodesTakeTheElementPathAcrossEmulatedLanes) {
   check_chunked_token<ChunkedTraits<int4x2, bf16, bf16, Quant::per_group, 3, 64, 64>>(DType::i4, DType::bf16, DType::bf16, 35);
   check_chunked_token<ChunkedTraits<fp4_e2m1x2, bf16, float, Quant::per_group, 2, 256, 128>>(DType::f4e2m1, DType::bf16,
                                                                                              DType::f32, 36);
+}
+
+TEST(ChunkedQuantizer, ZeroPointCodesAcrossEmulatedLanesAndOneLaneMatchTheReference) {
+  // uint4 around each group's zero point (lmdeploy's int4): per head, as the default spec stores it, and
+  // per group of 16, 32 and 128 (wider than a warp's pass of pairs); on a CUDA item's emulated lanes,
+  // each group's range reduced over them, and on the CPU's one lane, which stages the whole token.
+  using ZeroBf16 = ScaleZero<bf16>;
+  using ZeroF32 = ScaleZero<float>;
+  check_chunked_token<ChunkedTraits<uint4x2, bf16, ZeroBf16, Quant::per_token_head, 8, 128>>(DType::u4, DType::bf16, DType::bf16_zero, 61);
+  check_chunked_token<ChunkedTraits<uint4x2, fp16, ZeroBf16, Quant::per_group, 2, 64, 16>>(DType::u4, DType::f16, DType::bf16_zero, 62);
+  check_chunked_token<ChunkedTraits<uint4x2, float, ZeroF32, Quant::per_group, 3, 96, 32>>(DType::u4, DType::f32, DType::f32_zero, 63);
+  check_chunked_token<ChunkedTraits<uint4x2, bf16, ZeroBf16, Quant::per_group, 2, 256, 128>>(DType::u4, DType::bf16, DType::bf16_zero, 64);
+  using OneLane = detail::CpuExec<2>;
+  check_chunked_token<ChunkedTraits<uint4x2, bf16, ZeroBf16, Quant::per_token_head, 8, 128>, OneLane>(DType::u4, DType::bf16, DType::bf16_zero, 65);
+  check_chunked_token<ChunkedTraits<uint4x2, fp16, ZeroBf16, Quant::per_group, 2, 64, 16>, OneLane>(DType::u4, DType::f16, DType::bf16_zero, 66);
+  check_chunked_token<ChunkedTraits<uint4x2, float, ZeroF32, Quant::per_group, 3, 96, 32>, OneLane>(DType::u4, DType::f32, DType::f32_zero, 67);
 }
 
 TEST(ChunkedQuantizer, TensorScaledGroupsAcrossEmulatedLanesMatchTheReference) {

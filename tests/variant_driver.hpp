@@ -315,10 +315,16 @@ class Driver {
               const int got_code = dtype_values(d_.storage) == 1 ? pool[size_t(code_at)] : (pool[size_t(code_at)] >> (4 * (x % 2))) & 0xf;
               const int want_code = want.codes[size_t(h) * dim_ + x];
               const float got_scale = load_scale(d_.scale, (d_.scales_in_page() ? pool : scale_buffer).data() + scale_at);
+              const size_t group = size_t(h * groups + x / width);
               if (got_code != want_code)
                 problem = "code " + std::to_string(got_code) + ", want " + std::to_string(want_code);
-              else if (got_scale != want.scales[size_t(h * groups + x / width)])
-                problem = "scale " + std::to_string(got_scale) + ", want " + std::to_string(want.scales[size_t(h * groups + x / width)]);
+              else if (got_scale != want.scales[group])
+                problem = "scale " + std::to_string(got_scale) + ", want " + std::to_string(want.scales[group]);
+              else if (is_zero_point_scale(d_.scale)) {
+                const float got_zero = load_zero(d_.scale, (d_.scales_in_page() ? pool : scale_buffer).data() + scale_at);
+                if (got_zero != want.zeros[group])
+                  problem = "zero point " + std::to_string(got_zero) + ", want " + std::to_string(want.zeros[group]);
+              }
             }
             if (!problem.empty()) {
               ADD_FAILURE() << d_.name << " storage: layer " << layer << " seq " << seq << " cell " << cell

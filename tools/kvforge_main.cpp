@@ -110,7 +110,9 @@ int list(int argc, char** argv) {
     // As kvforge-codegen's list says it: "per_group 16 fp8_e4m3 x fp32 tensor separate".
     std::string scales = d.quantized() ? std::string(kvforge::name_of(d.quant)) +
                                              (d.quant_group ? " " + std::to_string(d.quant_group) : "") + " " +
-                                             std::string(kvforge::dtype_name(d.scale)) + (d.tensor_scaled ? " x fp32 tensor" : "") +
+                                             std::string(kvforge::dtype_name(kvforge::scale_value_dtype(d.scale))) +
+                                             (kvforge::is_zero_point_scale(d.scale) ? " + zero" : "") +
+                                             (d.tensor_scaled ? " x fp32 tensor" : "") +
                                              " " + kvforge::name_of(d.scale_placement)
                                        : "-";
     if (d.is_hybrid()) {  // the column shows each layer group's layout instead
@@ -132,7 +134,8 @@ int list(int argc, char** argv) {
 // Float storage must give back exactly what went in. Quantized storage is held to its documented
 // bound for inputs in [-32, 32), at a scale of at most 32 / qmax (a per-tensor one set so, a dynamic
 // one at most so, times scale_round_up where ue8m0 or e4m3 round it up): half
-// a scale step for int8 and int4 (plus bf16 rounding of the result), half the float grid's spacing
+// a scale step for int8, int4 and uint4 (whose scale spans the inputs' range, not their amax; plus bf16
+// rounding of the result), half the float grid's spacing
 // (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2 for e2m1, whose subnormal step is half its scale).
 float tolerance(const kvforge::VariantDescriptor& d, float want) {
   using kvforge::DType;
@@ -143,6 +146,7 @@ float tolerance(const kvforge::VariantDescriptor& d, float want) {
   const float round_up = kvforge::scale_round_up(d.scale);
   if (d.storage == DType::i8) return 0.5f * round_up * 32.0f / 127.0f + 0.0625f;
   if (d.storage == DType::i4) return 0.5f * round_up * 32.0f / 7.0f + 0.0625f;
+  if (d.storage == DType::u4) return 0.5f * 64.0f / 15.0f + 0.0625f;  // a range of at most 64 in 15 steps
   if (d.storage == DType::f4e2m1) return std::fabs(want) * 0.25f + 0.25f * round_up * 32.0f / 6.0f + 0.0625f;
   return std::fabs(want) * (d.storage == DType::f8e4m3 ? 0.0625f : 0.125f) + 0.0625f;
 }

@@ -83,6 +83,16 @@ class _Reader:
             return None
         return v.data
 
+    def flag(self, key: str) -> bool:
+        """A true/false field; false where it is absent or after recording that it is not a boolean."""
+        if key not in self.fields:
+            return False
+        v = self.fields[key].value
+        if not isinstance(v.data, bool):
+            self.diags.error(v.loc, self._field(key), f"expected true or false, got {_shown(v.data)}", "true, false")
+            return False
+        return v.data
+
     def choice(self, key: str, allowed: Sequence[str], default: Optional[str] = None) -> Optional[str]:
         if key not in self.fields:
             if default is not None:

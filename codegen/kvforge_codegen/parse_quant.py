@@ -39,6 +39,19 @@ def parse_quantization(value: Value, addressing: Optional[str], axes: Optional[T
         diags.error(r.loc_of("tensor_scale"), "quantization.tensor_scale",
                     f"a second-level tensor scale sits under group scales, and {granularity} has none",
                     "granularity: per_group")
+    zero_point = r.flag("zero_point")
+    if zero_point:
+        loc = r.loc_of("zero_point")
+        if scale_dtype is not None and scale_dtype not in vocab.ZERO_POINT_SCALE_DTYPES:
+            diags.error(loc, "quantization.zero_point",
+                        f"a zero point is held in the scale's dtype, and {scale_dtype} cannot hold 0..15",
+                        "scale_dtype: " + ", ".join(vocab.ZERO_POINT_SCALE_DTYPES))
+        if granularity is not None and granularity not in vocab.ZERO_POINT_GRANULARITIES:
+            diags.error(loc, "quantization.zero_point", f"a zero point is a group's, and {granularity} is not grouped "
+                        "by head", "granularity: " + ", ".join(vocab.ZERO_POINT_GRANULARITIES))
+        if tensor_scale not in (None, "none"):
+            diags.error(loc, "quantization.zero_point", "a zero-point group takes no second-level tensor scale",
+                        "tensor_scale: none")
     if scales == "in_page":
         loc = r.loc_of("scales")
         if tensor_scale not in (None, "none"):
@@ -59,4 +72,4 @@ def parse_quantization(value: Value, addressing: Optional[str], axes: Optional[T
                             f"and {', '.join(missing)} come before it", "[..., page, ..., slot, ..., head, ..., dim]")
     if len(diags.errors) != before:
         return None
-    return Quantization(granularity, scale_dtype, scales, value.loc, group_size or 0, tensor_scale)
+    return Quantization(granularity, scale_dtype, scales, value.loc, group_size or 0, tensor_scale, zero_point)

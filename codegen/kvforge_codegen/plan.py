@@ -86,7 +86,7 @@ class Variant:
         t = vocab.DTYPES[self.storage]
         values = 2 * self.model.layers * self.model.kv_heads * self.stored_row * t["bytes"]
         q = self.quantization
-        return values + (self.scales_per_token * vocab.SCALE_DTYPES[q.scale_dtype]["bytes"] if q else 0)
+        return values + (self.scales_per_token * vocab.SCALE_ENTRIES[q.scale_entry]["bytes"] if q else 0)
 
 
 def hybrid_members(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage: str,

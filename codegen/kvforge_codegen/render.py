@@ -57,7 +57,7 @@ def render(variants: List[Variant], registry_function: str = "kvforge::registry"
     library, built for one machine) gives each variant's file the kernels of the level it is compiled
     for only."""
     env = _environment()
-    common = {"version": VERSION, "dtypes": vocab.DTYPES, "scale_dtypes": vocab.SCALE_DTYPES, "tunables": vocab.TUNABLES, "registry_function": registry_function,
+    common = {"version": VERSION, "dtypes": vocab.DTYPES, "scale_entries": vocab.SCALE_ENTRIES, "tunables": vocab.TUNABLES, "registry_function": registry_function,
               "backends": tuple(vocab.BACKENDS), "built": tuple(built),
               "cpu_wide_levels": tuple(cpu_wide_levels), "registry_header": registry_header(registry_function),
               "registry_symbol": "kvforge_registry__" + registry_function.replace("::", "__")}

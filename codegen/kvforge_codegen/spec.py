@@ -149,13 +149,20 @@ class Quantization:
     loc: Loc
     group_size: int = 0  # per_group: consecutive values of a head's row that share a scale; else 0
     tensor_scale: str = "none"  # vocab.TENSOR_SCALES: a per_group layout's second-level scale
+    zero_point: bool = False  # asymmetric codes (uint4): each scale entry is a scale and a zero point
 
     @property
     def summary(self) -> str:
         """One line for listings and generated comments: "per_group 16 fp8_e4m3 x fp32 tensor separate"."""
         group = f" {self.group_size}" if self.group_size else ""
         tensor = f" x {self.tensor_scale} tensor" if self.tensor_scale != "none" else ""
-        return f"{self.granularity}{group} {self.scale_dtype}{tensor} {self.scales}"
+        zero = " + zero" if self.zero_point else ""
+        return f"{self.granularity}{group} {self.scale_dtype}{zero}{tensor} {self.scales}"
+
+    @property
+    def scale_entry(self) -> str:
+        """The key of vocab.SCALE_ENTRIES that one stored scale is: the scale dtype, or it with a zero point."""
+        return f"{self.scale_dtype}_zero" if self.zero_point else self.scale_dtype
 
 
 @dataclass(frozen=True)
@@ -198,5 +205,5 @@ LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window", "kv_heads")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "state_axes", "groups",
                  "expand")
 STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization", "state_axes")
-QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size", "tensor_scale")
+QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size", "tensor_scale", "zero_point")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")

@@ -32,6 +32,12 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
             reasons.append(f"{storage} packs {values} values a byte, and {model.name}'s head_dim {model.head_dim} "
                            f"is not a multiple of {values}")
         q = layout.quantization
+        wants_zero = bool(vocab.DTYPES[storage].get("zero_point"))
+        if q is not None and q.zero_point != wants_zero:
+            reasons.append(f"{storage} codes are read around a zero point, and the layout's quantization has none "
+                           f"(zero_point: true)" if wants_zero else
+                           f"the layout's zero_point is for asymmetric codes "
+                           f"({', '.join(vocab.ZERO_POINT_DTYPES)}), not {storage}")
         if q is not None and q.granularity == "per_group" and model.head_dim % q.group_size:
             reasons.append(f"group_size {q.group_size} does not divide {model.name}'s head_dim "
                            f"{model.head_dim}, so a head's row would end in part of a group")
@@ -39,7 +45,7 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
             inside = layout.axes[layout.axes.index("page") + 1:]
             codes = (layout.page_size or 0) * model.kv_heads * model.head_dim // values
             codes *= (2 if "kv" in inside else 1) * (model.layers if "layer" in inside else 1)
-            scale_bytes = vocab.SCALE_DTYPES[q.scale_dtype]["bytes"]
+            scale_bytes = vocab.SCALE_ENTRIES[q.scale_entry]["bytes"]
             if codes % scale_bytes:
                 reasons.append(f"a page holds {codes} code bytes, not a multiple of the {scale_bytes}-byte "
                                f"{q.scale_dtype} scales that follow them, so the scales would be misaligned")

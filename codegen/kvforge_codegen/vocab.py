@@ -34,6 +34,10 @@ DTYPES = {
     # 4-bit codes, two values a byte (low nibble first): "bytes" and "cpp" are one stored element's.
     "fp4_e2m1": {"bytes": 1, "values": 2, "cpp": "kvforge::fp4_e2m1x2", "enum": "f4e2m1", "quantized": True},
     "int4": {"bytes": 1, "values": 2, "cpp": "kvforge::int4x2", "enum": "i4", "quantized": True},
+    # Asymmetric 4-bit codes 0..15 around each group's zero point (lmdeploy's int4 KV cache); a layout
+    # that stores them says `zero_point: true`, and its scale entries hold a scale and a zero point.
+    "uint4": {"bytes": 1, "values": 2, "cpp": "kvforge::uint4x2", "enum": "u4", "quantized": True,
+              "zero_point": True},
     # FlashMLA's fp8 MLA record (its README): a token's latent as e4m3 codes, an fp32 power-of-two scale
     # per 128 of them, then the RoPE part in bf16. Its scales are inside the record, so it takes no
     # quantization block; an element is one byte of it, and K's and V's rows are its two halves.
@@ -64,6 +68,17 @@ SCALE_DTYPES = {
     "fp8_e4m3": {"bytes": 1, "cpp": "kvforge::fp8_e4m3"},
 }
 DYNAMIC_ONLY_SCALE_DTYPES = ("ue8m0", "fp8_e4m3")
+# What one stored scale is: a scale dtype, or (quantization `zero_point: true`) a scale and a zero point
+# of that dtype side by side, one entry of twice its bytes. Zero points are whole numbers 0..15, exact in
+# either dtype.
+ZERO_POINT_SCALE_DTYPES = ("fp32", "bf16")
+ZERO_POINT_GRANULARITIES = ("per_token_head", "per_group")
+SCALE_ENTRIES = {
+    **SCALE_DTYPES,
+    **{f"{d}_zero": {"bytes": 2 * SCALE_DTYPES[d]["bytes"], "cpp": f"kvforge::ScaleZero<{SCALE_DTYPES[d]['cpp']}>"}
+       for d in ZERO_POINT_SCALE_DTYPES},
+}
+ZERO_POINT_DTYPES = tuple(k for k, v in DTYPES.items() if v.get("zero_point"))
 # A per_group layout's second-level scale: none, or one fp32 scale per layer and K/V that the user sets,
 # under every group scale (NVFP4: value = code * group scale * tensor scale).
 TENSOR_SCALES = ("none", "fp32")

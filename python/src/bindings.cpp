@@ -74,8 +74,10 @@ NB_MODULE(_native, m) {
       .def_ro("tensor_scaled", &VariantDescriptor::tensor_scaled,
               "per_group scales under a second-level fp32 scale per layer and K/V (NVFP4), set with set_tensor_scale")
       .def_prop_ro("scale_dtype", [](const VariantDescriptor& d) {
-        return d.quantized() ? std::optional<std::string>(name(d.scale)) : std::nullopt;
-      })
+        return d.quantized() ? std::optional<std::string>(name(scale_value_dtype(d.scale))) : std::nullopt;
+      }, "the dtype of each stored scale (and of its zero point, where `zero_point`)")
+      .def_prop_ro("zero_point", [](const VariantDescriptor& d) { return is_zero_point_scale(d.scale); },
+                   "asymmetric codes (uint4): each scale entry is a scale and a zero point, value = (code - zero) * scale")
       .def_prop_ro("scale_placement", [](const VariantDescriptor& d) {
         return d.quantized() ? std::optional<std::string>(name_of(d.scale_placement)) : std::nullopt;
       })
@@ -429,7 +431,7 @@ NB_MODULE(_native, m) {
   m.def("quant_max", [](const std::string& storage) -> float {
     const float qmax = quant_max(*dtype_named(storage, "storage"));
     if (qmax == 0.0f)
-      throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4)");
+      throw ArgumentError("storage", "'" + storage + "' is not quantized (allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4)");
     return qmax;
   }, "storage"_a, "The largest code magnitude of a quantized storage dtype (docs/quantization.md)");
   // For bench/python_overhead.py: the same append as Cache.append, repeated from C++ with the

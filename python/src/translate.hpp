@@ -223,8 +223,11 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     case DType::ue8m0: return nb::dtype<uint8_t>();   // the exponent byte; torch views it as float8_e8m0fnu
     case DType::f4e2m1:                               // two codes a byte; torch views it as float4_e2m1fn_x2
     case DType::i4:
+    case DType::u4:
     case DType::flashmla_f8: return nb::dtype<uint8_t>();  // a record's bytes
     case DType::indexer_f8: return nb::dtype<uint8_t>();   // a page's bytes of index keys
+    case DType::bf16_zero: return {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};  // views add [.., 2]
+    case DType::f32_zero: return nb::dtype<float>();
   }
   return nb::dtype<uint8_t>();
 }
@@ -264,7 +267,8 @@ Device device_named(const std::string& name) { return enum_from<Device>(name, kD
 std::optional<DType> dtype_named(const std::optional<std::string>& name, const char* argument) {
   if (!name) return std::nullopt;
   constexpr DType kNamed[] = {DType::f32,    DType::f16,    DType::bf16, DType::i8,
-                              DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4, DType::flashmla_f8, DType::indexer_f8};
+                              DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4, DType::u4, DType::flashmla_f8,
+                              DType::indexer_f8};
   std::string allowed;
   for (DType t : kNamed) {
     if (*name == dtype_name(t)) return t;

@@ -64,8 +64,14 @@ nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
     std::vector<size_t> scale_shape{shape[0], shape[1], shape[2]};
     std::vector<int64_t> scale_strides{v.scale_strides.row_or_page, v.scale_strides.seq_or_slot, v.scale_strides.head};
     if (v.quant == Quant::per_group) scale_shape.push_back(size_t(v.scale_groups)), scale_strides.push_back(1);
-    out["k_scales"] = export_array(v.k_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
-    out["v_scales"] = export_array(v.v_scales, v.scale_dtype, v.device, scale_shape, scale_strides, owner);
+    const DType scale_dtype = scale_value_dtype(v.scale_dtype);
+    if (is_zero_point_scale(v.scale_dtype)) {
+      // [.., 2]: each entry's scale, then its zero point, in their dtype (lmdeploy's `k_scales_zeros`).
+      for (int64_t& s : scale_strides) s *= 2;
+      scale_shape.push_back(2), scale_strides.push_back(1);
+    }
+    out["k_scales"] = export_array(v.k_scales, scale_dtype, v.device, scale_shape, scale_strides, owner);
+    out["v_scales"] = export_array(v.v_scales, scale_dtype, v.device, scale_shape, scale_strides, owner);
     if (v.tensor_scales)  // [2]: K's and V's second-level scale, which every group scale of the layer sits on
       out["tensor_scales"] = export_array(v.tensor_scales, DType::f32, v.device, {2}, {1}, owner);
   }

@@ -77,7 +77,7 @@ class BadSpecMessages(unittest.TestCase):
             "layouts/bad.yaml:4: axes: unknown value 'heads' "
             "(allowed: layer, row, seq, page, slot, kv, head, dim)",
             "layouts/bad.yaml:8: expand[0].dtypes: unknown value 'fp64' "
-            "(allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, flashmla_fp8, "
+            "(allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4, flashmla_fp8, "
             "indexer_fp8)"])
 
     def test_wrong_type(self):
@@ -164,7 +164,7 @@ class CommandLine(unittest.TestCase):
     def test_unknown_filter_value_is_refused(self):
         r = self.run_codegen("list", "--dtype", "fp64")
         self.assertEqual(r.returncode, 2)
-        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, flashmla_fp8, "
+        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4, flashmla_fp8, "
                       "indexer_fp8)",
                       r.stderr)
         self.assertNotIn("Traceback", r.stderr)
@@ -255,7 +255,7 @@ class Quantization(unittest.TestCase):
         unused = unused.replace("    input_dtypes: [bf16]\n", "")
         self.assertEqual(errors_of(unused), [
             "layouts/bad.yaml:6: quantization: no expansion stores a quantized dtype, so it applies to nothing "
-            "(allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4 in expand[].dtypes)"])
+            "(allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4 in expand[].dtypes)"])
 
 
     def test_flashmla_record_needs_an_mla_model_of_whole_tiles_and_a_float_input(self):

@@ -45,7 +45,7 @@ def quantization_bound(descriptor, expected):
 
     docs/quantization.md: |x^ - x| <= s * h + 1/2 ulp of the input dtype, with h = 1/2 for int8 and
     half the fp8 grid spacing. Taken loosely here (the C++ test holds the tight bound): int8 within
-    one step of a dynamic per-token scale over all heads, fp8 within 2^-(M) relative plus a step of
+    one step of a dynamic per-token scale over all heads, uint4 within one step of a head's range, fp8 within 2^-(M) relative plus a step of
     its smallest normal.
     """
     x = expected.float()
@@ -54,6 +54,9 @@ def quantization_bound(descriptor, expected):
         amax = x.abs().amax(dim=(0, 2), keepdim=True) if descriptor.quant == "per_token" else \
             x.abs().amax(dim=2, keepdim=True)
         return amax / 127.0 + ulp
+    if descriptor.storage == "uint4":  # one step of a head's range (a group's lies within it) in 15
+        span = x.amax(dim=2, keepdim=True).clamp(min=0) - x.amin(dim=2, keepdim=True).clamp(max=0)
+        return span / 15.0 + ulp
     mantissa = 3 if descriptor.storage == "fp8_e4m3" else 2
     return x.abs() * 2.0 ** -mantissa + ulp + 1e-3
 

@@ -33,7 +33,7 @@ QUANTIZED_LOGIT_BOUND = 2 ** -7  # against the reference quantizer, bf16 roundin
 # (docs/quantization.md) costs this model. Measured: int8 0.0064 (one bf16 step of the logits), fp8
 # e4m3 and e5m2 0.022; on the 24-layer model, grouped int8 0.0025, int4 per 16 0.059, MXFP4 0.081
 # and NVFP4 0.061.
-DEVIATION_BOUND = {"int8": 0.01, "fp8_e4m3": 0.05, "fp8_e5m2": 0.05, "int4": 0.1, "fp4_e2m1": 0.15}
+DEVIATION_BOUND = {"int8": 0.01, "fp8_e4m3": 0.05, "fp8_e5m2": 0.05, "int4": 0.1, "uint4": 0.1, "fp4_e2m1": 0.15}
 VOCAB, PROMPT, NEW = 128, 9, 30
 
 
@@ -135,9 +135,16 @@ def quantize_dequantize(x, d, tensor_scale):
     cache holds them: in its input dtype, and back in x's."""
     held = TORCH_DTYPE[d.input]
     xf = x.to(held).float()
-    qmax = QMAX[d.storage]
     if d.quant == "per_group":  # [.., groups, group]: a scale per group of a head's row
         xf = xf.unflatten(-1, (d.head_dim // d.quant_group, d.quant_group))
+    if d.zero_point:  # uint4: the range widened to hold 0, in 15 steps, around a zero point
+        lo, hi = xf.amin(-1, keepdim=True).clamp(max=0), xf.amax(-1, keepdim=True).clamp(min=0)
+        s = ROUND_UP[d.scale_dtype](hi / 15 - lo / 15)
+        s = torch.where(s == 0, torch.ones_like(s), s)
+        zero = torch.round(-lo / s).clamp(0, 15)
+        codes = torch.clamp(torch.round(xf / s) + zero, 0, 15) - zero
+        return (codes * s).flatten(-2 if d.quant == "per_group" else -1).to(held).to(x.dtype)
+    qmax = QMAX[d.storage]
     under = tensor_scale if d.tensor_scaled else 1.0  # a second level under the group scales
     if d.quant == "per_tensor":
         s = torch.tensor(tensor_scale)

@@ -7,7 +7,7 @@ through its caches' gather. Every value is checked bitwise against nixl_peer.val
     contiguous, stacked, lazy), and the descriptors of a pair whose bytes line up merge into one per
     layer and K or V;
   - tensor parallelism 2 -> 1, 1 -> 2 and 4 -> 2 (five processes), over one layout and across layouts;
-  - bf16 -> int8 on arrival, and bf16 -> fp32 (staged, then the cache's own append); an int8 cache's
+  - bf16 -> int8 and uint4 on arrival, and bf16 -> fp32 (staged, then the cache's own append); an int8 cache's
     whole pages (codes and their scales) from another of its variant, and fp8 codes under equal
     per-tensor scales, both bitwise as this process's append; fp8 codes under another scale, and into
     a bf16 cache, decoded with the sender's scales and appended;
@@ -246,7 +246,7 @@ def test_tensor_parallel_groups(peers):
 def test_another_dtype_arrives_through_the_caches_own_append(peers):
     agent, _ = peers
     source = next(i for i, d in enumerate(LAYOUTS) if d.layout == "vllm_paged_nhd")
-    for variant in ("vllm_paged_nhd.tiny.fp32", "deepspeed_blocked.tiny.int8_in_bf16"):
+    for variant in ("vllm_paged_nhd.tiny.fp32", "deepspeed_blocked.tiny.int8_in_bf16", "paged_zero_point.tiny.uint4_in_bf16"):
         cache = kvforge.create(variant, pages=8)
         agent.register(variant, cache)
         target = Placement(pages=[5, 3, 1, 0])

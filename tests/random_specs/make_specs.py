@@ -76,6 +76,9 @@ def layout_yaml(rng: random.Random, name: str, models: dict) -> str:
     storage = rng.choice(tuple(vocab.DTYPES))
     quantized = vocab.DTYPES[storage]["quantized"]
     granularity = rng.choice(vocab.GRANULARITIES)
+    zero_point = bool(vocab.DTYPES[storage].get("zero_point"))  # uint4: a scale and a zero point a group
+    if zero_point and granularity not in vocab.ZERO_POINT_GRANULARITIES:
+        granularity = rng.choice(vocab.ZERO_POINT_GRANULARITIES)
     # A group divides every chosen model's row: a per_group layout expands the models that have one
     # (or, where none has, takes the row's own scale instead).
     grouped = [m for m in sorted(models) if models[m] % min(vocab.GROUP_SIZES) == 0]
@@ -95,13 +98,15 @@ def layout_yaml(rng: random.Random, name: str, models: dict) -> str:
         lines.append(f"window: {rng.choice(['model', rng.randint(1, 40)])}")
     if quantized:
         # ue8m0 and e4m3 hold dynamic scales only.
-        scale_dtypes = tuple(d for d in vocab.SCALE_DTYPES
-                             if d not in vocab.DYNAMIC_ONLY_SCALE_DTYPES or granularity != "per_tensor")
+        scale_dtypes = vocab.ZERO_POINT_SCALE_DTYPES if zero_point else \
+            tuple(d for d in vocab.SCALE_DTYPES if d not in vocab.DYNAMIC_ONLY_SCALE_DTYPES or granularity != "per_tensor")
         lines += ["quantization:", f"  granularity: {granularity}",
                   f"  scale_dtype: {rng.choice(scale_dtypes)}", f"  scales: {scales}"]
+        if zero_point:
+            lines.append("  zero_point: true")
         if granularity == "per_group":
             lines.append(f"  group_size: {rng.choice(group_sizes)}")
-            if scales == "separate" and rng.random() < 0.5:  # a second level (NVFP4's), kept beside the scales
+            if scales == "separate" and not zero_point and rng.random() < 0.5:  # a second level (NVFP4's)
                 lines.append(f"  tensor_scale: {rng.choice(vocab.TENSOR_SCALES)}")
     lines += ["expand:", f"  - models: [{', '.join(chosen)}]", f"    dtypes: [{storage}]"]
     if quantized or vocab.DTYPES[storage].get("record") or rng.random() < 0.3:

@@ -12,7 +12,9 @@
 
 namespace kvforge {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4, flashmla_f8, indexer_f8 };
+enum class DType : uint8_t {
+  f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4, flashmla_f8, indexer_f8, u4, bf16_zero, f32_zero
+};
 
 struct fp16 {
   uint16_t bits;
@@ -36,6 +38,11 @@ struct fp4_e2m1x2 {  // OCP fp4 e2m1: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; no 
 struct int4x2 {  // two's complement, -8..7 (kvforge stores -7..7)
   uint8_t bits;
 };
+// Asymmetric 4-bit codes 0..15, read as (code - zero) * scale with their group's zero point (lmdeploy's
+// int4 KV cache). A layout that stores them keeps each group's scale and zero together (ScaleZero).
+struct uint4x2 {
+  uint8_t bits;
+};
 // A byte of FlashMLA's fp8 MLA record (detail/flashmla_record.hpp): a token's latent as e4m3 codes,
 // an fp32 scale per 128 of them, then the RoPE part in bf16, kv_lora_rank + kv_lora_rank / 32 +
 // 2 * rope bytes in all (656 for DeepSeek-V3). kvforge keeps a record as K then V of one head, so K's
@@ -55,6 +62,19 @@ struct indexer_fp8_byte {
 };
 constexpr int kIndexerTile = 128;  // key values that share one scale
 constexpr int indexer_record_bytes(int width) { return width + 4 * (width / kIndexerTile); }
+// The scale entry of a zero-point layout: a group's scale and its zero point (a whole number 0..15 held in
+// the scale's type), side by side, as lmdeploy keeps its `scales_zeros` ([..., 2]). Only a scale, never
+// storage; the entry is one element of the scale buffer, so every size and copy takes it whole.
+template <class S> struct ScaleZero {
+  S scale;
+  S zero;
+};
+// Whether a scale dtype is a zero-point entry (ScaleZero), and the dtype of its two values (bf16 for
+// bf16_zero; any other dtype is its own).
+constexpr bool is_zero_point_scale(DType t) { return t == DType::bf16_zero || t == DType::f32_zero; }
+constexpr DType scale_value_dtype(DType t) {
+  return t == DType::bf16_zero ? DType::bf16 : t == DType::f32_zero ? DType::f32 : t;
+}
 // OCP MX's scale type: a bare exponent, the value 2^(bits - 127); 0xff is NaN. Only a scale, never
 // storage.
 struct ue8m0 {
@@ -76,6 +96,9 @@ constexpr int dtype_size(DType t) {
     case DType::i4: return 1;      // two values
     case DType::flashmla_f8: return 1;  // a byte of a record
     case DType::indexer_f8: return 1;   // a byte of a page of index keys
+    case DType::u4: return 1;           // two values
+    case DType::bf16_zero: return 4;    // a bf16 scale and a bf16 zero point
+    case DType::f32_zero: return 8;     // an fp32 scale and an fp32 zero point
   }
   return 0;
 }
@@ -95,6 +118,9 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::i4: return "int4";
     case DType::flashmla_f8: return "flashmla_fp8";
     case DType::indexer_f8: return "indexer_fp8";
+    case DType::u4: return "uint4";
+    case DType::bf16_zero: return "bf16_zero";
+    case DType::f32_zero: return "fp32_zero";
   }
   return "?";
 }
@@ -113,10 +139,13 @@ template <> struct dtype_of<fp4_e2m1x2> { static constexpr DType value = DType::
 template <> struct dtype_of<int4x2> { static constexpr DType value = DType::i4; };
 template <> struct dtype_of<flashmla_fp8_byte> { static constexpr DType value = DType::flashmla_f8; };
 template <> struct dtype_of<indexer_fp8_byte> { static constexpr DType value = DType::indexer_f8; };
+template <> struct dtype_of<uint4x2> { static constexpr DType value = DType::u4; };
+template <> struct dtype_of<ScaleZero<bf16>> { static constexpr DType value = DType::bf16_zero; };
+template <> struct dtype_of<ScaleZero<float>> { static constexpr DType value = DType::f32_zero; };
 
 // Values one stored element holds: 2 for the 4-bit types, else 1. Rows of D values take
 // D / dtype_values elements of dtype_size bytes.
-constexpr int dtype_values(DType t) { return t == DType::f4e2m1 || t == DType::i4 ? 2 : 1; }
+constexpr int dtype_values(DType t) { return t == DType::f4e2m1 || t == DType::i4 || t == DType::u4 ? 2 : 1; }
 template <class T> inline constexpr int kValuesPerElement = dtype_values(dtype_of<T>::value);
 
 // Stored elements of one head's row of head_dim values: head_dim / dtype_values, or for FlashMLA's
@@ -130,7 +159,7 @@ constexpr int stored_row(DType storage, int head_dim, int kv_lora_rank) {
 
 constexpr bool is_quantized(DType t) {
   return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2 || t == DType::f4e2m1 || t == DType::i4 ||
-         t == DType::flashmla_f8 || t == DType::indexer_f8;
+         t == DType::u4 || t == DType::flashmla_f8 || t == DType::indexer_f8;
 }
 
 KVF_HD KVF_INLINE uint32_t float_bits(float f) {

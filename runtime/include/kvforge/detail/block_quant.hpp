@@ -99,11 +99,12 @@ template <int G, class Scale, class Out> KVF_HD KVF_INLINE void dequantize_int4(
   for (int i = 0; i < G; ++i) x[i] = from_float<Out>(Codec<int4x2>::decode_nibble(nibble(packed, i)) * s);
 }
 
-// int4, asymmetric (lmdeploy's): codes 0..15 with a scale (max - min) / 15 and a zero point
-// round(-min / scale) in 0..15; value = (code - zero) * scale. The range always holds 0 (so 0 is a code
-// exactly), an all-zero group gets scale 1, and NaN encodes as the zero point.
+// int4, asymmetric (lmdeploy's): a group of G values as a `uint4` cache stores it (quant.hpp's
+// Codec<uint4x2>, range_scale and zero_point), with an fp32 scale and a 0..15 zero point: the finite
+// range widened to hold 0 (so 0 is a code exactly) in 15 steps, value = (code - zero) * scale. An
+// all-zero group gets scale 1, and NaN encodes as the zero point.
 template <int G, class In> KVF_HD KVF_INLINE float quantize_int4_asymmetric(const In* x, uint8_t* packed, uint8_t& zero) {
-  float lo = 0.0f, hi = 0.0f;  // the range includes 0, so 0 is a code exactly
+  float lo = 0.0f, hi = 0.0f;
   for (int i = 0; i < G; ++i) {
     const float v = to_float(x[i]);
     if (v - v == 0.0f) {  // finite
@@ -111,21 +112,14 @@ template <int G, class In> KVF_HD KVF_INLINE float quantize_int4_asymmetric(cons
       hi = v > hi ? v : hi;
     }
   }
-  const float range = hi - lo;
-  const float scale = range > 0.0f ? range / 15.0f : 1.0f;
-  const float z = round_half_even_small(-lo / scale);
-  zero = uint8_t(z < 0.0f ? 0.0f : z > 15.0f ? 15.0f : z);
-  for (int i = 0; i < G; ++i) {
-    const float v = to_float(x[i]);
-    float q = v == v ? round_half_even_small((v / scale < 32.0f ? (v / scale > -32.0f ? v / scale : -32.0f) : 32.0f)) + float(zero)
-                     : float(zero);
-    q = q < 0.0f ? 0.0f : q > 15.0f ? 15.0f : q;
-    put_nibble(packed, i, uint8_t(q));
-  }
+  const float scale = range_scale(lo, hi);
+  const float z = zero_point(lo, scale);
+  zero = uint8_t(z);
+  for (int i = 0; i < G; ++i) put_nibble(packed, i, Codec<uint4x2>::code(to_float(x[i]) / scale, z));
   return scale;
 }
 template <int G, class Out> KVF_HD KVF_INLINE void dequantize_int4_asymmetric(const uint8_t* packed, float scale, uint8_t zero, Out* x) {
-  for (int i = 0; i < G; ++i) x[i] = from_float<Out>((float(nibble(packed, i)) - float(zero)) * scale);
+  for (int i = 0; i < G; ++i) x[i] = from_float<Out>(Codec<uint4x2>::decode_nibble(nibble(packed, i), float(zero)) * scale);
 }
 
 }  // namespace kvforge::detail

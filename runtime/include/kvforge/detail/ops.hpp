@@ -120,6 +120,10 @@ template <class Traits, class Exec> struct Ops {
   // Dynamic scales one token holds per K or V: kScaleHeads heads of kGroups each.
   static constexpr int kScalesPerToken = scales_per_token(kQuant, H, kGroups);
   static constexpr int kScaleHeads = kScalesPerToken / kGroups;
+  // Asymmetric 4-bit codes (uint4): a scale entry is a group's scale and zero point (ScaleZero).
+  static constexpr bool kZeroPoint = std::is_same_v<Store, uint4x2>;
+  static_assert(!kZeroPoint || kQuant == Quant::per_token_head || kQuant == Quant::per_group,
+                "a zero point is a head's group's");
   // Values one stored element holds (2 for packed 4-bit codes), and the stored elements of a head's row:
   // what the pool's rows, copies and pages count, where inputs count D.
   static constexpr int kValues = kValuesPerElement<Store>;

@@ -27,6 +27,7 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
   using O::kTensorScaled;
   using O::kTokenLanes;
   using O::kValues;
+  using O::kZeroPoint;
   using O::chunk_group;
 
   // The second-level scale of (layer, K or V): 1, a constant, where the layout has none.
@@ -50,7 +51,9 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
                                                int token_lanes) {
     const int lanes = token_lanes < kElementLanes ? token_lanes : kElementLanes;
     if (lane >= lanes) return;
-    if constexpr (kQuant == Quant::per_tensor) {
+    if constexpr (kZeroPoint) {
+      quantize_zero_token(dst, dst_head, scale, scale_head, src, src_head, lane, lanes);
+    } else if constexpr (kQuant == Quant::per_tensor) {
       const float s = to_float(*scale);
       for (int h = 0; h < H; ++h) encode_groups<D, D, Exec>(dst + h * dst_head, src + h * src_head, &s, lane, lanes);
     } else if constexpr (kQuant == Quant::per_token) {
@@ -97,6 +100,44 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
         }
         encode_groups<D, kGroup, Exec>(dst + h * dst_head, row, s, lane, lanes);
       }
+    }
+  }
+
+  // A zero-point token (uint4): each group's finite range, widened to hold 0, gives its scale and zero
+  // point (quant.hpp), stored side by side. One lane stages the whole token as kStagesWholeToken does;
+  // lanes that stride a row take a group at a time, its range one reduction over them (0 - lo, not -lo:
+  // a lane's lo of +0 would give -0, whose bits exceed every positive float's).
+  KVF_HD static KVF_INLINE void quantize_zero_token(Store* dst, int64_t dst_head, Scale* scale, int64_t scale_head,
+                                                    const In* src, int64_t src_head, int lane, int lanes) {
+    using S = decltype(Scale::scale);
+    if constexpr (!kLanesStrideRows && kTokenGroups <= 4096) {
+      float lo[kTokenGroups], hi[kTokenGroups];
+      for (int h = 0; h < H; ++h)
+        for (int g = 0; g < kGroups; ++g)
+          row_range<kGroup, Exec>(src + h * src_head + g * kGroup, 0, 1, lo[h * kGroups + g], hi[h * kGroups + g]);
+      S stored[kTokenGroups];
+      for (int i = 0; i < kTokenGroups; ++i) stored[i] = store_scale<S>(range_scale(lo[i], hi[i]));
+      float s[kTokenGroups], z[kTokenGroups];
+      for (int i = 0; i < kTokenGroups; ++i) s[i] = to_float(stored[i]);
+      for (int i = 0; i < kTokenGroups; ++i) z[i] = zero_point(lo[i], s[i]);
+      for (int h = 0; h < H; ++h)
+        for (int g = 0; g < kGroups; ++g)
+          scale[h * scale_head + g] = Scale{stored[h * kGroups + g], from_float<S>(z[h * kGroups + g])};
+      for (int h = 0; h < H; ++h)
+        encode_zero_groups<D, kGroup, Exec>(dst + h * dst_head, src + h * src_head, s + h * kGroups, z + h * kGroups, 0, 1);
+    } else {
+      for (int h = 0; h < H; ++h)
+        for (int g = 0; g < kGroups; ++g) {
+          const In* group = src + h * src_head + g * kGroup;
+          float lo, hi;
+          row_range<kGroup, Exec>(group, lane, lanes, lo, hi);
+          lo = -bits_float(Exec::template lane_max<kElementLanes>(float_bits(0.0f - lo)));
+          hi = bits_float(Exec::template lane_max<kElementLanes>(float_bits(hi)));
+          const S stored = store_scale<S>(range_scale(lo, hi));
+          const float s = to_float(stored), z = zero_point(lo, s);
+          if (lane == 0) scale[h * scale_head + g] = Scale{stored, from_float<S>(z)};
+          encode_zero_row<kGroup, Exec>(dst + h * dst_head + g * (kGroup / 2), group, s, z, lane, lanes);
+        }
     }
   }
 
@@ -252,7 +293,12 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
   template <class Out>
   KVF_HD static KVF_INLINE void decode_head(Out* dst, const Store* src, const Scale* scale, float tensor, int lane,
                                             int lanes) {
-    if constexpr (kQuant == Quant::per_group && kLanesStrideRows) {  // each lane its own elements' group
+    if constexpr (kZeroPoint) {
+      float s[kGroups], z[kGroups];
+      for (int g = 0; g < kGroups; ++g) s[g] = to_float(scale[g].scale);
+      for (int g = 0; g < kGroups; ++g) z[g] = to_float(scale[g].zero);
+      decode_zero_groups<D, kGroup, Exec>(dst, src, s, z, lane, lanes);
+    } else if constexpr (kQuant == Quant::per_group && kLanesStrideRows) {  // each lane its own elements' group
       for (int e = Exec::row_begin(lane); e < kStoredDim; e += Exec::row_step(lanes)) {
         const float s = scale_value(scale[e / kGroupElems], tensor);
         if constexpr (kValues == 2) {
