@@ -39,4 +39,25 @@ inline int64_t ref_index_key_byte(int64_t P, int64_t W, int64_t slot, int64_t j)
   return j < W ? slot * W + j : P * W + slot * (W / 32) + (j - W);
 }
 
+// Keys of two tiles whose amaxes sit on and beside the scale's edges: an all-zero key and one below the
+// 1e-4 floor, amaxes exactly at and just past a power of two times 448, and tiles of different scales.
+inline std::vector<std::vector<float>> ref_index_edge_keys() {
+  std::vector<std::vector<float>> keys;
+  auto key = [&](float amax0, float amax1) {
+    std::vector<float> k(256);
+    for (int i = 0; i < 256; ++i) {
+      const float amax = i < 128 ? amax0 : amax1;
+      k[size_t(i)] = amax * float((i * 37) % 101 - 50) / 50.0f;  // reaches -amax at i % 101 == 0 ... and +amax
+    }
+    keys.push_back(k);
+  };
+  key(0.0f, 0.0f);                                 // all zero: the floor's scale, codes 0
+  key(1e-6f, 3e-5f);                               // below the floor
+  key(448.0f, 448.0f * 1024.0f);                   // amax / 448 a power of two exactly
+  key(std::nextafter(448.0f, 1e9f), 1.0f / 64);   // just past one: the next power of two
+  key(1e-4f, 2.5f);                                // at the floor
+  key(-7.0f, 65504.0f);                            // a negative-led tile, an fp16-sized one
+  return keys;
+}
+
 }  // namespace kvtest

@@ -1,8 +1,8 @@
 // DeepSeek-V3.2's fp8 index keys (`indexer_fp8`, detail/indexer_record.hpp), held to an encoder written
 // from vLLM's indexer_k_quant_and_cache (indexer_reference.hpp):
-//   - the codec's one-lane and lane-split forms give its bytes for keys at every scale edge: an all-zero
-//     key and one below the 1e-4 floor, amaxes exactly at and just past a power of two times 448, and
-//     two tiles of different scales; and read them back as the encoder's values;
+//   - the codec's one-lane form gives its bytes for keys at every scale edge (ref_index_edge_keys), and
+//     its one-lane and lane-split decodes read them back as the encoder's values (test_quant_lanes.cpp
+//     codes them on a warp's emulated lanes);
 //   - every indexer_fp8 variant, on each device, puts each appended key's codes and scale where vLLM's
 //     formula puts them in its page, and leaves every other byte of the pool as it was;
 //   - beside FlashMLA's fp8 records in pages of 64 (DeepSeek-V3.2 as vLLM serves it), one page table
@@ -25,40 +25,17 @@ namespace {
 
 using kvforge::detail::IndexerRecord;
 
-// Keys of two tiles whose amaxes sit on and beside the scale's edges.
-std::vector<std::vector<float>> edge_keys() {
-  std::vector<std::vector<float>> keys;
-  auto key = [&](float amax0, float amax1) {
-    std::vector<float> k(256);
-    for (int i = 0; i < 256; ++i) {
-      const float amax = i < 128 ? amax0 : amax1;
-      k[size_t(i)] = amax * float((i * 37) % 101 - 50) / 50.0f;  // reaches -amax at i % 101 == 0 ... and +amax
-    }
-    keys.push_back(k);
-  };
-  key(0.0f, 0.0f);                                 // all zero: the floor's scale, codes 0
-  key(1e-6f, 3e-5f);                               // below the floor
-  key(448.0f, 448.0f * 1024.0f);                   // amax / 448 a power of two exactly
-  key(std::nextafter(448.0f, 1e9f), 1.0f / 64);   // just past one: the next power of two
-  key(1e-4f, 2.5f);                                // at the floor
-  key(-7.0f, 65504.0f);                            // a negative-led tile, an fp16-sized one
-  return keys;
-}
-
 TEST(IndexerRecord, EveryFormGivesVllmsBytesAtEachScaleEdgeAndReadsThemBack) {
   using Key = IndexerRecord<256>;
-  for (const std::vector<float>& x : edge_keys()) {
+  for (const std::vector<float>& x : ref_index_edge_keys()) {
     const RefRecord want = ref_index_key(x, DType::f32);
     const float *k = x.data(), *v = x.data() + Key::D;
-    std::vector<uint8_t> codes(256, 0xee), scales(8, 0xee), split_codes(256, 0xee), split_scales(8, 0xee);
+    std::vector<uint8_t> codes(256, 0xee), scales(8, 0xee);
     Key::encode_whole(k, v, codes.data(), scales.data());
-    for (int lane = 0; lane < 32; ++lane) Key::encode(k, v, split_codes.data(), split_scales.data(), lane, 32);
     const std::vector<uint8_t> want_codes(want.bytes.begin(), want.bytes.begin() + 256);
     const std::vector<uint8_t> want_scales(want.bytes.begin() + 256, want.bytes.end());
     ASSERT_EQ(codes, want_codes) << "amax " << x[0];
     ASSERT_EQ(scales, want_scales) << "amax " << x[0];
-    ASSERT_EQ(split_codes, want_codes);
-    ASSERT_EQ(split_scales, want_scales);
     std::vector<float> whole(256, -1.0f), lanes(256, -1.0f);
     Key::decode_whole(codes.data(), scales.data(), whole.data(), whole.data() + Key::D);
     for (int lane = 0; lane < 32; ++lane)

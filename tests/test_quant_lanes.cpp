@@ -1,12 +1,15 @@
 // The CUDA write's quantizer and gather, run on host lanes: the chunked quantizer's coverage of a
 // token's elements and its codes, and one token through Ops' quantize and dequantize with a CUDA
-// item's lanes emulated on threads, both against the independent reference quantizer.
+// item's lanes emulated on threads, both against the independent reference quantizer; and an fp8
+// index key coded over a warp's lanes, against vLLM's bytes.
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "indexer_reference.hpp"
+#include "kvforge/detail/indexer_record.hpp"
 #include "kvforge/detail/quant_ops.hpp"
 #include "kvforge/detail/quant_chunks.hpp"
 #include "kvforge/backends/cpu/exec_cpu.hpp"
@@ -362,6 +365,22 @@ TEST(ChunkedQuantizer, TensorScaledGroupsAcrossEmulatedLanesMatchTheReference) {
       DType::f8e4m3, DType::bf16, DType::f8e4m3, 42);
   static_assert(detail::Ops<ChunkedTraits<fp8_e4m3, bf16, fp8_e4m3, Quant::per_group, 4, 64, 16, true>,
                             EmulatedCudaExec>::kChunkedQuant);
+}
+
+// DeepSeek-V3.2's index key coded on a CUDA item's 32 lanes, emulated (IndexerRecord::encode, as the
+// CUDA write calls it): each tile's amax one reduction over them, each lane its own values; vLLM's bytes
+// (indexer_reference.hpp) at every scale edge.
+TEST(IndexKeyOnEmulatedLanes, AWarpCodesVllmsBytesAtEachScaleEdge) {
+  using Key = detail::IndexerRecord<256>;
+  for (const std::vector<float>& x : ref_index_edge_keys()) {
+    const RefRecord want = ref_index_key(x, DType::f32);
+    std::vector<uint8_t> codes(256, 0xee), scales(8, 0xee);
+    ASSERT_TRUE(EmulatedLanes::run(32, [&](int lane) {
+      Key::encode<EmulatedCudaExec, 32>(x.data(), x.data() + Key::D, codes.data(), scales.data(), lane);
+    }));
+    ASSERT_EQ(codes, std::vector<uint8_t>(want.bytes.begin(), want.bytes.begin() + 256)) << "amax " << x[0];
+    ASSERT_EQ(scales, std::vector<uint8_t>(want.bytes.begin() + 256, want.bytes.end())) << "amax " << x[0];
+  }
 }
 
 // One CPU lane's amaxes over a whole token (row_codecs.hpp's group_amaxes: pairs of neighbours folded

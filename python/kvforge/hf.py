@@ -36,6 +36,8 @@ import kvforge
 import kvforge.jit
 from kvforge.torch_dtypes import TORCH_DTYPES
 
+INDEX_KEY_FORMS = (None, "fp8")  # KvforgeCache's index_keys: the cache's input dtype, or vLLM's fp8 keys
+
 
 
 class KvforgeLayer(CacheLayerMixin):
@@ -99,6 +101,9 @@ class KvforgeCache(Cache):
     was checkpointed (state_checkpoints records, default one per such boundary of the pool).
     states_in_pages: the states lie in the paged cache's own pages, one page a sequence from the same
     free list as K/V (StatePool.in_pages_of; the record must be known, and sequences start with add()).
+    index_keys: how DeepSeek sparse attention's index keys are kept: None, in the cache's input dtype; or
+    "fp8", as vLLM and SGLang keep them (storage `indexer_fp8` in `vllm_indexer`'s pages of 64: e4m3 codes
+    and a power-of-two fp32 scale per 128 values), over a variant of pages of 64 (`flashmla_paged`).
 
     Beyond `generate`, a paged cache serves sequences over one pool at different times (continuous
     batching): `add(seq, prompt)` returns how many prompt tokens the prefix cache already holds,
@@ -109,8 +114,11 @@ class KvforgeCache(Cache):
 
     def __init__(self, variant, config, batch_size=1, pages=None, prefix_caching=False, tensor_scales=None,
                  device="cpu", state_slots=None, state_record=None, checkpoint_every=4, state_checkpoints=None,
-                 kv_heads_per_layer=None, states_in_pages=False):
+                 kv_heads_per_layer=None, states_in_pages=False, index_keys=None):
         d = kvforge.describe(variant)
+        if index_keys not in INDEX_KEY_FORMS:
+            raise kvforge.ArgumentError(f"index_keys: {index_keys!r} (allowed: {', '.join(map(repr, INDEX_KEY_FORMS))})")
+        self.index_keys = index_keys
         text = config.get_text_config(decoder=True)
         head_dim = kvforge.jit.head_dim_of(text)
         types = kvforge.jit.layer_types(text)
@@ -413,16 +421,27 @@ class KvforgeCache(Cache):
         return keys.to(model_dtype), values.to(model_dtype)
 
     def _index_variant(self, d):
-        """The indexer keys' variant: the layout's, one record of index_head_dim values a token held as K then V
-        of one head, stored as the cache's input dtype, built on first use."""
+        """The indexer keys' variant: one record of index_head_dim values a token held as K then V of one head,
+        in the layout's pages as the cache's input dtype, or (index_keys "fp8") vLLM's fp8 keys in
+        `vllm_indexer`'s; a registered variant of those dimensions, or one built on first use."""
         if not self.index_width:
             return None
         if self.index_width % 2 or d.hybrid:
             raise kvforge.UnsupportedError(f"config.index_head_dim: {self.index_width} index keys over {d.name} "
                                            f"(allowed: an even width over a paged, non-hybrid layout)")
         spec = {"layers": d.layers, "kv_heads": 1, "head_dim": self.index_width // 2, "max_seq_len": d.max_seq_len}
+        layout, storage = (d.layout, d.input) if self.index_keys is None else ("vllm_indexer", "indexer_fp8")
+        if self.index_keys == "fp8" and self.index_width % 128:
+            raise kvforge.UnsupportedError(f"index_keys: 'fp8' keys are scaled per 128 values, and the model's "
+                                           f"index_head_dim is {self.index_width} (allowed: a multiple of 128)")
+        # A registered variant of these dimensions serves as it is (its pages must be the main cache's: the
+        # pair refuses others, naming both); another is built on first use.
+        for e in kvforge.variants(layout=layout, storage=storage, input=d.input):
+            if (e.layers, e.heads, e.head_dim) == (d.layers, 1, spec["head_dim"]) and e.max_seq_len >= d.max_seq_len \
+                    and not (e.hybrid or e.mla or e.kv_widths or e.linear_layers or e.shard_of != e.model):
+                return e.name
         spec["name"] = kvforge.jit.on_demand.named_by_content(spec, "hf_index_")
-        return kvforge.variant(d.layout, spec, d.input).name
+        return kvforge.variant(layout, spec, storage, d.input).name
 
     def _update_indexer(self, layer, keys):
         """Index keys [batch, new, width] of this forward's tokens into the companion cache, at the slots the

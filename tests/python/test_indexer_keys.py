@@ -5,17 +5,22 @@
     64 keys' codes, then their fp32 power-of-two scales; the views "pages" (SGLang's buffer), "codes" and
     "scales" are that memory, and a gather returns code * scale;
   - the keys of transformers' own DeepseekV32 (a tiny random config made here, index_head_dim 128) read
-    back within e4m3's bound, beside FlashMLA's fp8 records in a companion cache over the same pages.
+    back within e4m3's bound, beside FlashMLA's fp8 records in a companion cache over the same pages;
+  - and the same model generates through kvforge.hf with index_keys="fp8" the tokens of a transformers
+    cache whose indexer keeps each key as vLLM's rule, written here in torch, gives it back.
 """
 
 import math
 
+import pytest
 import torch
 import transformers
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicIndexedLayer
 
 import kvforge
-from test_hf_mla import SMALL  # transformers' MLA dimensions, scaled down
+import kvforge.hf
+from test_hf_mla import SMALL, generate  # transformers' MLA dimensions, scaled down
 
 KEYS = "vllm_indexer.tiny_indexer.indexer_fp8_in_bf16"
 
@@ -81,3 +86,38 @@ def test_deepseek_v32s_keys_beside_flashmlas_records_within_e4m3s_bound():
         # the read-back is then rounded to bf16.
         bound = torch.maximum(x.abs() / 16, scale * 2.0 ** -10) * (1 + 2.0 ** -7)
         assert ((got - x).abs() <= bound).all(), ((got - x).abs() - bound).max()
+
+
+def vllm_fp8_key(keys):
+    """keys [.., W] as vLLM's fp8 index keys read back: per 128 values, a scale of the smallest power of two
+    >= max(amax, 1e-4) / 448 (frexp, exactly), codes through torch's e4m3 cast, code * scale in keys' dtype."""
+    tiles = keys.float().unflatten(-1, (-1, 128))
+    wanted = tiles.abs().amax(-1, keepdim=True).clamp(min=1e-4) / 448.0
+    mantissa, exponent = torch.frexp(wanted)  # wanted = mantissa * 2^exponent, mantissa in [0.5, 1)
+    scale = torch.ldexp(torch.ones_like(wanted), torch.where(mantissa == 0.5, exponent - 1, exponent))
+    return ((tiles / scale).to(torch.float8_e4m3fn).float() * scale).flatten(-2).to(keys.dtype)
+
+
+class Fp8IndexKeys(DynamicIndexedLayer):
+    """transformers' indexed layer, keeping each new index key as vLLM's fp8 rule gives it back."""
+
+    def update_indexer(self, indexer_key_states):
+        return super().update_indexer(vllm_fp8_key(indexer_key_states))
+
+
+def test_hf_generates_with_fp8_index_keys_what_vllms_rule_gives():
+    # The attention's records in bf16 (FlashMLA's pages of 64, exact), the index keys in vLLM's fp8 pages
+    # beside them: the registered tiny_indexer keys serve this model's 2 layers of 128-value keys.
+    config = transformers.DeepseekV32Config(**{**SMALL, "kv_lora_rank": 24, "qk_rope_head_dim": 8,
+                                               "num_hidden_layers": 2, "max_position_embeddings": 64,
+                                               "q_lora_rank": 16, "index_n_heads": 2, "index_head_dim": 128,
+                                               "index_topk": 4})
+    torch.manual_seed(0)
+    model = transformers.DeepseekV32ForCausalLM(config).eval().to(torch.bfloat16)
+    ours = kvforge.hf.KvforgeCache("flashmla_paged.tiny_mla.bf16", config, batch_size=2, index_keys="fp8")
+    assert ours.kv.companion.descriptor.name == KEYS
+    reference = Cache(layers=[Fp8IndexKeys() for _ in range(config.num_hidden_layers)])
+    assert torch.equal(generate(model, ours), generate(model, reference))
+    with pytest.raises(kvforge.ArgumentError, match="index_keys: 'fp4' .allowed: None, 'fp8'."):
+        kvforge.hf.KvforgeCache("flashmla_paged.tiny_mla.bf16", config, index_keys="fp4")
+

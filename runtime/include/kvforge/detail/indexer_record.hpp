@@ -47,21 +47,22 @@ template <int W> struct IndexerRecord {
     return to_float(i < D ? first[i] : second[i - D]);
   }
 
-  // key halves [D] + [D] -> its codes [W] and scales [kTiles]. Lane `lane` of `lanes` takes tiles lane,
-  // lane + lanes, ...; each lane's bytes are its own.
-  template <class In>
-  KVF_HD static KVF_INLINE void encode(const In* first, const In* second, uint8_t* code, uint8_t* scale, int lane,
-                                       int lanes) {
-    for (int t = lane; t < kTiles; t += lanes) {
+  // key halves [D] + [D] -> its codes [W] and scales [kTiles] on an item's Lanes lanes (CUDA): a tile's
+  // amax is one reduction over them (Exec::lane_max, which every lane reaches), then lane l codes values
+  // l, l + Lanes, ... of the tile, and lane 0 stores its scale. A tile of 128 takes 4 values a lane of a
+  // warp, where one lane coded it whole while 31 waited.
+  template <class Exec, int Lanes, class In>
+  KVF_HD static KVF_INLINE void encode(const In* first, const In* second, uint8_t* code, uint8_t* scale, int lane) {
+    for (int t = 0; t < kTiles; ++t) {
       uint32_t m = 0;
-      for (int i = 0; i < kIndexerTile; ++i) {
+      for (int i = lane; i < kIndexerTile; i += Lanes) {
         const uint32_t b = magnitude_bits(value(first, second, t * kIndexerTile + i));
         m = m > b ? m : b;
       }
-      const float s = scale_of(bits_float(m));
-      for (int i = 0; i < kIndexerTile; ++i)
+      const float s = scale_of(bits_float(Exec::template lane_max<Lanes>(m)));
+      for (int i = lane; i < kIndexerTile; i += Lanes)
         code[t * kIndexerTile + i] = E4M3::encode(value(first, second, t * kIndexerTile + i) / s);
-      std::memcpy(scale + 4 * t, &s, 4);
+      if (lane == 0) std::memcpy(scale + 4 * t, &s, 4);
     }
   }
 

@@ -177,7 +177,7 @@ template <class Traits, class Exec> struct WriteOps : QuantOps<Traits, Exec> {
         if constexpr (O::kRecordWhole)
           O::IndexKey::encode_whole(k, v, codes, scales);
         else
-          O::IndexKey::encode(k, v, codes, scales, lane, lanes);
+          O::IndexKey::template encode<Exec, O::kTokenLanes>(k, v, codes, scales, lane);
       } else if constexpr (O::kFlashMla) {
         auto* record = reinterpret_cast<uint8_t*>(dst);
         for (int h = 0; h < H; ++h) {
