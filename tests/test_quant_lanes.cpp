@@ -12,6 +12,7 @@
 #include "kvforge/detail/indexer_record.hpp"
 #include "kvforge/detail/quant_ops.hpp"
 #include "kvforge/detail/quant_chunks.hpp"
+#include "kvforge/detail/write_ops.hpp"
 #include "kvforge/backends/cpu/exec_cpu.hpp"
 #include "quant_reference.hpp"
 
@@ -365,6 +366,43 @@ TEST(ChunkedQuantizer, TensorScaledGroupsAcrossEmulatedLanesMatchTheReference) {
       DType::f8e4m3, DType::bf16, DType::f8e4m3, 42);
   static_assert(detail::Ops<ChunkedTraits<fp8_e4m3, bf16, fp8_e4m3, Quant::per_group, 4, 64, 16, true>,
                             EmulatedCudaExec>::kChunkedQuant);
+}
+
+// The CPU write's tile path (several tokens of a head-major row at once, WriteOps::quantize_tile) for
+// zero-point codes: each token's codes, scales and zero points as the reference gives them. Only layouts
+// whose positions lie inside a head's run take it (JetStream's, FlashInfer's HND); the default spec's
+// NHD pages do not, and a variant over HND failed to compile before the path knew zero points.
+TEST(ZeroPointTile, EachTokenOfATileMatchesTheReference) {
+  using Traits = ChunkedTraits<uint4x2, bf16, ScaleZero<bf16>, Quant::per_group, 3, 64, 16>;
+  using Write = detail::WriteOps<Traits, detail::CpuExec<2>>;
+  constexpr int H = 3, D = 64, G = D / 16, n = 4;
+  VariantDescriptor d{};
+  d.heads = H, d.head_dim = D, d.storage = DType::u4, d.input = DType::bf16, d.quant = Quant::per_group;
+  d.scale = DType::bf16_zero, d.quant_group = 16;
+  std::mt19937 rng(71);
+  std::vector<std::vector<bf16>> x(n, std::vector<bf16>(size_t(H) * D));
+  std::vector<std::vector<uint4x2>> codes(n, std::vector<uint4x2>(size_t(H) * D / 2));
+  std::vector<std::vector<ScaleZero<bf16>>> scales(n, std::vector<ScaleZero<bf16>>(size_t(H) * G));
+  uint4x2* dst[n];
+  ScaleZero<bf16>* scale[n];
+  const bf16* src[n];
+  const float tensor[n] = {1.0f, 1.0f, 1.0f, 1.0f};
+  for (int j = 0; j < n; ++j) {
+    for (auto& v : x[size_t(j)]) v = from_float<bf16>(std::uniform_real_distribution<float>(-2.0f, 6.0f)(rng) * float(j + 1));
+    dst[j] = codes[size_t(j)].data(), scale[j] = scales[size_t(j)].data(), src[j] = x[size_t(j)].data();
+  }
+  Write::quantize_tile(dst, 0, D / 2, scale, G, tensor, src, D, n);
+  for (int j = 0; j < n; ++j) {
+    std::vector<float> xf(x[size_t(j)].size());
+    for (size_t e = 0; e < xf.size(); ++e) xf[e] = to_float(x[size_t(j)][e]);
+    const RefToken want = ref_quantize(d, xf, 1.0f);
+    for (int g = 0; g < H * G; ++g) {
+      ASSERT_EQ(to_float(scales[size_t(j)][size_t(g)].scale), want.scales[size_t(g)]) << "token " << j << " group " << g;
+      ASSERT_EQ(to_float(scales[size_t(j)][size_t(g)].zero), want.zeros[size_t(g)]) << "token " << j << " group " << g;
+    }
+    for (size_t e = 0; e < xf.size(); ++e)
+      ASSERT_EQ((codes[size_t(j)][e / 2].bits >> (4 * (e % 2))) & 0xf, want.codes[e]) << "token " << j << " element " << e;
+  }
 }
 
 // DeepSeek-V3.2's index key coded on a CUDA item's 32 lanes, emulated (IndexerRecord::encode, as the

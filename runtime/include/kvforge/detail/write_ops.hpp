@@ -284,10 +284,21 @@ template <class Traits, class Exec> struct WriteOps : QuantOps<Traits, Exec> {
     if (lane == 0 && w.row >= 0) Exec::atomic_max(&a.row_length[w.row], w.length);
   }
 
-  // K or V of n tokens into codes, head by head (the tile path of write): each token's scale first
-  // where one scale covers all its heads, then every head's row of every token.
+  // K or V of n tokens into codes (the tile path of write). A zero-point token is staged whole, as one
+  // lane's quantize_token does; the others go head by head.
   static void quantize_tile(Store* const* dst, int64_t dst_kv, int64_t dst_head, Scale* const* scale,
                             int64_t scale_head, const float* tensor, const In* const* src, int64_t src_head, int n) {
+    if constexpr (O::kZeroPoint) {
+      for (int j = 0; j < n; ++j)
+        O::quantize_zero_token(dst[j] + dst_kv, dst_head, scale[j], scale_head, src[j], src_head, 0, 1);
+    } else {
+      quantize_tile_heads(dst, dst_kv, dst_head, scale, scale_head, tensor, src, src_head, n);
+    }
+  }
+  // Each token's scale first where one scale covers all its heads, then every head's row of every token.
+  static void quantize_tile_heads(Store* const* dst, int64_t dst_kv, int64_t dst_head, Scale* const* scale,
+                                  int64_t scale_head, const float* tensor, const In* const* src, int64_t src_head,
+                                  int n) {
     float token_scale[kTile > 1 ? kTile : 1];
     for (int j = 0; j < n; ++j) {
       if constexpr (kQuant == Quant::per_tensor) {
