@@ -155,8 +155,9 @@ int main(int argc, char** argv) {
     std::printf("memory utilization %.1f%% (live-token bytes / bytes of pages held)\n", 100 * engine.manager().utilization());
     engine.manager().check_invariants();
     // The documented bound (docs/quantization.md) at this model's largest |value|, 8.5: half a scale step
-    // of int8, int4 and uint4 (whose step is a range of at most 17 over 15), or half the float grid's spacing (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2
-    // for e2m1, whose subnormal step is half its scale), plus the input dtype's rounding of the result.
+    // of int8, int4 and uint4 (whose step is a range of at most 17 over 15), or half the float grid's
+    // spacing (relative 2^-4 for e4m3, 2^-3 for e5m2, 2^-2 for e2m1, whose subnormal step is half its
+    // scale), plus the input dtype's rounding of the result.
     // A dynamic scale is amax / qmax rounded up, by scale_round_up (at a tensor scale of 1 this model's
     // group scales are normal e4m3 values).
     const DType storage = e.descriptor->storage;
