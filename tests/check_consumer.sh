@@ -16,7 +16,10 @@ if [ "$mode" = install ]; then
 else
   work="$2"
   rm -rf "$work" && mkdir -p "$work"
-  cmake -S "$here/consumer" -B "$work/build" -G Ninja "${build_type[@]}" -DKVFORGE_SOURCE="$here/.." >/dev/null
+  # The CPU levels of the build that runs this test (tests/CMakeLists.txt passes them), as a user's
+  # project would choose its own.
+  cmake -S "$here/consumer" -B "$work/build" -G Ninja "${build_type[@]}" -DKVFORGE_SOURCE="$here/.." \
+        -DKVFORGE_CPU_LEVELS="${KVFORGE_CPU_LEVELS:-all}" >/dev/null
 fi
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer"

@@ -32,7 +32,8 @@ const char* kUsage =
     "        whether one page holds it in place (StatePool over the cache: one pool, one free\n"
     "        list); the smallest page that does, and the padding a state leaves in it; and the order\n"
     "        of a pool of its own (the layout's state_axes, outermost first)\n"
-    "  cpu   the x86-64 level the CPU kernels run at, and the widest this CPU supports; the\n"
+    "  cpu   the x86-64 level the CPU kernels run at, the widest this CPU supports, and the levels\n"
+    "        this build has kernels for (CMake's KVFORGE_CPU_LEVELS); where it has several, the\n"
     "        environment variable KVFORGE_CPU_LEVEL=2|3|4 runs a narrower one\n"
     "  help  this text\n";
 
@@ -306,8 +307,11 @@ int states(int argc, char** argv) {
 }
 
 int cpu() {
-  std::printf("running: %s\nsupported: %s\n", kvforge::cpu_level_name(kvforge::cpu_level()).c_str(),
-              kvforge::cpu_level_name(kvforge::cpu_level_supported()).c_str());
+  const std::vector<int> built = kvforge::cpu_levels_built();
+  std::string levels;
+  for (int level : built) levels += (levels.empty() ? "" : ", ") + kvforge::cpu_level_name(level);
+  std::printf("running: %s\nsupported: %s\nbuilt: %s\n", kvforge::cpu_level_name(kvforge::cpu_level()).c_str(),
+              kvforge::cpu_level_name(kvforge::cpu_level_supported()).c_str(), levels.c_str());
   return 0;
 }
 

@@ -22,6 +22,11 @@ def _built(args: argparse.Namespace) -> tuple:
     return args.backends
 
 
+def _wide_levels(args: argparse.Namespace) -> tuple:
+    """The wider x86-64 levels that get kernel files of their own: none with --one-cpu-level."""
+    return () if args.one_cpu_level else vocab.CPU_WIDE_LEVELS
+
+
 def _backend_list(text: str) -> tuple:
     given = _csv(text)
     unknown = [b for b in given if b not in vocab.BACKENDS]
@@ -89,17 +94,22 @@ def _parser() -> argparse.ArgumentParser:
                         help="qualified name of the generated registry accessor (default: kvforge::registry); "
                              "<name with :: as _>.hpp declares it")
 
+    def one_cpu_level(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--one-cpu-level", action="store_true",
+                        help="no CPU kernel files for the wider x86-64 levels: each variant's file holds the kernels "
+                             "of the level it is compiled for only (an on-demand library, or a build of "
+                             "KVFORGE_CPU_LEVELS=<level> or native, built for one kind of machine)")
+
     sp = sub.add_parser("outputs", help="print the files `generate` would write, one per line (for CMake)")
     common(sp)
     backends(sp)
     registry_function(sp)
+    one_cpu_level(sp)
     sp = sub.add_parser("generate", help="write generated sources into a folder, touching only changed files")
     common(sp)
     backends(sp)
     registry_function(sp)
-    sp.add_argument("--one-cpu-level", action="store_true",
-                    help="no CPU kernel files for the wider x86-64 levels: each variant's file holds the kernels of "
-                         "the level it is compiled for only (an on-demand library, built for one machine)")
+    one_cpu_level(sp)
     sp.add_argument("--out", required=True, help="output folder")
     sp = sub.add_parser("check", help="fail if a folder differs from what the specs generate (stale generated/)")
     common(sp)
@@ -233,12 +243,11 @@ def main(argv: List[str] | None = None) -> int:
         print(f"{len(variants)} variants")
         return 0
     if args.command == "outputs":
-        for name in output_names(variants, _built(args), args.registry_function):
+        for name in output_names(variants, _built(args), args.registry_function, _wide_levels(args)):
             print(name)
         return 0
     if args.command == "generate":
-        written = write_changed(render(variants, args.registry_function, _built(args),
-                                       () if args.one_cpu_level else vocab.CPU_WIDE_LEVELS), args.out)
+        written = write_changed(render(variants, args.registry_function, _built(args), _wide_levels(args)), args.out)
         print(f"kvforge-codegen: {len(variants)} variants, {len(written)} file(s) changed in {args.out}")
         return 0
     if args.command == "check":

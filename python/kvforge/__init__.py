@@ -31,7 +31,7 @@ kvforge.kv_events.
 
 from . import errors
 from ._native import (Cache, Descriptor, HybridSequenceManager, SequenceManager, StatePool, StateSlots, cpu_level,
-                      cpu_threads, cuda_available, describe, load_variants, nearest, plan_memory, quant_max,
+                      cpu_levels_built, cpu_threads, cuda_available, describe, load_variants, nearest, plan_memory, quant_max,
                       set_cpu_threads, shard_pieces, state_model_hash, state_page_size, state_rows, variant_name)
 from ._native import create as _create
 from ._native import pair as _pair
@@ -41,7 +41,8 @@ from .jit import variant  # noqa: E402  (after the native names it builds on)
 
 __all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "StatePool", "StateSlots", "create",
            "variants", "describe",
-           "nearest", "plan_memory", "quant_max", "variant_name", "cpu_level", "cpu_threads", "set_cpu_threads",
+           "nearest", "plan_memory", "quant_max", "variant_name", "cpu_level", "cpu_levels_built", "cpu_threads",
+           "set_cpu_threads",
            "cuda_available", "errors", "variant", "load_variants", "shard_pieces", "state_page_size",
            "state_rows", "state_model_hash"] + \
     [name for name in dir(errors) if name.endswith("Error") or name == "Error"]

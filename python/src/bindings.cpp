@@ -453,6 +453,7 @@ NB_MODULE(_native, m) {
   }, "model_heads"_a, "sender_tp"_a, "receiver_tp"_a,
         "[(sender, receiver, head_begin, head_end)]: which sender rank gives each receiver rank which heads.");
   m.def("cpu_level", [] { return cpu_level(); });
+  m.def("cpu_levels_built", [] { return cpu_levels_built(); });
   m.def("set_cpu_threads", [](int64_t threads) {
     if (threads < 0 || threads > INT32_MAX) throw OutOfRangeError("threads", threads, 0, INT32_MAX, -1, "0 is OpenMP's own count");
     set_cpu_threads(int(threads));

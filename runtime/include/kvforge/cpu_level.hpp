@@ -1,9 +1,11 @@
 // Which x86-64 level the CPU kernels run at. Every generated variant carries its CPU kernels built for
-// each level from kCpuBaseLevel (x86-64-v2: SSE4.2) to kCpuMaxLevel (x86-64-v4: AVX-512); the first
-// cache created picks one table per variant for the life of the process.
+// each level from kCpuBaseLevel (x86-64-v2: SSE4.2) to kCpuMaxLevel (x86-64-v4: AVX-512), or, in a build
+// of one level (CMake's KVFORGE_CPU_LEVELS), for that level only; the first cache created picks one
+// table per variant for the life of the process.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace kvforge {
 
@@ -12,8 +14,13 @@ int cpu_level_supported();
 
 // The level the kernels run at: the widest supported, or the lower one the environment variable
 // KVFORGE_CPU_LEVEL asks for (a test or a comparison of widths). A value that is not a level, or one
-// above what this CPU supports, throws UnsupportedError naming the allowed range.
+// above what this CPU supports, throws UnsupportedError naming the allowed range. A build of one level
+// runs that level: another asked for, or a CPU without it, throws UnsupportedError.
 int cpu_level();
+
+// The levels this build's CPU kernels exist for, narrowest first: every level from kCpuBaseLevel to
+// kCpuMaxLevel, or the one a build of one level has (CMake's KVFORGE_CPU_LEVELS=<level> or native).
+std::vector<int> cpu_levels_built();
 
 // The size in bytes of the largest cache this CPU's first core has (sysfs; else sysconf; else 32 MiB).
 long long cpu_last_level_cache_bytes();

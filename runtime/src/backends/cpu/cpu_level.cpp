@@ -1,6 +1,5 @@
 #include "kvforge/cpu_level.hpp"
 
-#include <cpuid.h>
 #include <unistd.h>
 
 #include <omp.h>
@@ -12,44 +11,37 @@
 #include <fstream>
 #include <string>
 
+#include "kvforge/backends/cpu/cpu_detect.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/vocab.hpp"
 
 namespace kvforge {
 namespace {
 
-bool bit(uint32_t word, int b) { return (word >> b) & 1u; }
-
-// XCR0: which register states the operating system saves on a context switch. A CPU with AVX-512
-// whose OS does not save the zmm state must not run AVX-512 code.
-uint64_t enabled_register_states() {
-  uint32_t lo = 0, hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return (uint64_t(hi) << 32) | lo;
-}
-
 int detect() {
-  uint32_t a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return kCpuBaseLevel;
-  const uint32_t leaf1_ecx = c;
-  if (!bit(leaf1_ecx, 27)) return kCpuBaseLevel;  // no OSXSAVE: the OS manages no AVX state
-  const uint64_t xcr0 = enabled_register_states();
-  uint32_t leaf7_ebx = 0;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) leaf7_ebx = b;
-  uint32_t ext_ecx = 0;
-  if (__get_cpuid(0x80000001u, &a, &b, &c, &d)) ext_ecx = c;
-  // x86-64-v3: AVX, AVX2, BMI1, BMI2, F16C, FMA, LZCNT, MOVBE, with the ymm state enabled.
-  const bool v3 = bit(leaf1_ecx, 28) && bit(leaf1_ecx, 12) && bit(leaf1_ecx, 22) && bit(leaf1_ecx, 29) &&
-                  bit(leaf7_ebx, 3) && bit(leaf7_ebx, 5) && bit(leaf7_ebx, 8) && bit(ext_ecx, 5) && (xcr0 & 0x6) == 0x6;
-  // x86-64-v4: AVX512 F, BW, CD, DQ and VL, with the opmask and zmm states enabled.
-  const bool v4 = v3 && bit(leaf7_ebx, 16) && bit(leaf7_ebx, 17) && bit(leaf7_ebx, 28) && bit(leaf7_ebx, 30) &&
-                  bit(leaf7_ebx, 31) && (xcr0 & 0xe6) == 0xe6;
-  const int level = v4 ? 4 : v3 ? 3 : kCpuBaseLevel;
+  const int level = detail::detect_cpu_level();
   return level < kCpuMaxLevel ? level : kCpuMaxLevel;
 }
 
 int chosen() {
   const int supported = cpu_level_supported();
+#ifdef KVFORGE_CPU_ONLY_LEVEL
+  // A build of one level's kernels (CMake's KVFORGE_CPU_LEVELS=<level> or native) runs that level only:
+  // a CPU without it must not run them, and no narrower level exists to ask for.
+  constexpr int only = KVFORGE_CPU_ONLY_LEVEL;
+  if (supported < only)
+    throw UnsupportedError("this build's CPU kernels are " + cpu_level_name(only) + "'s only (CMake's "
+                           "KVFORGE_CPU_LEVELS), and this CPU runs up to " + cpu_level_name(supported) +
+                           ": build kvforge with -DKVFORGE_CPU_LEVELS=all (every level, the widest chosen at run "
+                           "time) or native");
+  const char* asked_only = std::getenv("KVFORGE_CPU_LEVEL");
+  if (asked_only != nullptr && *asked_only != '\0' && std::string(asked_only) != std::to_string(only))
+    throw UnsupportedError(std::string("KVFORGE_CPU_LEVEL=") + asked_only + ": not a level this build has (allowed: " +
+                           std::to_string(only) + "; its CPU kernels are " + cpu_level_name(only) +
+                           "'s only, CMake's KVFORGE_CPU_LEVELS; a build with -DKVFORGE_CPU_LEVELS=all has every "
+                           "level)");
+  return only;
+#else
   const char* asked = std::getenv("KVFORGE_CPU_LEVEL");
   if (asked == nullptr || *asked == '\0') return supported;
   const std::string text = asked;
@@ -60,6 +52,7 @@ int chosen() {
                            std::to_string(kCpuBaseLevel) + ".." + std::to_string(supported) + ", " +
                            cpu_level_name(supported) + " is this CPU's widest)");
   return level;
+#endif
 }
 
 }  // namespace
@@ -70,14 +63,17 @@ int cpu_level_supported() {
 }
 
 int cpu_level() {
-  // A build of the base level's kernels only (CMake's KVFORGE_CPU_BASE_ONLY) runs no other; it still
-  // refuses a KVFORGE_CPU_LEVEL this CPU cannot run.
   static const int level = chosen();
-#ifdef KVFORGE_CPU_BASE_ONLY
-  (void)level;
-  return kCpuBaseLevel;
-#else
   return level;
+}
+
+std::vector<int> cpu_levels_built() {
+#ifdef KVFORGE_CPU_ONLY_LEVEL
+  return {KVFORGE_CPU_ONLY_LEVEL};
+#else
+  std::vector<int> levels;
+  for (int level = kCpuBaseLevel; level <= kCpuMaxLevel; ++level) levels.push_back(level);
+  return levels;
 #endif
 }
 

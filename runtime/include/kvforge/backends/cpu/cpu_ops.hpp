@@ -37,19 +37,13 @@ template <class Traits, int Level = kCpuMaxLevel> OpTable<Traits> cpu_kernels_at
   }
 }
 
-// A generated variant's table: the kernels for the level this process runs at. A build of the base
-// level's kernels only (CMake's KVFORGE_CPU_BASE_ONLY) has no other.
-template <class Traits> OpTable<Traits> cpu_ops() {
-#ifdef KVFORGE_CPU_BASE_ONLY
-  return cpu_kernels<Traits, kCpuBaseLevel>();
-#else
-  return cpu_kernels_at<Traits>(cpu_level());
-#endif
-}
+// A generated variant's table: the kernels for the level this process runs at.
+template <class Traits> OpTable<Traits> cpu_ops() { return cpu_kernels_at<Traits>(cpu_level()); }
 
-// An on-demand library's table (codegen's --one-cpu-level): only the kernels of the level its one file
-// is compiled for, which on_demand.py makes the level the asking process runs at. One compile instead
-// of one a level: on two cores, about half the wall time of a first use.
+// The table of a variant whose one file holds one level's kernels (codegen's --one-cpu-level): an
+// on-demand library, compiled for the level the asking process runs at, and every variant of a build of
+// one level (CMake's KVFORGE_CPU_LEVELS=<level> or native). One compile instead of one a level: on two
+// cores, about half the wall time of a first use.
 template <class Traits> OpTable<Traits> cpu_ops_compiled_level() {
   return cpu_kernels<Traits, kCompiledCpuLevel>();
 }
