@@ -3,7 +3,9 @@
 #   kvforge_generate(TARGET <target>
 #                    LAYOUTS <files or folders...> MODELS <files or folders...> [TUNING <files or folders...>]
 #                    [OUTPUT_DIR <dir>] [REGISTRY_FUNCTION <ns::name>]
-#                    [LAYOUT_FILTER a,b] [MODEL_FILTER a,b] [DTYPE_FILTER a,b])
+#                    [LAYOUT_FILTER a,b] [MODEL_FILTER a,b] [DTYPE_FILTER a,b] [COVER])
+#
+# COVER keeps, of the variants the filters keep, those that cover every kernel (codegen's --cover).
 #
 # The list of outputs is known at configure time (codegen `outputs`), so every generated file is a
 # real source of the target. Folders are globbed with CONFIGURE_DEPENDS: a new spec file re-runs
@@ -42,7 +44,7 @@ function(_kvforge_spec_files out)
 endfunction()
 
 function(kvforge_generate)
-  cmake_parse_arguments(KG "" "TARGET;OUTPUT_DIR;REGISTRY_FUNCTION;LAYOUT_FILTER;MODEL_FILTER;DTYPE_FILTER"
+  cmake_parse_arguments(KG "COVER" "TARGET;OUTPUT_DIR;REGISTRY_FUNCTION;LAYOUT_FILTER;MODEL_FILTER;DTYPE_FILTER"
                         "LAYOUTS;MODELS;TUNING" ${ARGN})
   if(NOT KG_TARGET OR NOT KG_LAYOUTS OR NOT KG_MODELS)
     message(FATAL_ERROR "kvforge_generate: TARGET, LAYOUTS and MODELS are required")
@@ -69,6 +71,9 @@ function(kvforge_generate)
   endforeach()
   set(spec_args --layouts ${KG_LAYOUTS} --models ${KG_MODELS} --tuning ${tuning} --source-root "${CMAKE_CURRENT_SOURCE_DIR}"
                 "--layout=${KG_LAYOUT_FILTER}" "--model=${KG_MODEL_FILTER}" "--dtype=${KG_DTYPE_FILTER}")
+  if(KG_COVER)
+    list(APPEND spec_args --cover)
+  endif()
   # The backends this build has (CMakeLists.txt sets KVFORGE_BACKENDS): each gets its kernel files.
   set(backends_list cpu)
   if(DEFINED KVFORGE_BACKENDS)

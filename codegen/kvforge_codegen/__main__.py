@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--layout", type=_csv, default=(), help="keep only these layouts (comma-separated)")
         sp.add_argument("--model", type=_csv, default=(), help="keep only these models (comma-separated)")
         sp.add_argument("--dtype", type=_csv, default=(), help="keep only these storage dtypes (comma-separated)")
+        sp.add_argument("--cover", action="store_true",
+                        help="of the variants kept, only those that cover every kernel: per layout and dtypes, the "
+                             "narrowest and the widest stored head (a compile or sanitizer check)")
 
     sp = sub.add_parser("validate", help="check every spec and report all errors as file:line")
     common(sp)
@@ -219,7 +222,7 @@ def main(argv: List[str] | None = None) -> int:
         print(f"kvforge-codegen: {len(failure.errors)} error(s) in the specs; nothing was written",
               file=sys.stderr)
         return 1
-    filters = Filters(args.layout, args.model, args.dtype)
+    filters = Filters(args.layout, args.model, args.dtype, getattr(args, "cover", False))
     problems = filter_problems(specs, filters)
     if problems:
         for p in problems:

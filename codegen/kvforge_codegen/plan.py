@@ -115,6 +115,9 @@ class Filters:
     layouts: Tuple[str, ...] = ()
     models: Tuple[str, ...] = ()
     dtypes: Tuple[str, ...] = ()
+    # Of the variants kept, only a set that covers every kernel: per layout and pair of dtypes, the
+    # variants of the narrowest and the widest stored head (covering()).
+    cover: bool = False
 
     def keeps(self, v: Variant) -> bool:
         return ((not self.layouts or v.layout.name in self.layouts)
@@ -146,4 +149,20 @@ def plan_variants(specs: SpecSet, filters: Optional[Filters] = None) -> List[Var
                         v = Variant(layout, model, storage, input_dtype, members)
                         if filters.keeps(v):
                             out.append(v)
-    return sorted(out, key=lambda v: v.name)
+    return sorted(covering(out) if filters.cover else out, key=lambda v: v.name)
+
+
+def covering(variants: List[Variant]) -> List[Variant]:
+    """Per layout and (storage, input) pair, the variants of the narrowest and the widest stored head:
+    every kernel body a layout and its dtypes instantiate, at both ends of the sizes that choose between
+    a body's paths (a head under one vector, lanes per head), for builds that check that the kernels
+    compile (tools/cuda-compile) or run clean under sanitizers (tools/fuzz-short), not their results at
+    every model's size, which the test command checks on every variant."""
+    groups: dict = {}
+    for v in variants:
+        groups.setdefault((v.layout.name, v.storage, v.input), []).append(v)
+    kept = []
+    for group in groups.values():
+        by_head = sorted(group, key=lambda v: (v.stored_row * v.model.kv_heads, v.bytes_per_token, v.name))
+        kept += [by_head[0]] + ([by_head[-1]] if len(by_head) > 1 else [])
+    return kept

@@ -459,3 +459,31 @@ class TensorParallel(unittest.TestCase):
         whole = 2 * 2 * 8 * 16 * 2
         self.assertEqual(got, {"ok.m.bf16": (8, 1, None, whole), "ok.m_tp2.bf16": (4, 2, "m", whole // 2),
                                "ok.m_tp16.bf16": (1, 16, "m", whole // 8)})
+
+
+class Cover(unittest.TestCase):
+    """--cover keeps, per layout and (storage, input), the variants of the narrowest and widest stored head,
+    computed here from the full plan's own fields rather than by the function under test."""
+
+    def test_each_layout_and_dtype_pair_keeps_its_narrowest_and_widest_head(self):
+        from kvforge_codegen.plan import Filters
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        every = plan_variants(specs)
+        kept = {v.name for v in plan_variants(specs, Filters(cover=True))}
+        pairs = {}
+        for v in every:
+            pairs.setdefault((v.layout.name, v.storage, v.input), []).append(v)
+        for pair, group in pairs.items():
+            heads = [v.stored_row * v.model.kv_heads for v in group]
+            mine = [v for v in group if v.name in kept]
+            self.assertTrue(mine, f"{pair}: no variant kept")
+            self.assertLessEqual(len(mine), 2, pair)
+            self.assertEqual({v.stored_row * v.model.kv_heads for v in mine} >= {min(heads), max(heads)}, True, pair)
+        self.assertLess(len(kept), len(every))
+
+    def test_the_cover_applies_after_the_filters(self):
+        from kvforge_codegen.plan import Filters
+        specs = load_specs([os.path.join(REPO, "specs", "layouts")], [MODELS], REPO)
+        kept = plan_variants(specs, Filters(models=("tiny",), cover=True))
+        self.assertTrue(kept)
+        self.assertTrue(all(v.model.name == "tiny" for v in kept))
