@@ -4,8 +4,12 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
+#include <string>
 #include <string_view>
+#include <tuple>
+#include <vector>
 
 #include "kvforge/kvforge.hpp"
 
@@ -29,6 +33,32 @@ inline int layers_per_append(const kvforge::VariantDescriptor& d) {
 inline int64_t bytes_moved(const kvforge::VariantDescriptor& d, std::string_view op, int64_t n) {
   if (op == "gather") return n * (layer_token_bytes(d) + input_token_bytes(d));
   return n * (input_token_bytes(d) + 8 + layer_token_bytes(d)) * layers_per_append(d);
+}
+
+// The variants the CUDA bench times: for every layout and (storage, input) pair of 16-bit input that
+// stores bf16 or codes of another dtype (FlashMLA's records and index keys included), one variant at a real model's size: llama3-8b's
+// where the pair has one (the CPU bench's model), else the widest head of a model that is not a test
+// model (tiny*), else the widest of the test models'. Every storage family and record kind gets a row,
+// and a new spec gets one with no edit.
+inline std::vector<const kvforge::VariantEntry*> timed_variants(const kvforge::Registry& reg) {
+  std::map<std::string, const kvforge::VariantEntry*> chosen;
+  auto rank = [](const kvforge::VariantDescriptor& d) {
+    const std::string model = d.model;
+    const int kind = model == "llama3_8b" ? 2 : model.rfind("tiny", 0) == 0 ? 0 : 1;
+    return std::make_tuple(kind, int64_t(d.heads) * d.record_width(), d.bytes_per_token);
+  };
+  for (const kvforge::VariantEntry& e : reg.variants()) {
+    const kvforge::VariantDescriptor& d = *e.descriptor;
+    if (d.is_hybrid() || kvforge::dtype_size(d.input) != 2 || !(d.storage == kvforge::DType::bf16 || d.storage != d.input))
+      continue;
+    const std::string key = std::string(d.layout) + "/" + std::string(kvforge::dtype_name(d.storage)) + "/" +
+                            std::string(kvforge::dtype_name(d.input));
+    auto [at, fresh] = chosen.emplace(key, &e);
+    if (!fresh && rank(d) > rank(*at->second->descriptor)) at->second = &e;
+  }
+  std::vector<const kvforge::VariantEntry*> out;
+  for (const auto& [key, e] : chosen) out.push_back(e);
+  return out;
 }
 
 // Small random values, finite in every 16-bit input dtype: bf16 or fp16 bit patterns of |x| < 2.

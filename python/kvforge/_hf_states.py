@@ -20,6 +20,7 @@ Two ways to hold them:
 """
 
 import torch
+import transformers.generation.utils
 from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
 import kvforge
@@ -35,11 +36,22 @@ def state_dtype(kind, tensor):
     return _KVFORGE_DTYPES[tensor.dtype]
 
 
+# The keyword a model's forward and generate take a Cache by: `cache` where this transformers has it
+# (it deprecates `past_key_values`), else `past_key_values` (5.17).
+_TAKES_CACHE = 'new_name="cache"' in open(transformers.generation.utils.__file__).read()
+
+
+def cache_kwarg(cache):
+    """{keyword: cache} for this transformers version: model.generate(ids, **kvforge.hf.cache_kwarg(c))."""
+    return {"cache" if _TAKES_CACHE else "past_key_values": cache}
+
+
 def probe(model):
     """transformers' own DynamicCache after one forward of one token: what each layer caches, in shapes."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device), cache=cache, use_cache=True)
+        model(torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device), use_cache=True,
+              **cache_kwarg(cache))
     return cache
 
 

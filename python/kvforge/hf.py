@@ -1,7 +1,7 @@
 """A transformers `Cache` over any kvforge variant, so HF models generate through kvforge's layouts.
 
     cache = kvforge.hf.KvforgeCache("vllm_paged_nhd.tiny.fp32", model.config, batch_size=2)
-    model.generate(input_ids, attention_mask=mask, cache=cache, max_new_tokens=20)
+    model.generate(input_ids, attention_mask=mask, max_new_tokens=20, **kvforge.hf.cache_kwarg(cache))
 
 Row b of the batch is row b of a contiguous or ring cache, or sequence b of a paged one, whose pages a
 kvforge SequenceManager (HybridSequenceManager for hybrid variants) allocates as the batch grows, and
@@ -28,9 +28,42 @@ prefix sharing and forks outside `generate`.
 """
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer
+import transformers
+from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvforge._hf_states import KvforgeStateLayer, States, probe, probe_kv_heads, probe_record  # noqa: F401
+from kvforge.errors import UnsupportedError
+
+# The transformers versions this module is tested with: 5.17 (the GPU machine's) to the pin in
+# tools/requirements.txt. Older ones lack the per-layer cache interface it implements.
+OLDEST_TRANSFORMERS = (5, 17)
+if tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit()) < OLDEST_TRANSFORMERS:
+    raise UnsupportedError(f"kvforge.hf needs transformers >= {'.'.join(map(str, OLDEST_TRANSFORMERS))} "
+                           f"(found {transformers.__version__}): pip install 'transformers>=5.17'")
+try:
+    from transformers.cache_utils import DummyLayer
+except ImportError:  # before 5.2x: no placeholder class for a layer that keeps no cache
+
+    class DummyLayer:
+        """A layer that keeps no cache (an MLP-only layer), as later transformers' DummyLayer is."""
+
+        is_compileable = is_croppable = True
+
+        def __init__(self, **kwargs):
+            self.is_initialized, self.keys, self.values = True, None, None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if key_states is None and value_states is None:
+                return None, None
+            raise UnsupportedError("update: this layer keeps no cache")
+
+        def reset(self):
+            pass
+
+        def get_max_length(self):
+            return -1
+
+from kvforge._hf_states import (KvforgeStateLayer, States, cache_kwarg, probe, probe_kv_heads,  # noqa: F401
+                                probe_record)
 
 import kvforge
 import kvforge.jit
@@ -177,10 +210,14 @@ class KvforgeCache(Cache):
             self.kv = kvforge.create(variant, rows=batch_size, device=device,
                                      max_staged_tokens=batch_size * d.max_seq_len if d.lazy else 0)
             self.sequence_manager = None
+        # Every index array a kernel reads is made on the cache's device, once a forward (DESIGN.md §14).
+        self.device = torch.device(device)
         self.lengths = {}   # sequence -> tokens its K/V hold in every layer
         self.pending = {}   # sequence -> tokens registered for the next forward (paged)
         self.active = list(range(batch_size))
         self._slots = None  # per layer group: this forward's append slots, sequence by sequence
+        self._page_tables = None  # per layer group: this forward's [batch, pages] page lists (paged)
+        self._row_targets = None  # (rows, positions) of this forward's tokens (contiguous and ring)
         self._forward = None  # (cached, new) positions of the forward under way
         self.tensor_scales = dict(tensor_scales or {})
         for layer, (k_scale, v_scale) in self.tensor_scales.items():
@@ -348,7 +385,9 @@ class KvforgeCache(Cache):
                 raise kvforge.ArgumentError(f"seqs: sequence {seq} registered {self.pending[seq]} new tokens, "
                                             f"the forward feeds {new_tokens}")
         steps = manager.step(self.active)
-        self._slots = [torch.from_numpy(s["slots"]) for s in (steps if isinstance(steps, list) else [steps])]
+        steps = steps if isinstance(steps, list) else [steps]
+        self._slots = [torch.as_tensor(s["slots"], device=self.device) for s in steps]
+        self._page_tables = [torch.as_tensor(s["page_table"], device=self.device) for s in steps]
 
     def _update(self, layer, key_states, value_states):
         """key_states, value_states: [batch, heads, new, head_dim] -> the same over visible + new positions.
@@ -391,25 +430,26 @@ class KvforgeCache(Cache):
         begin = layer.visible_from(end)
         self._forward = (end, new)  # the positions the layer's indexer keys take (_update_indexer)
         keys, values = outputs((batch, heads, end - begin + new, head_dim), key_states)
-        for row, seq in enumerate(self.active):
-            # Read the cached positions straight into this row's part of the result (strided output).
-            if end > begin:
-                k_out, v_out = keys[row, :, :end - begin], values[row, :, :end - begin]
-                if d.paged:
-                    r = self._range(index, seq, begin, end)
-                    self.kv.gather(index, k_out, v_out, pages=r["pages"], begin=begin, end=end)
-                else:
-                    self.kv.gather(index, k_out, v_out, row=seq, begin=begin, end=end)
-            # [heads, new, head_dim] of the batch tensor, viewed as the [new, heads, head_dim] append
-            # takes: strided, no copy.
-            k_new, v_new = key_states[row].transpose(0, 1), value_states[row].transpose(0, 1)
+        group = self.kv.group_of(index) if d.paged else 0
+        # The whole batch in one call each way: the cached positions straight into their part of the
+        # result (strided output), and the new tokens, [batch * new, heads, head_dim] (a view at decode).
+        if end > begin:
             if d.paged:
-                slots = self._slots[self.kv.group_of(index)][row * new:(row + 1) * new]
-                self.kv.append(index, k_new, v_new, slots=slots)
+                self.kv.gather_batch(index, keys[:, :, :end - begin], values[:, :, :end - begin],
+                                     page_table=self._page_tables[group], begin=begin, end=end)
             else:
-                positions = torch.arange(end, end + new, dtype=torch.int32)
-                self.kv.append(index, k_new, v_new, rows=torch.full((new,), seq, dtype=torch.int32),
-                               positions=positions)
+                self.kv.gather_batch(index, keys[:, :, :end - begin], values[:, :, :end - begin], rows=self.active,
+                                     begin=begin, end=end)
+        k_new = key_states.transpose(1, 2).reshape(batch * new, heads, head_dim)
+        v_new = value_states.transpose(1, 2).reshape(batch * new, heads, head_dim)
+        if d.paged:
+            self.kv.append(index, k_new, v_new, slots=self._slots[group])
+        else:
+            if index == 0:
+                rows = torch.tensor(self.active, dtype=torch.int32, device=self.device).repeat_interleave(new)
+                positions = torch.arange(end, end + new, dtype=torch.int32, device=self.device).repeat(batch)
+                self._row_targets = (rows, positions)
+            self.kv.append(index, k_new, v_new, rows=self._row_targets[0], positions=self._row_targets[1])
         if index == self.kv_layers - 1:  # the forward's last attention layer: its tokens are now held
             if d.lazy:
                 self.kv.commit()
@@ -456,11 +496,11 @@ class KvforgeCache(Cache):
         end, index, companion = self._forward[0], layer.layer_idx, self.kv.companion
         held = keys.to(self.dtype)
         out = held.new_empty(batch, end + new, width)
-        for row, seq in enumerate(self.active):
-            halves = held[row].view(new, 1, width).chunk(2, dim=-1)
-            companion.append(index, *halves, slots=self._slots[0][row * new:(row + 1) * new])
-            pages = self._range(index, seq, 0, end + new)["pages"]
-            companion.gather(index, *out[row].view(1, end + new, width).chunk(2, dim=-1), pages=pages, end=end + new)
+        # A key is one record of K then V of one head: [batch * new, 1, width / 2] halves in, and the batch's
+        # [batch, 1, end + new, width / 2] halves out, each in one call.
+        companion.append(index, *held.reshape(batch * new, 1, width).chunk(2, dim=-1), slots=self._slots[0])
+        companion.gather_batch(index, *out.view(batch, 1, end + new, width).chunk(2, dim=-1),
+                               page_table=self._page_tables[0], begin=0, end=end + new)
         return out.to(keys.dtype)
 
     def _calibrate(self, layer, key_states, value_states):

@@ -5,6 +5,7 @@
 // producer goes in, and what comes out is a DLPack-capable array torch.from_dlpack() or numpy take.
 // nanobind's ndarray is the one FFI type here (translate.hpp holds the conversions), so another binding
 // layer would change only these two files.
+#include "batch.hpp"
 #include "events.hpp"
 #include "physical.hpp"
 #include "states.hpp"
@@ -147,6 +148,11 @@ NB_MODULE(_native, m) {
         nb::gil_scoped_release unlocked;
         c.gather(layer_arg(c, layer), r, ko, vo);
       }, "layer"_a, "k_out"_a.none(), "v_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
+      .def("gather_batch", [](Cache& c, int64_t layer, nb::handle k_out, nb::handle v_out, const std::vector<int64_t>& rows,
+                              nb::handle page_table, int64_t begin, int64_t end) {
+        gather_batch(c, layer_arg(c, layer), k_out, v_out, rows, page_table, begin, end);
+      }, "layer"_a, "k_out"_a.none(), "v_out"_a.none(), "rows"_a = std::vector<int64_t>{}, "page_table"_a = nb::none(),
+         "begin"_a = 0, "end"_a)
       .def("append_latent", [](Cache& c, int64_t layer, nb::handle latent, nb::handle rows, nb::handle positions,
                                nb::handle slots) {
         TokenTargets t{optional_index(rows, "targets.rows"), optional_index(positions, "targets.positions"),

@@ -13,11 +13,12 @@ from kvforge import _native
 ROWS = {name: (route, python) for name, route, python in _native._cache_ops()}
 
 # kvforge.Cache's members that are not rows, each for a reason: a record's halves (MLA's latent, or K
-# then V of other widths) go through append and gather; buffers() and the physical wire (python/src/physical.hpp) read storage the C++ side
-# reads through storage()/scale_storage(); the group structure and the companion are how a cache is
-# made, not operations.
-NOT_ROWS = {"append_latent", "gather_latent", "append_record", "gather_record", "buffers", "physical_placement", "write_physical", "num_groups",
-            "group", "group_of", "group_layer", "companion"}
+# then V of other widths) go through append and gather; so does gather_batch, a gather a sequence of a
+# batch (python/src/batch.hpp); buffers() and the physical wire (python/src/physical.hpp) read storage
+# the C++ side reads through storage()/scale_storage(); the group structure and the companion are how a
+# cache is made, not operations.
+NOT_ROWS = {"append_latent", "gather_latent", "append_record", "gather_record", "gather_batch", "buffers",
+            "physical_placement", "write_physical", "num_groups", "group", "group_of", "group_layer", "companion"}
 
 
 def public_members(cls):

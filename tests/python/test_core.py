@@ -444,3 +444,42 @@ def test_row_operations_against_the_reference(d, generator):
         drv.cache.set_tuning(cpu_parallel_bytes=-1)
     assert drv.cache.tuning["cpu_parallel_bytes"] == tuning["cpu_parallel_bytes"]
     assert drv.cache.memory()["overhead_bytes"] < drv.cache.memory()["storage_bytes"]
+
+
+@pytest.mark.parametrize("d", [d for d in TINY if not d.hybrid and d.addressing != "ring" and not d.lazy],
+                         ids=lambda d: d.name)
+def test_gather_batch_reads_every_sequence_of_a_batch_as_the_reference_holds_it(d, generator):
+    # Sequences of one length (as a transformers batch), read in one call into a [B, H, n, D] view whose
+    # positions axis is part of a longer tensor; each must equal the logical reference, and nothing
+    # outside the range is written.
+    drv = Driver(d, generator=generator)
+    for seq in range(drv.sequences):
+        for layer in range(d.layers):
+            drv.append(layer, seq, 6, "padded")
+        drv.length[seq] = 6
+    dtype = TORCH_DTYPE[d.input]
+    out = torch.full((2, drv.sequences, d.heads, 9, d.head_dim), -7.0, dtype=dtype)
+    seqs = [2, 0, 1]
+    if d.addressing == "paged":
+        table = torch.stack([drv.page_list[s] for s in seqs])
+        drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], page_table=table, begin=2, end=6)
+    else:
+        drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], rows=seqs, begin=2, end=6)
+    for b, seq in enumerate(seqs):
+        want_k, want_v = drv.expected(1, seq, 2, 6)
+        for got, want in ((out[0, b, :, :4].float(), want_k), (out[1, b, :, :4].float(), want_v)):
+            if d.quantized:
+                assert ((got - want).abs() <= quantization_bound(d, want)).all()
+            else:
+                assert torch.equal(got, want)
+    assert (out[:, :, :, 4:] == -7.0).all(), "a position outside the range was written"
+    with pytest.raises(kvforge.ShapeError, match="v_out"):
+        drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :2, :, :4], rows=seqs, page_table=None, begin=2, end=6)
+    with pytest.raises(kvforge.ShapeError, match="k_out"):
+        drv.cache.gather_batch(1, out[0, 0, :, :4], out[1, 0, :, :4], rows=seqs, begin=2, end=6)
+    if d.addressing == "paged":
+        with pytest.raises(kvforge.ArgumentError, match="page_table"):
+            drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], begin=2, end=6)
+    else:
+        with pytest.raises(kvforge.ShapeError, match="rows"):
+            drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], rows=[0], begin=2, end=6)
