@@ -13,90 +13,10 @@
 #include <fstream>
 #include <thread>
 
-#include "support.hpp"
-#include "tier_values.hpp"
+#include "tiers_fixture.hpp"
 
 namespace kvtest {
 namespace {
-
-constexpr const char* kVariant = "vllm_paged_nhd.tiny.fp32";
-
-struct Tiers {
-  std::unique_ptr<Cache> cache;
-  std::unique_ptr<SequenceManager> manager;
-  const VariantDescriptor& d = *registry().at(kVariant).descriptor;
-  Tiers(const std::string& disk, int64_t pages = 6, int32_t host = 4, int64_t disk_blocks = 32, int32_t read_ahead = 64,
-        bool promote_ahead = false) {
-    CacheConfig cfg;
-    cfg.pages = pages;
-    cache = registry().at(kVariant).create(cfg);
-    SequenceManagerOptions o;
-    o.host_blocks = host;
-    o.disk_path = disk;
-    o.disk_blocks = disk_blocks;
-    o.kv_events = true;
-    o.read_ahead_blocks = read_ahead;
-    o.promote_ahead = promote_ahead;
-    manager = std::make_unique<SequenceManager>(*cache, o);
-  }
-  // Adds `prompt` as `id`, writes what it did not find cached, and returns the tokens it found.
-  int64_t serve(int64_t id, const std::vector<int32_t>& prompt) {
-    const int64_t cached = manager->add(id, prompt);
-    write(id, prompt, cached);
-    return cached;
-  }
-  // Steps sequence `id` alone and writes its new tokens, those after the `cached` ones.
-  void write(int64_t id, const std::vector<int32_t>& prompt, int64_t cached) {
-    const BatchMetadata b = manager->step({id});
-    const int64_t T = int64_t(b.slots.size());
-    std::vector<float> k, v;
-    for (int layer = 0; layer < d.layers; ++layer) {
-      tier_inputs(d, prompt, cached, T, layer, k, v);
-      cache->append(layer, TensorView::contiguous(k.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
-                    TensorView::contiguous(v.data(), d.input, Device::cpu, T, d.heads, d.head_dim),
-                    TokenTargets::paged(IndexView::of(b.slots.data(), T)));
-    }
-  }
-  // Serves every prompt again, each read back against the values written, and frees it.
-  void serve_and_check_all(const std::vector<std::vector<int32_t>>& prompts) {
-    for (const auto& p : prompts) {
-      const int64_t id = int64_t(p[0]);
-      serve(id, p);
-      expect_contents(id, p);
-      manager->free(id);
-    }
-  }
-  // Every layer of sequence `id` read back equals the values written for its tokens.
-  void expect_contents(int64_t id, const std::vector<int32_t>& prompt) {
-    const int64_t n = int64_t(prompt.size());
-    std::vector<float> k(size_t(d.heads * n * d.head_dim)), v(k.size());
-    for (int layer = 0; layer < d.layers; ++layer) {
-      cache->gather(layer, manager->range(id, 0, n), TensorView::contiguous(k.data(), d.input, Device::cpu, d.heads, n, d.head_dim),
-                    TensorView::contiguous(v.data(), d.input, Device::cpu, d.heads, n, d.head_dim));
-      expect_tier_layer(d, prompt, layer, k, v);
-    }
-  }
-  int P() const { return d.page_size; }
-};
-
-
-std::string temp_file(const std::string& name) {
-  const std::string path = testing::TempDir() + "/kvforge_" + name + "_" + std::to_string(getpid());
-  std::remove(path.c_str());
-  return path;
-}
-
-// Serves prompts 0..9 (two blocks each) through a 6-page device pool and a 4-page host tier, so that
-// most of their blocks end on disk; returns them.
-std::vector<std::vector<int32_t>> fill(Tiers& t) {
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 10; ++i) {
-    prompts.push_back(tier_prompt(i + 1, 2, t.P()));
-    t.serve(i, prompts.back());
-    t.manager->free(i);
-  }
-  return prompts;
-}
 
 TEST(Tiers, BlocksComeBackFromHostAndDiskWithTheirContents) {
   const std::string path = temp_file("tiers");
@@ -139,15 +59,17 @@ TEST(Tiers, ARestartServesTheDiskTiersRecords) {
   std::remove(path.c_str());
 }
 
-// Flips one byte in every record's packed bytes on disk.
-void corrupt_records(const std::string& path, int64_t records, int64_t record_bytes) {
+// Flips one byte in every record's packed bytes on disk (records start after the file's header block:
+// block_store.hpp's file_store_record_offset).
+void corrupt_records(const std::string& path, int64_t records, const Tiers& t) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   for (int64_t r = 0; r < records; ++r) {
-    f.seekg(r * record_bytes + 200);
+    const int64_t at = file_store_record_offset(r, t.cache->packed_page_bytes(), t.P()) + 200;
+    f.seekg(at);
     char c = 0;
     f.read(&c, 1);
     c = char(c ^ 0x10);
-    f.seekp(r * record_bytes + 200);
+    f.seekp(at);
     f.write(&c, 1);
   }
 }
@@ -155,13 +77,14 @@ void corrupt_records(const std::string& path, int64_t records, int64_t record_by
 TEST(Tiers, FlippedBytesAndACutFileReadAsMissesNeverAsWrongData) {
   const std::string path = temp_file("faults");
   std::vector<std::vector<int32_t>> prompts;
-  int64_t record = 0;
+  int64_t cut_at = 0;
   {
     Tiers t(path);
     prompts = fill(t);
-    record = file_store_record_bytes(t.cache->packed_page_bytes(), t.P());
+    cut_at = file_store_record_offset(2, t.cache->packed_page_bytes(), t.P()) +
+             file_store_record_bytes(t.cache->packed_page_bytes(), t.P()) / 2;  // in the third record
     // Changed while it runs: the next read of such a record is a miss, and the block is recomputed.
-    corrupt_records(path, 32, record);
+    corrupt_records(path, 32, t);
     EXPECT_EQ(t.serve(100, prompts[0]), 0);
     EXPECT_GT(t.manager->stats().disk_misses, 0);
     t.expect_contents(100, prompts[0]);
@@ -177,7 +100,7 @@ TEST(Tiers, FlippedBytesAndACutFileReadAsMissesNeverAsWrongData) {
     fill(t);
     EXPECT_GE(t.manager->disk_cached_block_hashes().size(), 4u);
   }
-  ASSERT_EQ(truncate(path.c_str(), record * 2 + record / 2), 0);
+  ASSERT_EQ(truncate(path.c_str(), cut_at), 0);
   Tiers cut(path);
   EXPECT_LE(cut.manager->disk_cached_block_hashes().size(), 2u);
   cut.serve_and_check_all(prompts);
@@ -203,7 +126,7 @@ TEST(Tiers, PrefetchReadsDiskBlocksAheadAndAddTakesThem) {
   // A prompt with nothing below the device reads nothing.
   EXPECT_EQ(t.manager->prefetch(prompts[0]), 0);
   // Damaged on disk before it is read ahead: a miss, as without read-ahead, and the values are right.
-  corrupt_records(path, 32, file_store_record_bytes(t.cache->packed_page_bytes(), t.P()));
+  corrupt_records(path, 32, t);
   ASSERT_EQ(t.manager->cached_prefix(prompts[1]), 2 * t.P());
   EXPECT_EQ(t.manager->prefetch(prompts[1]), 2);
   const int64_t hits = t.manager->stats().read_ahead_hits;
@@ -293,7 +216,7 @@ TEST(Tiers, AWriterKilledMidRecordLeavesOnlyIntactRecords) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {  // writes records over and over until it is killed
-    auto store = open_file_store(path, records, packed, tokens);
+    auto store = open_file_store(path, records, packed, tokens, "a writer killed mid-record");
     std::vector<unsigned char> bytes;
     for (uint64_t key = 1;; ++key) {
       StoredBlock b{key, 0, 0, 35, std::vector<int32_t>(size_t(tokens), int32_t(key))};
@@ -305,7 +228,7 @@ TEST(Tiers, AWriterKilledMidRecordLeavesOnlyIntactRecords) {
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
-  auto store = open_file_store(path, records, packed, tokens);
+  auto store = open_file_store(path, records, packed, tokens, "a writer killed mid-record");
   int found = 0;
   std::vector<unsigned char> want, got(static_cast<size_t>(packed));
   store->scan([&](int64_t slot, const StoredBlock& b) {

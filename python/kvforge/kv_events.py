@@ -3,9 +3,14 @@
 A ``SequenceManager(..., kv_events=True)`` records what its prefix cache stores and drops;
 ``manager.take_kv_events()`` returns them as dictionaries with vLLM's names
 (``vllm/distributed/kv_events.py``): ``BlockStored``, ``BlockRemoved`` and ``AllBlocksCleared``.
-``encode`` serializes a batch as vLLM publishes one (msgpack; a batch ``[ts, events, dp_rank]``, each
-event ``[type, field, ...]`` in vLLM's field order, trailing defaults left out), so that a consumer
-of vLLM's events (Dynamo, llm-d) decodes it with vLLM's own classes. ``decode`` reads one back.
+``encode`` serializes a batch as vLLM publishes one, in msgpack: a batch ``[ts, events, dp_rank]``,
+each event in either of vLLM's two wire forms:
+  - ``form="map"`` (the default, as vLLM writes since vllm#42892, and llm-d, Dynamo and SGLang read):
+    a map ``{"type": tag, field: value, ...}``, fields at their default left out;
+  - ``form="array"`` (vLLM before it): ``[tag, field, ...]`` in vLLM's field order, trailing defaults
+    left out.
+A consumer of vLLM's events decodes either with vLLM's own classes. ``decode`` reads both forms, in one
+batch too, and fields it does not know are kept as they are.
 
 ``block_hash`` is kvforge's block hash, as docs/memory.md defines it: a router computes the hashes of
 a prompt's blocks with it and looks them up among the stored ones. A manager made with
@@ -19,8 +24,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 MASK = (1 << 64) - 1
 
-# vLLM's field order for each event type after its tag, and which trailing fields have defaults
-# (left out when at them, as msgspec's omit_defaults does).
+# vLLM's field order for each event type after its tag, and which fields have defaults (left out when
+# at them, as msgspec's omit_defaults does: trailing ones in the array form, any in the map form).
 FIELDS = {
     "BlockStored": (("block_hashes", False), ("parent_block_hash", False), ("token_ids", False),
                     ("block_size", False), ("lora_id", False), ("medium", False), ("lora_name", False),
@@ -118,9 +123,27 @@ def _as_array(event: dict) -> list:
     return [kind] + values
 
 
-def encode(events: Iterable[dict], ts: Optional[float] = None, data_parallel_rank: Optional[int] = None) -> bytes:
-    """One batch of events (``take_kv_events()``'s dictionaries) as vLLM's ``KVEventBatch`` in msgpack."""
-    batch = [time.time() if ts is None else float(ts), [_as_array(e) for e in events]]
+def _as_map(event: dict) -> dict:
+    kind = event.get("type")
+    if kind not in FIELDS:
+        raise ValueError(f"event type {kind!r}: allowed {', '.join(FIELDS)}")
+    out = {"type": kind}
+    for name, has_default in FIELDS[kind]:
+        if not (has_default and event.get(name) is None):
+            out[name] = event.get(name)
+    return out
+
+
+FORMS = {"map": _as_map, "array": _as_array}
+
+
+def encode(events: Iterable[dict], ts: Optional[float] = None, data_parallel_rank: Optional[int] = None,
+           form: str = "map") -> bytes:
+    """One batch of events (``take_kv_events()``'s dictionaries) as vLLM's ``KVEventBatch`` in msgpack,
+    each event a tagged map (``form="map"``, today's vLLM) or a positional array (``form="array"``)."""
+    if form not in FORMS:
+        raise ValueError(f"form: {form!r} is not a wire form (allowed: {', '.join(FORMS)})")
+    batch = [time.time() if ts is None else float(ts), [FORMS[form](e) for e in events]]
     if data_parallel_rank is not None:
         batch.append(int(data_parallel_rank))
     return _msgpack().packb(batch, use_bin_type=True)
@@ -133,13 +156,18 @@ def decode(data: bytes) -> Tuple[float, List[dict], Optional[int]]:
         raise ValueError("not a KV event batch: expected [ts, events, data_parallel_rank?]")
     events = []
     for item in batch[1]:
-        if not isinstance(item, list) or not item or item[0] not in FIELDS:
-            raise ValueError(f"not a KV event: {item!r:.80}")
-        fields = FIELDS[item[0]]
-        event = {"type": item[0]}
-        for (name, _), value in zip(fields, item[1:]):
-            event[name] = value
-        for name, _ in fields[len(item) - 1:]:
-            event[name] = None
+        if isinstance(item, dict) and item.get("type") in FIELDS:
+            event = {name: None for name, _ in FIELDS[item["type"]]}
+            event.update(item)  # fields kvforge does not know (a newer vLLM's) kept as they are
+        elif isinstance(item, list) and item and item[0] in FIELDS:
+            fields = FIELDS[item[0]]
+            event = {"type": item[0]}
+            for (name, _), value in zip(fields, item[1:]):
+                event[name] = value
+            for name, _ in fields[len(item) - 1:]:
+                event[name] = None
+        else:
+            raise ValueError(f"not a KV event (a tagged map or array of BlockStored, BlockRemoved or "
+                             f"AllBlocksCleared): {item!r:.80}")
         events.append(event)
     return float(batch[0]), events, batch[2] if len(batch) > 2 else None

@@ -309,17 +309,20 @@ NB_MODULE(_native, m) {
       .def("__init__", [](SequenceManager* self, Cache& cache, bool prefix_caching, uint64_t salt, int32_t host_blocks,
                           int32_t window, bool kv_events, int default_priority, bool demote_to_host,
                           const std::string& disk_path, int64_t disk_blocks, int32_t read_ahead_blocks,
-                          const std::string& block_hash, const std::string& hash_seed, bool promote_ahead) {
+                          const std::string& block_hash, const std::string& hash_seed, bool promote_ahead,
+                          const std::string& weights_tag) {
         SequenceManagerOptions o = manager_options(prefix_caching, salt, host_blocks, window, block_hash, hash_seed);
         o.kv_events = kv_events, o.default_priority = default_priority, o.demote_to_host = demote_to_host;
         o.disk_path = disk_path, o.disk_blocks = disk_blocks, o.read_ahead_blocks = read_ahead_blocks;
-        o.promote_ahead = promote_ahead;
+        o.promote_ahead = promote_ahead, o.weights_tag = weights_tag;
         new (self) SequenceManager(cache, o);
       }, "cache"_a, "prefix_caching"_a = true, "salt"_a = 0, "host_blocks"_a = 0, "window"_a = 0,
          "kv_events"_a = false, "default_priority"_a = kDefaultPriority, "demote_to_host"_a = true,
          "disk_path"_a = "", "disk_blocks"_a = 0, "read_ahead_blocks"_a = SequenceManagerOptions{}.read_ahead_blocks,
          "block_hash"_a = "kvforge", "hash_seed"_a = SequenceManagerOptions{}.hash_seed, "promote_ahead"_a = false,
-         nb::keep_alive<1, 2>())
+         "weights_tag"_a = "", nb::keep_alive<1, 2>())
+      .def_prop_ro("disk_identity", &SequenceManager::disk_identity)
+      .def_prop_ro("last_disk_error", &SequenceManager::last_disk_error)
       // ranges: (begin, end, priority[, seconds]) each; see RetentionRange (sequence_manager.hpp).
       .def("set_retention", [](SequenceManager& s, int64_t seq, nb::handle ranges) {
         s.set_retention(seq, retention_ranges(ranges));
@@ -380,6 +383,7 @@ NB_MODULE(_native, m) {
         f["restored_pages"] = t.restored_pages, f["demoted_blocks"] = t.demoted_blocks;
         f["promoted_blocks"] = t.promoted_blocks, f["disk_writes"] = t.disk_writes, f["disk_reads"] = t.disk_reads;
         f["disk_misses"] = t.disk_misses, f["read_ahead_hits"] = t.read_ahead_hits;
+        f["disk_write_failures"] = t.disk_write_failures;
         f["promoted_ahead"] = t.promoted_ahead;
         return f;
       })

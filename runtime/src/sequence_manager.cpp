@@ -24,8 +24,11 @@ const SequenceManagerOptions& checked(const SequenceManagerOptions& o) {
   if (o.window < 0) throw OutOfRangeError("options.window", o.window, 0, LLONG_MAX, -1, "0: no window");
   if (o.disk_blocks < 0 || o.disk_blocks > INT32_MAX)
     throw OutOfRangeError("options.disk_blocks", o.disk_blocks, 0, int64_t(INT32_MAX) + 1, -1, "0: no disk tier");
-  if (o.disk_blocks > 0 && o.disk_path.empty())
+  if (o.disk_blocks > 0 && o.disk_path.empty() && !o.disk_store)
     throw ArgumentError("options.disk_path", "a disk tier of " + std::to_string(o.disk_blocks) + " blocks needs a file path");
+  if (o.disk_store && o.disk_blocks > o.disk_store->capacity())
+    throw OutOfRangeError("options.disk_blocks", o.disk_blocks, 0, o.disk_store->capacity() + 1, -1,
+                          "options.disk_store holds that many records");
   if (o.disk_blocks > 0 && o.host_blocks == 0)
     throw ArgumentError("options.disk_blocks", "blocks reach the disk tier from the host tier: give options.host_blocks too");
   if (o.read_ahead_blocks < 0) throw OutOfRangeError("options.read_ahead_blocks", o.read_ahead_blocks, 0, INT32_MAX, -1, "0: none");
@@ -208,13 +211,18 @@ int64_t SequenceManager::add(int64_t seq, const std::vector<int32_t>& prompt, st
   // groups, which agree on max_cached and keep no host tier). They take pages that the prompt would
   // take anyway, so the capacity the rest of add() checks is the same, and it is checked first.
   if (max_cached == INT64_MAX) {
-    std::vector<LowerBlock> lower = lower_prefix(prompt, s.salt, int64_t(shared.size()), chain);
+    // The prompt's device blocks, those of the device-held prefix and those past the lower blocks,
+    // stay for the whole of add(): promotion's allocation must not evict them, so that add() covers
+    // what cached_prefix() said.
+    std::vector<int32_t> on_device;
+    std::vector<LowerBlock> lower = lower_prefix(prompt, s.salt, int64_t(shared.size()), chain, nullptr, &on_device);
     if (!lower.empty()) {
-      std::vector<int32_t> on_device;
+      const int32_t reused = int32_t(shared.size() + on_device.size());  // blocks that take no new page
       int32_t pinned = 0;
       for (int32_t b : shared)
-        if (b >= 0) on_device.push_back(b), pinned += prefix_.evictable(b) ? 1 : 0;
-      const int32_t need = int32_t((int64_t(prompt.size()) + P - 1) / P) - int32_t(shared.size());
+        if (b >= 0) on_device.push_back(b);
+      for (int32_t b : on_device) pinned += prefix_.evictable(b) ? 1 : 0;
+      const int32_t need = int32_t((int64_t(prompt.size()) + P - 1) / P) - reused;
       if (need > available_blocks() - pinned) throw CapacityError("pages", need, available_blocks() - pinned);
       for (int32_t b : on_device) prefix_.keep(b);  // the eviction that promotion may cause must not take them
       promote(std::move(lower));

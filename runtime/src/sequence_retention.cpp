@@ -101,6 +101,9 @@ void SequenceManager::reset_prefix_cache() {
   cleared.kind = KvEvent::Kind::all_blocks_cleared;
   cleared.medium = device_medium();
   events_.push(std::move(cleared));
+  // The disk tier's records go too, for any later process on the file (a reset for new weights): the
+  // store's generation moves on. Everything above is done first; a store that cannot says so.
+  if (disk_) disk_->invalidate_all();
 }
 
 namespace {

@@ -11,10 +11,25 @@
 
 namespace kvforge {
 
+std::string SequenceManager::disk_identity() const {
+  const VariantDescriptor& d = cache_.descriptor();
+  std::string text = std::string("variant ") + d.name + "; layers " + std::to_string(d.layers) + "; heads " +
+                     std::to_string(d.heads) + "; head_dim " + std::to_string(d.head_dim) + "; page_size " +
+                     std::to_string(d.page_size) + "; storage " + std::string(dtype_name(d.storage)) + "; input " +
+                     std::string(dtype_name(d.input)) + "; quant " + name_of(d.quant) + "; scale " +
+                     std::string(dtype_name(d.scale)) + "; group " + std::to_string(d.quant_group) +
+                     "; packed_page_bytes " + std::to_string(cache_.packed_page_bytes()) + "; block_hash " +
+                     (options_.block_hash == BlockHashScheme::vllm_sha256_cbor ? "vllm_sha256_cbor" : "kvforge");
+  if (options_.block_hash == BlockHashScheme::vllm_sha256_cbor) text += "; hash_seed " + options_.hash_seed;
+  return text + "; weights " + options_.weights_tag;
+}
+
 void SequenceManager::open_disk_tier() {
   if (options_.disk_blocks <= 0) return;
   const int32_t P = page_size();
-  disk_ = open_file_store(options_.disk_path, options_.disk_blocks, cache_.packed_page_bytes(), P);
+  disk_ = options_.disk_store ? options_.disk_store
+                              : std::shared_ptr<BlockStore>(open_file_store(options_.disk_path, options_.disk_blocks,
+                                                                            cache_.packed_page_bytes(), P, disk_identity()));
   // A restart keeps every record that checks out (one per key), in slot order; the rest are free.
   std::vector<uint8_t> used(size_t(options_.disk_blocks), 0);
   std::vector<int32_t> found;
@@ -98,10 +113,19 @@ int32_t SequenceManager::host_room(int32_t n) {
       const int32_t slot = take_disk_slot();
       StoredBlock b{host_prefix_.key_of(h), host_prefix_.parent_of(h), host_prefix_.salt_of(h), host_prefix_.priority(h),
                     host_prefix_.tokens_of(h)};
-      disk_->write(slot, b, static_cast<const unsigned char*>(host_pool_.data()) + h * cache_.packed_page_bytes());
-      disk_prefix_.adopt(host_prefix_, h, slot);
-      record_stored(disk_prefix_, {slot}, "DISK");  // at once: a later write of this loop may evict it
-      ++stats_.disk_writes;
+      try {
+        disk_->write(slot, b, static_cast<const unsigned char*>(host_pool_.data()) + h * cache_.packed_page_bytes());
+        disk_prefix_.adopt(host_prefix_, h, slot);
+        record_stored(disk_prefix_, {slot}, "DISK");  // at once: a later write of this loop may evict it
+        ++stats_.disk_writes;
+      } catch (const BackendError& e) {
+        // A full disk, a file size limit, EIO: the block leaves the host tier as a miss (recomputed when
+        // asked for again), and the slot is free; whatever the failed write left there never checks out
+        // as another block (its checksum and key). Every page stays accounted for.
+        disk_free_.push_back(slot);
+        ++stats_.disk_write_failures;
+        last_disk_error_ = e.what();
+      }
     }
     dropped.push_back(host_prefix_.key_of(h));
     host_prefix_.forget(h);
@@ -144,7 +168,7 @@ void SequenceManager::evict(int32_t n) {
 
 std::vector<SequenceManager::LowerBlock> SequenceManager::lower_prefix(const std::vector<int32_t>& prompt, uint64_t salt,
                                                                         int64_t from, BlockChain chain,
-                                                                        int64_t* covered) const {
+                                                                        int64_t* covered, std::vector<int32_t>* between) const {
   std::vector<LowerBlock> out;
   int64_t blocks = 0;
   if ((host_prefix_.size() > 0 || disk_prefix_.size() > 0) && !prompt.empty()) {
@@ -153,7 +177,10 @@ std::vector<SequenceManager::LowerBlock> SequenceManager::lower_prefix(const std
     for (int64_t i = from; i < lookups; ++i, ++blocks) {
       const int32_t* t = prompt.data() + i * P;
       chain = hasher_.next(chain, salt, t, P);
-      if (prefix_.find(chain.key, t, P) >= 0) continue;  // past a block a lower tier brings back, the device has more
+      if (const int32_t on_device = prefix_.find(chain.key, t, P); on_device >= 0) {
+        if (between) between->push_back(on_device);
+        continue;  // past a block a lower tier brings back, the device has more
+      }
       const int32_t h = host_prefix_.find(chain.key, t, P);
       const int32_t d = h < 0 ? disk_prefix_.find(chain.key, t, P) : -1;
       if (h < 0 && d < 0) break;

@@ -74,25 +74,31 @@ class VllmHash:
 class Router:
     """What a KV-aware router knows of each instance: the hashes its events say it holds."""
 
-    def __init__(self, instances, hash=documented_hash):
+    def __init__(self, instances, hash=documented_hash, form="map"):
         # A CPU cache, its host tier and its disk tier.
         self.held = [{"CPU": set(), "HOST": set(), "DISK": set()} for _ in range(instances)]
         self.seen = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
-        self.hash = hash
+        self.hash, self.form = hash, form
 
     def receive(self, instance, data):
         _, events, rank = kv_events.decode(data)
         assert rank == instance
-        raw = msgpack.unpackb(data, raw=False)  # vLLM's positional form, tag first
-        for event, array in zip(events, raw[1]):
-            assert array[0] == event["type"]
+        raw = msgpack.unpackb(data, raw=False)  # the wire: vLLM's tagged maps, or its positional arrays, tag first
+        for event, item in zip(events, raw[1]):
+            if self.form == "map":
+                assert isinstance(item, dict) and item["type"] == event["type"]
+                stored = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
+                fields = [item[name] for name in stored] if event["type"] == "BlockStored" else None
+            else:
+                assert isinstance(item, list) and item[0] == event["type"]
+                fields = item[1:8]
             self.seen[event["type"]] += 1
             if event["type"] == "BlockStored":
                 size, salt = event["block_size"], (event["extra_keys"] or [[0]])[0][0]
                 parent = event["parent_block_hash"]
                 assert len(event["token_ids"]) == size * len(event["block_hashes"])
                 held = self.held[instance][event["medium"]]
-                assert array[1:8] == [event["block_hashes"], parent, event["token_ids"], size, None, event["medium"], None]
+                assert fields == [event["block_hashes"], parent, event["token_ids"], size, None, event["medium"], None]
                 for i, h in enumerate(event["block_hashes"]):
                     assert h == self.hash(parent, salt, event["token_ids"][i * size:(i + 1) * size])
                     assert h not in held, "stored twice"
@@ -116,8 +122,8 @@ class Router:
         return covered
 
 
-@pytest.mark.parametrize("scheme", ["kvforge", "vllm_sha256_cbor"])
-def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step(tmp_path, scheme):
+@pytest.mark.parametrize("scheme,form", [("kvforge", "map"), ("vllm_sha256_cbor", "map"), ("kvforge", "array")])
+def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step(tmp_path, scheme, form):
     rng = random.Random(5)
     instances = []
     for i in range(2):
@@ -129,7 +135,7 @@ def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step
                                                  hash_seed="kvforge-test", **tiers))
     block = kvforge.describe(VARIANT).page_size
     systems = [[1000 * s + i for i in range(2 * block + 3)] for s in range(3)]
-    router = Router(2, documented_hash if scheme == "kvforge" else VllmHash("kvforge-test"))
+    router = Router(2, documented_hash if scheme == "kvforge" else VllmHash("kvforge-test"), form)
     live, next_id = [[], []], 0
     finished = [[], []]  # conversations that may return for another turn
     for step in range(300):
@@ -164,7 +170,7 @@ def test_a_router_replaying_the_events_holds_each_instances_blocks_at_every_step
             finished[i].append(list(m.tokens(seq)))
             m.free(seq)
         m.step(live[i])
-        router.receive(i, kv_events.encode(m.take_kv_events(), ts=float(step), data_parallel_rank=i))
+        router.receive(i, kv_events.encode(m.take_kv_events(), ts=float(step), data_parallel_rank=i, form=form))
         for j in range(2):
             assert router.held[j]["CPU"] == set(instances[j].cached_block_hashes()), f"step {step}, instance {j}"
             assert router.held[j]["HOST"] == set(instances[j].host_cached_block_hashes()), f"step {step}, instance {j}"
@@ -236,6 +242,8 @@ def test_bad_ranges_are_refused_by_name():
         assert e.value.argument == argument
     with pytest.raises(ValueError):
         kv_events.encode([{"type": "Nothing"}])
+    with pytest.raises(ValueError, match="form"):
+        kv_events.encode([], form="tuple")
 
 
 def test_prefetch_reads_disk_blocks_ahead_of_the_add_that_promotes_them(tmp_path):
@@ -252,3 +260,41 @@ def test_prefetch_reads_disk_blocks_ahead_of_the_add_that_promotes_them(tmp_path
     assert m.add(100, prompts[0]) == 2 * block
     assert m.stats["read_ahead_hits"] == 2 and m.stats["disk_reads"] == 2
     m.check_invariants()
+
+
+def test_decode_reads_a_batch_as_todays_vllm_publishes_it_and_the_older_form_beside_it():
+    # An event as vLLM 0.26 published it (captured in volcano-sh/kthena#1535): a tagged map with fields
+    # kvforge does not write (extra_keys, group_idx, kv_cache_spec_kind), beside the positional form.
+    published = {"type": "BlockStored", "block_hashes": [15760518052499183552], "parent_block_hash": None,
+                 "token_ids": list(range(16)), "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None,
+                 "extra_keys": [None], "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    older = ["BlockRemoved", [15760518052499183552], "GPU"]
+    ts, events, rank = kv_events.decode(msgpack.packb([1789095808.8, [published, older, {"type": "AllBlocksCleared"}], 0]))
+    assert (ts, rank) == (1789095808.8, 0)
+    assert events[0] == published
+    assert events[1] == {"type": "BlockRemoved", "block_hashes": [15760518052499183552], "medium": "GPU", "group_idx": None}
+    assert events[2] == {"type": "AllBlocksCleared"}
+    with pytest.raises(ValueError, match="not a KV event"):
+        kv_events.decode(msgpack.packb([1.0, [{"type": "Nothing"}]]))
+    # And what encode writes in each form reads back the same.
+    for form in ("map", "array"):
+        _, again, _ = kv_events.decode(kv_events.encode(events[:2], ts=1.0, form=form))
+        assert again[1] == events[1] and again[0]["block_hashes"] == published["block_hashes"]
+
+
+def test_vllms_own_classes_decode_both_forms():
+    kv = pytest.importorskip("vllm.distributed.kv_events",
+                             reason="vLLM is not installed in this environment (its CPU wheel pins a torch that PyPI does not serve; this test runs where vLLM is)")
+    import msgspec
+    decoder = msgspec.msgpack.Decoder(kv.KVEventBatch)
+    m = kvforge.SequenceManager(kvforge.create(VARIANT, pages=8), kv_events=True)
+    m.add(0, list(range(3 * kvforge.describe(VARIANT).page_size + 1)))
+    m.step([0])
+    m.free(0)
+    m.reset_prefix_cache()
+    events = m.take_kv_events()
+    for form in ("map", "array"):
+        batch = decoder.decode(kv_events.encode(events, ts=2.0, data_parallel_rank=1, form=form))
+        assert [type(e).__name__ for e in batch.events] == [e["type"] for e in events]
+        stored = next(e for e in batch.events if type(e).__name__ == "BlockStored")
+        assert list(stored.block_hashes) == events[0]["block_hashes"] and stored.medium == events[0]["medium"]

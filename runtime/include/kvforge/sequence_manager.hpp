@@ -75,9 +75,18 @@ struct SequenceManagerOptions {
   bool demote_to_host = true;
   // The disk tier below the host tier: blocks the host tier evicts are written there, one record
   // each (block_store.hpp), and come back on a prefix hit. `disk_path`'s file is created or reused:
-  // a restart serves every record that checks out. 0 blocks: no disk tier.
+  // a restart serves every record that checks out. 0 blocks: no disk tier. The file names what it
+  // holds (the variant, its dimensions and dtypes, block_hash and hash_seed, weights_tag): a file of
+  // another is refused at construction, naming both. One manager owns a file at a time (a lock); a
+  // failed write (a full disk, EIO) drops that block, as a miss (stats().disk_write_failures).
   std::string disk_path;
   int64_t disk_blocks = 0;
+  // What the model's weights are (a checkpoint's name or hash): disk records written under another tag
+  // are never served. Change it with new weights; reset_prefix_cache() clears the disk tier too.
+  std::string weights_tag;
+  // A store of the caller's in place of the file at disk_path (an object store; tests inject faults):
+  // disk_blocks must not exceed its capacity().
+  std::shared_ptr<BlockStore> disk_store;
   // Disk-tier blocks that prefetch() may hold at once, queued or read and not yet promoted (each one
   // packed page of host memory); 0: prefetch() reads nothing ahead.
   int32_t read_ahead_blocks = 64;
@@ -115,6 +124,7 @@ struct SequenceStats {
   int64_t disk_writes = 0;      // blocks the host tier evicted into the disk tier
   int64_t disk_reads = 0;       // of promoted_blocks, those read from the disk tier
   int64_t disk_misses = 0;      // disk records that did not check out when read (torn, cut short, changed)
+  int64_t disk_write_failures = 0;  // blocks the disk tier could not take (a full disk, EIO): dropped, as misses
   int64_t read_ahead_hits = 0;  // of disk_reads, those prefetch() had read ahead
   int64_t promoted_ahead = 0;   // of promoted_blocks, host-tier ones copied ahead (promote_ahead)
 };
@@ -208,6 +218,8 @@ class SequenceManager {
   const std::vector<int32_t>& pages(int64_t seq) const;
   const std::vector<int32_t>& tokens(int64_t seq) const;
   const SequenceStats& stats() const { return stats_; }
+  // The message of the last disk write that failed (stats().disk_write_failures), or "".
+  const std::string& last_disk_error() const { return last_disk_error_; }
   uint64_t default_salt() const { return options_.salt; }
   const BlockHasher& hasher() const { return hasher_; }
   int32_t block_size() const { return cache_.descriptor().page_size; }  // tokens a page holds
@@ -238,6 +250,9 @@ class SequenceManager {
   std::vector<uint64_t> cached_block_hashes() const;
   std::vector<uint64_t> host_cached_block_hashes() const;
   std::vector<uint64_t> disk_cached_block_hashes() const;
+  // What this manager's disk records hold, as the file names it: the variant, its dimensions and
+  // dtypes, the block hash and its seed, the weights tag. A file of another identity is refused.
+  std::string disk_identity() const;
 
   // Verifies every internal invariant (reference counts against owners, LRU membership, page counts);
   // throws StateError naming the first broken one. For tests; O(blocks + tokens).
@@ -299,9 +314,9 @@ class SequenceManager {
   };
   // The lower tiers' blocks that continue the prefix of `prompt` after its first `from` full blocks
   // (whose chain is `chain`), with the device's blocks between them; `covered`: how many blocks all
-  // tiers give.
+  // tiers give; `between`: the device's blocks among them, which promotion's allocation must not evict.
   std::vector<LowerBlock> lower_prefix(const std::vector<int32_t>& prompt, uint64_t salt, int64_t from, BlockChain chain,
-                                       int64_t* covered = nullptr) const;
+                                       int64_t* covered = nullptr, std::vector<int32_t>* between = nullptr) const;
   // Copies lower-tier blocks back into fresh device pages and caches them there; a disk record that
   // does not check out ends them there.
   void promote(std::vector<LowerBlock> blocks);
@@ -342,7 +357,8 @@ class SequenceManager {
   BlockAllocator host_;
   PrefixCache host_prefix_;
   // Disk tier: the store, its index (a record per slot, all evictable) and its free slots.
-  std::unique_ptr<BlockStore> disk_;
+  std::shared_ptr<BlockStore> disk_;
+  std::string last_disk_error_;  // the last failed disk write's message
   PrefixCache disk_prefix_;
   std::vector<int32_t> disk_free_;
   std::vector<unsigned char> disk_io_;
