@@ -185,7 +185,12 @@ def _intact(entry: str, key: str) -> bool:
 def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_function: str, compiler: str,
            include: str, link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]], cpu_level: int) -> None:
     """Generates the variant into a scratch folder beside `entry` and compiles it into entry/variants.so."""
-    scratch = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(entry))
+    scratch = tempfile.mkdtemp(prefix=f".build-{os.path.basename(entry)}-", dir=os.path.dirname(entry))
+    # mkdtemp makes it 0700; an entry is shared like the files in it, as this process's umask says (another
+    # user of the same cache folder loads what one user built).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(scratch, 0o777 & ~umask)
     try:
         for kind, written in (("layouts", layouts), ("models", [model])):
             os.makedirs(os.path.join(scratch, kind))
@@ -229,12 +234,52 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
         _run([compiler, "-shared", "-fopenmp", "-o", library, *objects, *link], "linking the variant library")
         with open(os.path.join(scratch, "key"), "w", encoding="utf-8") as f:
             f.write(f"{key}\n{_sha256_of(library)}\n")
-        if os.path.isdir(entry):
-            shutil.rmtree(entry)
+        _remove(entry)  # whatever holds its name: an entry that did not check out, a file, a link
         os.rename(scratch, entry)
     finally:
         if os.path.isdir(scratch):
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _remove(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        os.remove(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def _lock(root: str, name: str, blocking: bool = True):
+    """The lock file of entry `name`, held (flock); None where `blocking` is off and another holds it. Opened
+    read-only where this user may not write it (another user's cache: flock needs no write access)."""
+    path = os.path.join(root, name + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _sweep(root: str, own: str) -> None:
+    """Removes the scratch folders of builds that were killed (`.build-<entry>-*`): this build's entry's,
+    whose lock this process holds, and any other entry's whose lock nobody holds (no build of it runs)."""
+    for name in os.listdir(root):
+        if not name.startswith(".build-"):
+            continue
+        entry = name[len(".build-"):].rsplit("-", 1)[0]
+        if entry == own:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            continue
+        fd = _lock(root, entry, blocking=False)
+        if fd is not None:
+            try:
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            finally:
+                os.close(fd)
 
 
 builds = 0  # libraries this process built (not found on disk)
@@ -245,18 +290,30 @@ def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler
             cpu_level: int = vocab.CPU_BASE_LEVEL) -> Tuple[str, str]:
     """(path of the library that holds `wanted`, its registry function): found in the cache, else built
     under a file lock, so that two processes asking for one key build it once. cuda: (nvcc, architectures)
-    to give it CUDA kernels too. cpu_level: the x86-64 level of its CPU kernels, the one key_of was given."""
+    to give it CUDA kernels too. cpu_level: the x86-64 level of its CPU kernels, the one key_of was given.
+    Every failure of the cache folder (unwritable, a file where a folder should be) is an OnDemandError
+    naming the path; an entry that does not check out, whatever it is, is rebuilt in its place."""
     registry_function = f"kvforge_on_demand::registry_{key[:16]}"
     root = cache_dir()
-    os.makedirs(root, exist_ok=True)
     entry = os.path.join(root, key[:32])
-    if not _intact(entry, key):
-        with open(os.path.join(root, key[:32] + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process building this key finishes first
+    if _intact(entry, key):  # another user's entry is read without taking its lock
+        return os.path.join(entry, "variants.so"), registry_function
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd = _lock(root, key[:32])  # another process building this key finishes first
+        try:
             if not _intact(entry, key):
+                _sweep(root, key[:32])
                 _build(entry, layouts, model, key, registry_function, compiler, include, link, cuda, cpu_level)
                 global builds
                 builds += 1
+        finally:
+            os.close(fd)
+    except OSError as e:
+        where = e.filename or root
+        raise OnDemandError("backend", f"the on-demand cache at {root}: {where}: {e.strerror or e} (KVFORGE_CACHE_DIR "
+                                       f"chooses another folder; a folder this user may write, or one that already "
+                                       f"holds the entry)") from None
     return os.path.join(entry, "variants.so"), registry_function
 
 

@@ -37,6 +37,7 @@ from ._native import create as _create
 from ._native import pair as _pair
 from ._native import variants as _variants
 from .errors import *  # noqa: F401,F403  (the exception classes, at the top level too)
+from . import jit  # noqa: E402
 from .jit import variant  # noqa: E402  (after the native names it builds on)
 
 __all__ = ["Cache", "Descriptor", "SequenceManager", "HybridSequenceManager", "StatePool", "StateSlots", "create",
@@ -59,13 +60,15 @@ def variants(layout=None, model=None, storage=None, input=None):
 
 def create(name=None, *, layout=None, model=None, storage=None, input=None, device="cpu", rows=1, max_seq_len=0,
            pages=0, max_staged_tokens=0, stream=0, layers=None, kv_heads=None, head_dim=None, window=None,
-           sliding_window=None, companion=None):
+           sliding_window=None, layer_groups=None, companion=None):
     """A new cache of the variant `name` (layout.model.dtype), or of the one variant a query matches.
 
     Sizes at run time: give a layout, a storage dtype and the model's layers, kv_heads and head_dim
     (optionally sliding_window, and window for a ring layout) instead of a model, and the variant is
     built on demand (kvforge.variant, any layout, quantized, ring and lazy ones too), or found in the disk
-    cache. A query that names a layout, a model and a float storage dtype no variant was generated for is
+    cache. A hybrid layout (hybrid_paged) takes layer_groups as a model spec has them ([{"name": "local",
+    "layers": [0, 2], "sliding_window": 4}, {"name": "global", "layers": [1, 3]}], named as the layout's
+    groups). A query that names a layout, a model and a float storage dtype no variant was generated for is
     served by the generic runtime-strided path (CPU, eager non-ring layouts; descriptor.generic).
     Capacity, as CacheConfig (docs/contract.md): rows (contiguous, ring), max_seq_len (contiguous; 0:
     the model's), pages (paged), max_staged_tokens (lazy; 0: a default). stream: a cudaStream_t as int.
@@ -74,7 +77,8 @@ def create(name=None, *, layout=None, model=None, storage=None, input=None, devi
     one, its `companion` the other, and a SequenceManager over it manages both caches' pages together.
     """
     sizes = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
-    if any(v is not None for v in sizes.values()) or window is not None or sliding_window is not None:
+    if any(v is not None for v in sizes.values()) or window is not None or sliding_window is not None or \
+            layer_groups is not None:
         given = {"layout": layout, "storage": storage, **sizes}
         missing = [k for k, v in given.items() if v is None]
         if missing or name or model:
@@ -83,6 +87,13 @@ def create(name=None, *, layout=None, model=None, storage=None, input=None, devi
         spec = dict(sizes, max_seq_len=max_seq_len or max(4096, sliding_window or 0))
         if sliding_window is not None:
             spec["sliding_window"] = sliding_window
+        groups = jit.layout_groups(layout)
+        if groups and layer_groups is None:
+            raise ArgumentError(f"layer_groups: {layout} keeps a member cache for each of the layer groups "
+                                f"{', '.join(groups)}; give layer_groups=[{{'name': {groups[0]!r}, 'layers': [...]}}, "
+                                f"...], as a model spec names them (docs/memory.md, \"Hybrid layer groups\")")
+        if layer_groups is not None:
+            spec["layer_groups"] = layer_groups
         name = variant(layout, spec, storage, input, window=window).name
         layout = storage = input = None
     cache = _create(name, layout, model, storage, input, device, rows, max_seq_len, pages, max_staged_tokens, stream)

@@ -135,6 +135,9 @@ class KvforgeStateLayer(LinearAttentionLayer):
             held = next(part for part in pool.parts if part[0] == name)
             if held[1] != shape:
                 raise kvforge.ShapeError(f"{kind}_states: the model gives {shape}, the probed record holds {held[1]}")
+            if held[2] != state_dtype(kind, state):  # never kept quietly at another precision than the model's
+                raise kvforge.DtypeError(f"{kind}_states: the model keeps {state_dtype(kind, state)}, the state_record's "
+                                         f"part {name!r} is {held[2]} (give the model's dtype, as from_model probes it)")
             if kind == "conv":
                 self.conv_kernel_size[state_idx] = shape[-1]
             getattr(self, f"{kind}_states")[state_idx] = self._served(kind, state_idx)

@@ -125,6 +125,16 @@ def kv_widths(text):
     return head_dim_of(text), int(v_head_dim)
 
 
+def layout_groups(layout):
+    """The layer groups a hybrid layout (a default's name, a spec file, or a dict) keeps a member cache for,
+    in its order; () for any other layout."""
+    try:
+        spec = on_demand.spec_of("layout", layout, "layouts", SPECS) if isinstance(layout, (str, os.PathLike)) else layout
+    except on_demand.OnDemandError as e:
+        raise _raised(e) from None
+    return tuple(spec.get("groups", {})) if isinstance(spec, dict) else ()
+
+
 def by_group(layout, groups):
     """`layout` for a model whose layer groups keep different KV heads: a hybrid layout naming `layout` for
     every group, so that each group is a member cache of its own heads. A hybrid layout stays itself."""

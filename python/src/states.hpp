@@ -195,9 +195,14 @@ void bind_states(nb::module_& m) {
   m.def("state_model_hash", [shards_of](const VariantDescriptor& d) { return shards_of(d, 1, 1).model_record_hash(); },
         "descriptor"_a, "A hash of the model's state record (layers, and each part's name, dtype, split and the model's "
         "shape), the same at every degree: two shards of one model agree.");
-  m.def("state_page_size", &state_page_size, "descriptor"_a,
-        "The fewest tokens a page of the variant's layout must hold for one page to hold its model's whole state "
-        "record (StatePool.in_pages_of): the smallest multiple of its page size that fits, or 0 where none does.");
+  m.def("state_page_size", [](const VariantDescriptor& d, nb::handle parts, std::optional<int> layers) {
+    if (parts.is_none()) return state_page_size(d);
+    if (!layers) throw ArgumentError("layers", "is required with parts: the linear layers the record is kept for");
+    return state_page_size(d, state_parts(parts), *layers);
+  }, "descriptor"_a, "parts"_a = nb::none(), "layers"_a = nb::none(),
+        "The fewest tokens a page of the variant's layout must hold for one page to hold a whole state record "
+        "(StatePool.in_pages_of): its model's, or `parts` in each of `layers` layers; the smallest multiple of its "
+        "page size that fits, or 0 where none does.");
   nb::class_<StateSlots>(m, "StateSlots")
       .def(nb::init<SequenceManager&, StatePool&, int32_t>(), "manager"_a, "pool"_a, "every"_a, nb::keep_alive<1, 2>(),
            nb::keep_alive<1, 3>())

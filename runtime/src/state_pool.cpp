@@ -124,13 +124,17 @@ int64_t page_align(int64_t stride, uintptr_t base) {
 }  // namespace
 
 int64_t state_page_size(const VariantDescriptor& d) {
-  if (!d.paged() || d.hybrid || d.page_size < 1 || !d.states) return 0;
-  const std::vector<StatePart> parts = state_parts(d);
+  if (!d.states) return 0;
+  return state_page_size(d, state_parts(d), d.states->num_linear);
+}
+
+int64_t state_page_size(const VariantDescriptor& d, const std::vector<StatePart>& parts, int layers) {
+  if (!d.paged() || d.hybrid || d.page_size < 1 || parts.empty() || layers < 1) return 0;
   auto fits = [&](int64_t k) {
     VariantDescriptor at = d;
     at.page_size = int(k * d.page_size);
     const PageRuns runs = page_runs(at, make_geometry(at, Capacity{0, 0, 2}));
-    return place_in_pages(parts, d.states->num_linear, runs, page_align(runs.stride, kPartAlign)).problem.empty();
+    return place_in_pages(parts, layers, runs, page_align(runs.stride, kPartAlign)).problem.empty();
   };
   const int64_t most = (int64_t(1) << 20) / d.page_size;
   int64_t hi = 1;
@@ -229,7 +233,7 @@ StatePool::StatePool(std::vector<StatePart> parts, int layers, Cache& cache, int
   base_ = static_cast<char*>(const_cast<void*>(cache.storage()));
   const PagePlacement at = place_in_pages(parts_, layers_, runs, page_align(runs.stride, reinterpret_cast<uintptr_t>(base_)));
   if (!at.problem.empty()) {
-    const int64_t enough = d.states && d.states->num_linear == layers_ ? state_page_size(d) : 0;
+    const int64_t enough = state_page_size(d, parts_, layers_);  // the record given, not the variant's own
     throw ShapeError("cache", std::string(d.name) + "'s page of " + std::to_string(d.page_size) +
                                   " tokens cannot hold the state record: " + at.problem +
                                   (enough ? " (a page of " + std::to_string(enough) + " tokens would hold it)" : ""));

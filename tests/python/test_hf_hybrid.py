@@ -350,3 +350,25 @@ def test_states_in_a_caches_pages_share_its_free_list():
     need = kvforge.state_page_size(small[0])
     with pytest.raises(kvforge.ShapeError, match=rf"cache: .* \(a page of {need} tokens would hold it\)"):
         kvforge.StatePool.in_pages_of(kvforge.create(small[0].name, pages=2))
+    # A record of the caller's: the hint is that record's page, not the variant's own (twice the recurrent
+    # state needs a larger page), and a page of the hinted size does hold it.
+    bigger = [("conv", (64, 4), "fp32"), ("recurrent", (16, 8, 8), "fp32")]
+    own, theirs = kvforge.state_page_size(fits[0]), kvforge.state_page_size(fits[0], parts=bigger, layers=2)
+    assert theirs > own > 0, (theirs, own)
+    with pytest.raises(kvforge.ShapeError, match=rf"cache: .* \(a page of {theirs} tokens would hold it\)"):
+        kvforge.StatePool.in_pages_of(kvforge.create(fits[0].name, pages=2), parts=bigger, layers=2)
+    layout = {"name": "state_hint_pages", "addressing": "paged", "page_size": theirs, "update": "eager",
+              "axes": ["page", "slot", "kv", "head", "dim"], "expand": [{"models": ["x"], "dtypes": ["fp32"]}]}
+    d = kvforge.variant(layout, {"name": "state_hint_model", "layers": fits[0].layers, "kv_heads": fits[0].heads,
+                                 "head_dim": fits[0].head_dim, "max_seq_len": 64}, "fp32")
+    assert kvforge.StatePool.in_pages_of(kvforge.create(d.name, pages=2), parts=bigger, layers=2).in_pages
+
+
+def test_a_state_record_of_another_dtype_than_the_models_is_refused():
+    # The model keeps fp32 states; a record declaring bf16 would store them at lower precision, unsaid.
+    m = model(qwen3_next)
+    record = [(name, shape, "bf16") for name, shape, _ in kvforge.hf.probe_record(m)]
+    ours = kvforge.hf.KvforgeCache.from_model(m, batch_size=1, state_record=record)
+    with pytest.raises(kvforge.DtypeError, match=r"_states: the model keeps fp32, the state_record's part .* is bf16"):
+        with torch.no_grad():
+            m(torch.randint(1, 128, (1, 5)), use_cache=True, **kvforge.hf.cache_kwarg(ours))

@@ -13,6 +13,7 @@ built in a cache folder of this test's own, checked against plain references.
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -186,6 +187,35 @@ def test_the_disk_cache_builds_once_serves_other_processes_and_rebuilds_a_corrup
         f.seek(100)
         f.write(b"\0" * 64)  # corrupt: never loaded, rebuilt
     assert run_python(ASK).split() == [name, "1"]
+    # Shared as the umask says (022 here): another user of the folder can read the entry and its library
+    # (mkdtemp's 0700 kept them from it).
+    entry = entry_of(name)
+    assert os.stat(entry).st_mode & 0o055 == 0o055 and os.stat(os.path.join(entry, "variants.so")).st_mode & 0o044 == 0o044
+    # An entry replaced by a file, or by a folder with a key of another library: rebuilt in its place, in
+    # the next process and every one after.
+    shutil.rmtree(entry)
+    with open(entry, "w") as f:
+        f.write("not an entry")
+    assert run_python(ASK).split() == [name, "1"] and run_python(ASK).split() == [name, "0"]
+    with open(os.path.join(entry, "key"), "w") as f:
+        f.write("0" * 64 + " " + "0" * 64 + "\n")
+    assert run_python(ASK).split() == [name, "1"] and run_python(ASK).split() == [name, "0"]
+    # A build killed before it finished left its scratch folder: the next build sweeps it.
+    root = os.path.dirname(entry)
+    stale = os.path.join(root, ".build-" + os.path.basename(entry) + "-killed")
+    os.makedirs(os.path.join(stale, "generated"))
+    shutil.rmtree(entry)
+    assert run_python(ASK).split() == [name, "1"]
+    assert not [n for n in os.listdir(root) if n.startswith(".build-")], os.listdir(root)
+
+
+def test_a_cache_folder_that_cannot_hold_entries_is_a_kvforge_error_naming_it(tmp_path, monkeypatch):
+    where = tmp_path / "a_file"
+    where.write_text("")
+    monkeypatch.setenv("KVFORGE_CACHE_DIR", str(where))
+    with pytest.raises(kvforge.BackendError, match="a_file"):
+        kvforge.variant("jetstream_contiguous", {"name": "nowhere9", "layers": 1, "kv_heads": 1, "head_dim": 8,
+                                                 "max_seq_len": 8}, "fp32")
 
 
 AT_LEVEL = """
@@ -278,3 +308,16 @@ def test_refusals_name_what_is_wrong(monkeypatch):
     with pytest.raises(kvforge.BackendError, match="compiler: /nonexistent/c\\+\\+ was not found"):
         kvforge.variant("vllm_paged_nhd", {"name": "nocompiler", "layers": 1, "kv_heads": 1, "head_dim": 8,
                                            "max_seq_len": 8}, "fp32")
+
+
+def test_create_with_sizes_takes_a_hybrid_layouts_layer_groups():
+    # Sizes at run time over hybrid_paged: its groups (local, global) from layer_groups, each a member cache
+    # of its own layers, and the local one's window; without layer_groups, a refusal that says what to give.
+    groups = [{"name": "local", "layers": [0, 2], "sliding_window": 4}, {"name": "global", "layers": [1, 3]}]
+    cache = kvforge.create(layout="hybrid_paged", storage="fp32", layers=4, kv_heads=2, head_dim=8, pages=8,
+                           layer_groups=groups)
+    assert cache.num_groups == 2 and [cache.group_of(layer) for layer in range(4)] == [0, 1, 0, 1]
+    assert cache.group(0).descriptor.layout == "vllm_paged_nhd" and cache.group(1).descriptor.layout == "deepspeed_blocked"
+    with pytest.raises(kvforge.ArgumentError, match="layer_groups: hybrid_paged keeps a member cache for each of the "
+                                                    "layer groups local, global"):
+        kvforge.create(layout="hybrid_paged", storage="fp32", layers=4, kv_heads=2, head_dim=8, pages=8)

@@ -64,6 +64,8 @@ class Cache;
 // record in place (StatePool over a cache): the smallest multiple of d.page_size that fits, or 0 where
 // no page of up to 2^20 tokens does (a layout whose pages have no contiguous runs of whole rows).
 int64_t state_page_size(const VariantDescriptor& d);
+// The same for a record of the caller's: `parts` in each of `layers` linear layers.
+int64_t state_page_size(const VariantDescriptor& d, const std::vector<StatePart>& parts, int layers);
 
 class StatePool {
  public:
