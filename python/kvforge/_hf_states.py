@@ -20,10 +20,10 @@ Two ways to hold them:
 """
 
 import torch
-import transformers.generation.utils
 from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
 import kvforge
+from kvforge._hf_compat import cache_kwarg
 from kvforge.torch_dtypes import TORCH_DTYPES
 
 _KVFORGE_DTYPES = {t: name for name, t in TORCH_DTYPES.items()}
@@ -34,16 +34,6 @@ def state_dtype(kind, tensor):
     if tensor.dtype not in _KVFORGE_DTYPES:
         raise kvforge.DtypeError(f"{kind}_states: {tensor.dtype} is no state dtype (allowed: fp32, fp16, bf16)")
     return _KVFORGE_DTYPES[tensor.dtype]
-
-
-# The keyword a model's forward and generate take a Cache by: `cache` where this transformers has it
-# (it deprecates `past_key_values`), else `past_key_values` (5.17).
-_TAKES_CACHE = 'new_name="cache"' in open(transformers.generation.utils.__file__).read()
-
-
-def cache_kwarg(cache):
-    """{keyword: cache} for this transformers version: model.generate(ids, **kvforge.hf.cache_kwarg(c))."""
-    return {"cache" if _TAKES_CACHE else "past_key_values": cache}
 
 
 def probe(model):

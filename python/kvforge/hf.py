@@ -28,46 +28,15 @@ prefix sharing and forks outside `generate`.
 """
 
 import torch
-import transformers
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvforge.errors import UnsupportedError
-
-# The transformers versions this module is tested with: 5.17 (the GPU machine's) to the pin in
-# tools/requirements.txt. Older ones lack the per-layer cache interface it implements.
-OLDEST_TRANSFORMERS = (5, 17)
-if tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit()) < OLDEST_TRANSFORMERS:
-    raise UnsupportedError(f"kvforge.hf needs transformers >= {'.'.join(map(str, OLDEST_TRANSFORMERS))} "
-                           f"(found {transformers.__version__}): pip install 'transformers>=5.17'")
-try:
-    from transformers.cache_utils import DummyLayer
-except ImportError:  # before 5.2x: no placeholder class for a layer that keeps no cache
-
-    class DummyLayer:
-        """A layer that keeps no cache (an MLP-only layer), as later transformers' DummyLayer is."""
-
-        is_compileable = is_croppable = True
-
-        def __init__(self, **kwargs):
-            self.is_initialized, self.keys, self.values = True, None, None
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if key_states is None and value_states is None:
-                return None, None
-            raise UnsupportedError("update: this layer keeps no cache")
-
-        def reset(self):
-            pass
-
-        def get_max_length(self):
-            return -1
-
-from kvforge._hf_states import (KvforgeStateLayer, States, cache_kwarg, probe, probe_kv_heads,  # noqa: F401
-                                probe_record)
+from kvforge._hf_compat import DummyLayer, cache_kwarg  # noqa: F401  (cache_kwarg: kvforge.hf's, for callers)
+from kvforge._hf_states import KvforgeStateLayer, States, probe, probe_kv_heads, probe_record  # noqa: F401
 
 import kvforge
 import kvforge.jit
 from kvforge.torch_dtypes import TORCH_DTYPES
+
 
 INDEX_KEY_FORMS = (None, "fp8")  # KvforgeCache's index_keys: the cache's input dtype, or vLLM's fp8 keys
 

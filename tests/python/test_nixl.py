@@ -306,7 +306,9 @@ def test_codes_under_other_scales_are_decoded_with_the_senders_and_appended(peer
     sent = [gathered(sender, layer, source) for layer in range(d.layers)]
     bf16 = next(t for t in LAYOUTS if t.paged and t.page_size != d.page_size)
     for name, v_scale in ((d.name, 2.0), (bf16.name, None)):
-        cache, reference = (kvforge.create(name, pages=2 * n + 2) for _ in range(2))
+        # Sized by the receiving variant's own pages (a user's layout may hold fewer tokens a page).
+        pages = 2 * max(n, pages_needed(kvforge.describe(name))) + 2
+        cache, reference = (kvforge.create(name, pages=pages) for _ in range(2))
         if v_scale is not None:
             for c in (cache, reference):
                 torch.from_dlpack(c.view(1)["v_scales"]).fill_(v_scale)

@@ -18,6 +18,8 @@ test_nixl.py checks the other paths, against nixl_peer.value:
     that asks for the prepared path where it cannot go, each naming the field; the sender serves on.
 """
 
+import random
+
 import pytest
 import torch
 
@@ -181,9 +183,16 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
     targets = [d for d in kvforge.variants(model="tiny") if d.paged and not d.hybrid and d.storage != "bf16"]
     assert {page_pulls.page_bytes(published(d)) is None for d in targets} == {True, False}, \
         "targets whose pages come whole, and targets that stage"
-    place = Placement(pages=[5, 3, 4, 0])
+    def placement_for(d):
+        """Pages out of order for COUNT tokens of `d`'s pages, in a pool of twice as many and more (a layout
+        of small pages, a user's, takes more of them)."""
+        n = -(-COUNT // d.page_size)
+        pool = max(8, 2 * n + 2)
+        return Placement(pages=[5, 3, 4, 0][:n] if n <= 4 else random.Random(d.name).sample(range(pool), n)), pool
+
     for d in targets:
-        cache, reference = kvforge.create(d.name, pages=8), kvforge.create(d.name, pages=8)
+        place, pool = placement_for(d)
+        cache, reference = kvforge.create(d.name, pages=pool), kvforge.create(d.name, pages=pool)
         agent.register(f"dtype_{d.name}", cache)
         for layer in range(d.layers):  # bytes the pull must leave alone
             for side in ("k", "v"):
@@ -205,7 +214,8 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
     # A shorter request after a longer one, through the same spare scratch: its last page's positions past
     # its end arrive as a fresh pool's bytes, never the former request's.
     for d in [d for d in targets if page_pulls.page_bytes(published(d)) is not None]:
-        cache, reference = kvforge.create(d.name, pages=8), kvforge.create(d.name, pages=8)
+        place, pool = placement_for(d)
+        cache, reference = kvforge.create(d.name, pages=pool), kvforge.create(d.name, pages=pool)
         agent.register(f"short_{d.name}", cache)
         short = Placement(pages=[1])
         agent.pull([("s0", source.name)], f"short_{d.name}", COUNT, source_of(source, nhd), place)
