@@ -190,6 +190,7 @@ class PreparedPull(InFlight):
 
     def __init__(self, agent, plan, notify):
         self._agent, self._plan, self._notify = agent, plan, notify
+        self.peers = (plan["peer"],)
         self._handles = {}  # layer -> NIXL READ in flight
         self._done = 0
         place = plan["placement"]
@@ -199,7 +200,12 @@ class PreparedPull(InFlight):
                        "bytes": int(self._runs.sum()) * plan["layers"]}
         self._finished = False
         agent._prepared_inbox[plan["id"]] = []
-        agent._nixl.send_notif(plan["peer"], request_message(agent, plan))
+        try:
+            agent._nixl.send_notif(plan["peer"], request_message(agent, plan))
+        except Exception as e:  # noqa: BLE001  (NIXL 1.5 raises for a peer gone; its classes are not kvforge's)
+            agent._prepared_inbox.pop(plan["id"], None)
+            raise kvforge.BackendError(f"nixl: asking peer {plan['peer']!r} for the request failed: "
+                                       f"{type(e).__name__}: {e}; nothing was read") from e
 
     def _read(self, layer, at):
         plan, nixl = self._plan, self._agent._nixl
@@ -209,9 +215,13 @@ class PreparedPull(InFlight):
         handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local, "DRAM"), nixl.get_xfer_descs(remote, "DRAM"),
                                       plan["peer"], encode(b"A", {"id": plan["id"], "layer": layer}))
         self._handles[layer] = handle
-        if nixl.transfer(handle) == "ERR":
-            self._abandon()
-            raise kvforge.BackendError(f"nixl: posting a READ from {plan['peer']} failed")
+        try:
+            if nixl.transfer(handle) == "ERR":
+                raise RuntimeError("its state is ERR")
+        except Exception as e:  # noqa: BLE001  (an ERR, or NIXL 1.5's raise: the READs posted are parked)
+            self._abandon_locked()
+            raise kvforge.BackendError(f"nixl: posting a READ from peer {plan['peer']!r} failed: {type(e).__name__}: "
+                                       f"{e}") from e
 
     def done(self):
         with self._agent._lock:  # the agent's thread polls NIXL too
@@ -233,10 +243,14 @@ class PreparedPull(InFlight):
             self._read(int(head["layer"]), int(head["at"]))
         agent._prepared_inbox[plan["id"]] = []
         for layer, handle in list(self._handles.items()):
-            state = agent._nixl.check_xfer_state(handle)
+            try:
+                state = agent._nixl.check_xfer_state(handle)
+            except Exception:  # noqa: BLE001  (NIXL 1.5 raises where a peer is gone)
+                state = "ERR"
             if state == "ERR":
-                self._abandon()
-                raise kvforge.BackendError("nixl: a READ of this pull failed; the target positions hold undefined bytes")
+                self._abandon_locked()
+                raise kvforge.BackendError(f"nixl: a READ of this pull from peer {plan['peer']!r} failed; the target "
+                                           f"positions hold undefined bytes")
             if state == "DONE":
                 handle.release()
                 del self._handles[layer]

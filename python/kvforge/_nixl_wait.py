@@ -13,7 +13,9 @@ class PullTimeout(kvforge.Error, TimeoutError):
 
 class InFlight:
     """A pull in flight. Subclasses say when it is done(), how to _finish() it (under the agent's lock)
-    and how to _abandon() it; `report` is what wait() returns."""
+    and how to _abandon() it, and which `peers` it reads from; `report` is what wait() returns."""
+
+    peers = ()
 
     def wait(self, timeout=30.0):
         """Blocks until done; after `timeout` seconds abandons the pull and raises PullTimeout."""
@@ -21,7 +23,8 @@ class InFlight:
         while not self.done():
             if time.monotonic() >= deadline:
                 self._abandon()
-                raise PullTimeout(f"timeout: the pull did not complete in {timeout} s; it was abandoned")
+                raise PullTimeout(f"timeout: the pull from {', '.join(map(repr, self.peers))} did not complete in "
+                                  f"{timeout} s; it was abandoned")
             time.sleep(0)
         if not self._finished:
             with self._agent._lock:

@@ -44,7 +44,8 @@ from . import _nixl_states as states
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
                          _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
                          _same_geometry, _source_grid)
-from ._nixl_wait import InFlight, PullTimeout  # noqa: F401  (kvforge.nixl.PullTimeout)
+from ._nixl_pull import Pull
+from ._nixl_wait import PullTimeout  # noqa: F401  (kvforge.nixl.PullTimeout)
 from .torch_dtypes import CODE_DTYPES, TORCH_DTYPES
 
 _MAGIC = b"KVFN"
@@ -439,62 +440,3 @@ def _stop_polling(stop, thread):
 
 
 prepared_pull = prepared.PreparedPull  # (agent, plan, notify)
-
-
-class Pull(InFlight):
-    """A pull in flight (Agent.start_pull). wait(timeout) completes it or abandons it."""
-
-    def __init__(self, agent, plan, notify):
-        self._agent, self._plan, self._handles = agent, plan, []
-        nixl, mine = agent._nixl, plan["mine"]
-        how = plan.get("how") or ("staged" if plan["staging"] is not None else "direct")
-        self.report = {"how": how, "descriptors": 0, "bytes": 0}
-        for peer, (src, dst, lengths), theirs in plan["requests"]:
-            local = np.stack([dst, lengths, np.full_like(dst, mine["device_id"])], axis=1).astype(np.uint64)
-            remote = np.stack([src, lengths, np.full_like(src, theirs["device_id"])], axis=1).astype(np.uint64)
-            handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local, mine["device"]),
-                                          nixl.get_xfer_descs(remote, theirs["device"]), peer, notify)
-            self._handles.append(handle)
-            self.report["descriptors"] += len(lengths)
-            self.report["bytes"] += int(lengths.sum())
-        for handle in self._handles:
-            if nixl.transfer(handle) == "ERR":
-                self._abandon()
-                raise kvforge.BackendError(f"nixl: posting a READ from {peer} failed")
-        self._finished = False
-
-    def done(self):
-        """True once every READ completed (then wait() returns at once). Raises BackendError on a failed READ."""
-        if self._finished:
-            return True
-        with self._agent._lock:  # the agent's thread polls NIXL too
-            states = [self._agent._nixl.check_xfer_state(h) for h in self._handles]
-        if "ERR" in states:
-            self._abandon()
-            raise kvforge.BackendError("nixl: a READ of this pull failed; the target positions hold undefined bytes")
-        return all(s == "DONE" for s in states)
-
-    def _finish(self):
-        plan = self._plan
-        for handle in self._handles:
-            handle.release()
-        self._handles = []
-        if plan.get("then") is not None:
-            staged_pulls.write_decoded(self._agent, plan)
-        elif plan["staging"] is not None:
-            staged_pulls.write_staged(plan)
-            self._agent._spare.append(plan["area"])
-        self._finished = True
-
-    def _abandon(self):
-        """Cancels and releases this pull's READs. One that NIXL cannot cancel yet keeps the staging area
-        alive and registered, parked with the agent, until a later call releases it."""
-        with self._agent._lock:
-            self._abandon_locked()
-
-    def _abandon_locked(self):
-        area = self._plan["area"] or (None, None)
-        self._agent._abandoned.append((self._handles, area[0], area[1]))
-        self._handles = []
-        self._agent._release_abandoned()
-        self._finished = True

@@ -419,3 +419,24 @@ def test_a_stalled_sender_times_out_and_the_same_pull_then_completes(monkeypatch
         assert report["how"] == ("prepared" if how == "serve" else "staged")
         assert_holds(cache, target, 5)
     peer.stop()
+
+
+@pytest.mark.parametrize("how", ["progress", "serve"])
+def test_a_killed_sender_fails_the_pull_with_kvforges_error_naming_it_and_writes_nothing(how):
+    # kill -9 of the sender: NIXL 1.5 raises its own nixlRemoteDisconnectError (a plain Exception) where a
+    # READ is posted or the request is sent, or a prepared pull waits for a sender that never answers; either
+    # way the caller gets kvforge's error, naming the peer, and the receiving cache holds what it held.
+    peer = Peer(f"killed_{how}", [{"key": "kv", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 8,
+                                   "requests": [[5, {"pages": [3, 2, 1, 0]}, COUNT]]}], how)
+    peer.bytes = peer.metadata()
+    with kvforge.nixl.Agent(f"decode_killed_{how}") as agent:
+        agent.connect(peer.bytes)
+        cache = kvforge.create("flashinfer_paged_hnd.tiny.bf16", pages=8)
+        agent.register("kv", cache)
+        before = [torch.from_dlpack(b).clone() for b in cache.buffers()]
+        os.kill(peer.process.pid, signal.SIGKILL)
+        peer.process.wait()
+        with pytest.raises(kvforge.Error, match=peer.name):
+            agent.pull([(peer.name, "kv")], "kv", COUNT, Placement(pages=[3, 2, 1, 0]), Placement(pages=[0, 1, 2, 3]),
+                       timeout=3)  # a prepared pull waits for the sender's word, which never comes: PullTimeout
+        assert all(torch.equal(a, torch.from_dlpack(b)) for a, b in zip(before, cache.buffers()))
