@@ -1,6 +1,7 @@
 """Rules of the source tree that no compiler checks (ctest tree.rules):
 
 - No hand-written file is over 500 lines (generated/ and data are not hand-written).
+- The README is under 150 lines: a front page, whose figures and history live in bench/RESULTS.md.
 - Shared runtime code holds no CUDA: `__CUDA_ARCH__`, `__CUDACC__`, CUDA's headers and intrinsics live
   only in the CUDA backend's folders (runtime/include/kvforge/backends/cuda/, runtime/src/backends/cuda/).
   The same patterns must find CUDA there, or the check has gone blind.
@@ -12,6 +13,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAX_LINES = 500
+README_LINES = 150
 SOURCE_SUFFIXES = {".cpp", ".hpp", ".cu", ".cuh", ".py", ".j2", ".cmake", ".sh"}
 CUDA = re.compile(r"__CUDA_ARCH__|__CUDACC__|#include <cuda|__syncthreads|__shfl|__stcg|__ldg|atomicCAS|"
                   r"threadIdx|blockIdx|__device__|__global__|griddepcontrol|__nv_|__float2int")
@@ -32,6 +34,9 @@ def main() -> int:
             lines = (ROOT / path).read_text(errors="replace").count("\n")
             if lines > MAX_LINES:
                 problems.append(f"{path}: {lines} lines (at most {MAX_LINES}: split it by job)")
+    readme = (ROOT / "README.md").read_text().count("\n")
+    if readme >= README_LINES:
+        problems.append(f"README.md: {readme} lines (under {README_LINES}: move figures and history to bench/RESULTS.md)")
     found_in_cuda = False
     for path in files:
         if not path.startswith("runtime/"):
