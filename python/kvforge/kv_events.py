@@ -113,10 +113,15 @@ def _msgpack():
     return msgpack
 
 
-def _as_array(event: dict) -> list:
+def _kind(event: dict) -> str:
     kind = event.get("type")
     if kind not in FIELDS:
         raise ValueError(f"event type {kind!r}: allowed {', '.join(FIELDS)}")
+    return kind
+
+
+def _as_array(event: dict) -> list:
+    kind = _kind(event)
     values = [event.get(name) for name, _ in FIELDS[kind]]
     while values and FIELDS[kind][len(values) - 1][1] and values[-1] is None:
         values.pop()
@@ -124,9 +129,7 @@ def _as_array(event: dict) -> list:
 
 
 def _as_map(event: dict) -> dict:
-    kind = event.get("type")
-    if kind not in FIELDS:
-        raise ValueError(f"event type {kind!r}: allowed {', '.join(FIELDS)}")
+    kind = _kind(event)
     out = {"type": kind}
     for name, has_default in FIELDS[kind]:
         if not (has_default and event.get(name) is None):

@@ -30,7 +30,7 @@ TensorView batch_member(const ArrayArg& a, DType dtype, Device device, int64_t b
 // device, row b sequence b's page list (a paged cache's; vLLM's block table, a SequenceManager step's
 // "page_table").
 void gather_batch(Cache& c, int layer, nb::handle k_out, nb::handle v_out, const std::vector<int64_t>& rows,
-                         nb::handle page_table, int64_t begin, int64_t end) {
+                  nb::handle page_table, int64_t begin, int64_t end) {
   const ArrayArg k = array_arg(k_out, "k_out", Access::written), v = array_arg(v_out, "v_out", Access::written);
   for (const auto& [a, name] : {std::pair<const ArrayArg&, const char*>{k, "k_out"}, {v, "v_out"}})
     if (a.t.ndim != 4)
@@ -47,8 +47,10 @@ void gather_batch(Cache& c, int layer, nb::handle k_out, nb::handle v_out, const
     if (t.t.ndim != 2 || t.shape(0) != batch)
       throw ShapeError("page_table", "expected [" + std::to_string(batch) + ", pages] (a row a sequence), got " +
                                          std::to_string(t.t.ndim) + " dimensions");
-    if (dtype_of_array(t, "page_table") != DType::i32 || (t.shape(1) > 1 && t.stride(1) != 1))
-      throw DtypeError("page_table", "must be int32 with contiguous rows (stride 1 along pages)");
+    if (dtype_of_array(t, "page_table") != DType::i32) throw DtypeError("page_table", "must be int32 (allowed: int32)");
+    if (t.shape(1) > 1 && t.stride(1) != 1)
+      throw ShapeError("page_table", "its rows must be contiguous (stride 1 along pages), got stride " +
+                                         std::to_string(t.stride(1)));
     const Device td = device_of_array(t, "page_table");
     for (int64_t b = 0; b < batch; ++b)
       ranges[size_t(b)].pages = IndexView{static_cast<int32_t*>(t.data()) + b * t.stride(0), DType::i32, td, t.shape(1)};

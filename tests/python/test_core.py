@@ -478,6 +478,12 @@ def test_gather_batch_reads_every_sequence_of_a_batch_as_the_reference_holds_it(
     with pytest.raises(kvforge.ShapeError, match="k_out"):
         drv.cache.gather_batch(1, out[0, 0, :, :4], out[1, 0, :, :4], rows=seqs, begin=2, end=6)
     if d.addressing == "paged":
+        with pytest.raises(kvforge.DtypeError, match="page_table"):
+            drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], page_table=table.long(), begin=2, end=6)
+        if table.shape[1] > 1:  # a row of one page is contiguous whatever its stride
+            with pytest.raises(kvforge.ShapeError, match="page_table: its rows must be contiguous"):
+                drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], page_table=table.t().contiguous().t(),
+                                       begin=2, end=6)
         with pytest.raises(kvforge.ArgumentError, match="page_table"):
             drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], begin=2, end=6)
     else:

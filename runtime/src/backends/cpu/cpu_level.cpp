@@ -18,11 +18,6 @@
 namespace kvforge {
 namespace {
 
-int detect() {
-  const int level = detail::detect_cpu_level();
-  return level < kCpuMaxLevel ? level : kCpuMaxLevel;
-}
-
 int chosen() {
   const int supported = cpu_level_supported();
 #ifdef KVFORGE_CPU_ONLY_LEVEL
@@ -58,7 +53,7 @@ int chosen() {
 }  // namespace
 
 int cpu_level_supported() {
-  static const int level = detect();
+  static const int level = detail::detect_cpu_level();  // 2 to 4: kCpuBaseLevel to kCpuMaxLevel
   return level;
 }
 
