@@ -1,0 +1,134 @@
+"""kvforge.vllm in vLLM's CPU engine: the tokens of a multi-turn trace served from kvforge's store equal a
+run without the connector (greedy), the hits show in vLLM's own metrics, a quantized store holds what HF
+transformers' own model computes for the same tokens, retention priorities hold, and the KV events
+reach a subscriber through vLLM's own publisher."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import BLOCK, make_llm, metric, run_trace
+
+CONVERSATIONS = [70, 100, 33]  # prompt lengths: a partial block, three full ones and a bit, one and a bit
+TURNS = 3
+
+
+def store_of(llm):
+    import kvforge.vllm
+    return kvforge.vllm._STORES[llm.llm_engine.vllm_config.kv_transfer_config.engine_id]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    llm = make_llm(model_dir)
+    answers, _ = run_trace(llm, CONVERSATIONS, TURNS)
+    assert metric(llm, "vllm:external_prefix_cache_hits") == 0
+    llm.llm_engine.engine_core.shutdown()
+    return answers
+
+
+def previous_prompt_blocks(answers):
+    """Tokens of full blocks of each turn's prompt, which the next turn's prompt starts with."""
+    total, lengths = 0, list(CONVERSATIONS)
+    for turn in answers[:-1]:
+        total += sum(n // BLOCK * BLOCK for n in lengths)
+        lengths = [n + len(a) + 20 for n, a in zip(lengths, turn)]
+    return total
+
+
+def test_a_bf16_store_serves_vllm_the_same_tokens_and_vllm_counts_the_hits(model_dir, reference, tmp_path):
+    import msgspec
+    import zmq
+    from vllm.config import KVEventsConfig
+    from vllm.distributed.kv_events import KVEventBatch
+
+    import kvforge.kv_events
+    endpoint = f"ipc://{tmp_path}/events"
+    llm = make_llm(model_dir, {"host_bytes": 8 << 20},
+                   kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint))
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    import time
+    time.sleep(0.5)  # a subscriber joins before the first event is published
+    answers, _ = run_trace(llm, CONVERSATIONS, TURNS)
+    assert answers == reference
+    hits = metric(llm, "vllm:external_prefix_cache_hits")
+    assert hits % BLOCK == 0 and hits >= previous_prompt_blocks(answers) > 0
+
+    # vLLM's own publisher wrote both vLLM's events (its own cache, "GPU") and the store's ("CPU"), in its
+    # current wire form: kvforge.kv_events.decode reads each batch as vLLM's own decoder does.
+    vllm_decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    seen = {}
+    while sub.poll(500):
+        payload = sub.recv_multipart()[-1]
+        theirs = vllm_decoder.decode(payload)
+        _, ours, _ = kvforge.kv_events.decode(payload)
+        assert [e["type"] for e in ours] == [type(e).__name__ for e in theirs.events]
+        for mine, vllms in zip(ours, theirs.events):
+            if mine["type"] != "AllBlocksCleared":
+                assert mine["block_hashes"] == list(vllms.block_hashes) and mine["medium"] == vllms.medium
+            seen.setdefault((mine["type"], mine.get("medium")), 0)
+            seen[(mine["type"], mine.get("medium"))] += 1
+    assert seen.get(("BlockStored", "CPU"), 0) > 0, seen  # the store's
+    assert seen.get(("BlockStored", "GPU"), 0) > 0, seen  # vLLM's own cache's (its name for it, on a CPU too)
+    # And what kvforge encodes, vLLM's decoder reads.
+    events = [{"type": "BlockStored", "block_hashes": [5, 6], "parent_block_hash": None, "token_ids": list(range(64)),
+               "block_size": BLOCK, "lora_id": None, "medium": "CPU", "lora_name": None},
+              {"type": "BlockRemoved", "block_hashes": [6], "medium": "CPU"}, {"type": "AllBlocksCleared"}]
+    batch = vllm_decoder.decode(kvforge.kv_events.encode(events, ts=1.5))
+    assert [type(e).__name__ for e in batch.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    assert batch.events[0].block_hashes == [5, 6] and batch.events[0].token_ids == list(range(64))
+    assert batch.events[1].medium == "CPU" and batch.ts == 1.5
+    llm.llm_engine.engine_core.shutdown()
+
+
+def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(model_dir, reference):
+    import transformers
+    page_bytes = None
+    llm = make_llm(model_dir, {"storage": "int8", "host_bytes": 2 << 20})
+    store = store_of(llm)
+    assert store.descriptor.storage == "int8" and store.descriptor.layout == "flashinfer_paged_hnd"
+    answers, prompts = run_trace(llm, CONVERSATIONS, 2)
+    assert metric(llm, "vllm:external_prefix_cache_hits") >= previous_prompt_blocks(answers) > 0
+
+    # The store's K/V of the first conversation's full blocks, against HF transformers' own Llama in fp32.
+    tokens = prompts[0]
+    seq, pages, covered = store.pin(tokens, len(tokens) // BLOCK * BLOCK)
+    assert covered >= BLOCK
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        cache = model(torch.tensor([tokens[:covered]]), use_cache=True).past_key_values
+    d = store.descriptor
+    for layer in range(d.layers):
+        k = torch.empty((d.heads, covered, d.head_dim), dtype=torch.bfloat16)
+        v = torch.empty_like(k)
+        store.cache.gather(layer, k, v, row=0, pages=torch.tensor(pages, dtype=torch.int32), begin=0, end=covered)
+        for got, want in ((k, cache.layers[layer].keys[0]), (v, cache.layers[layer].values[0])):
+            amax = want.abs().amax(dim=-1, keepdim=True)  # [H, T, 1]: int8's scale is per token and head
+            bound = amax / 127 + 0.03 * amax + 1e-3       # half a step each way, and vLLM's bf16 arithmetic
+            err = (got.float() - want).abs()
+            assert (err <= bound).all(), f"layer {layer}: {(err / bound).max():.2f}x the bound"
+    store.release([seq])
+
+    # Retention: a prompt kept at priority 100 outlives a flood that evicts one at the default priority.
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    rng = np.random.default_rng(5)
+    kept, dropped = ([int(t) for t in rng.integers(1, 500, 4 * BLOCK + 1)] for _ in range(2))
+    for prompt, priority in ((kept, 100), (dropped, None)):
+        extra = {"kv_transfer_params": {"kvforge_priority": priority}} if priority else {}
+        llm.generate([TokensPrompt(prompt_token_ids=prompt)],
+                     SamplingParams(max_tokens=1, detokenize=False, extra_args=extra), use_tqdm=False)
+    assert store.cached(kept) == store.cached(dropped) == 4 * BLOCK
+    capacity = store.manager.available_blocks * store.page_size
+    flood = [[int(t) for t in rng.integers(1, 500, 8 * BLOCK + 1)] for _ in range(capacity // (8 * BLOCK) + 2)]
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in flood], SamplingParams(max_tokens=1, detokenize=False),
+                 use_tqdm=False)
+    assert store.cached(dropped) < 4 * BLOCK
+    assert store.cached(kept) == 4 * BLOCK
+    llm.llm_engine.engine_core.shutdown()
+
+
+def test_a_bad_setting_is_refused_with_the_key_and_what_is_allowed(model_dir):
+    with pytest.raises(Exception, match=r"kv_connector_extra_config\.host_byte: not a kvforge.vllm setting \(allowed: "):
+        make_llm(model_dir, {"host_byte": 1 << 20})
