@@ -155,6 +155,12 @@ class KvforgeConnector(KVConnectorBase_V1):
             raise UnsupportedError(f"kvforge.vllm: tensor_parallel_size {parallel.tensor_parallel_size} x "
                                    f"pipeline_parallel_size {parallel.pipeline_parallel_size} (allowed: 1; the store "
                                    f"lives in the scheduler's process)")
+        executor = parallel.distributed_executor_backend
+        if executor not in (None, "uni"):
+            raise UnsupportedError(f"kvforge.vllm: vLLM runs its worker in a process of its own (distributed_executor_"
+                                   f"backend={executor!r}), apart from the scheduler's, and the store lives in one "
+                                   f"process (allowed: 'uni': set VLLM_ENABLE_V1_MULTIPROCESSING=0, with which vLLM's "
+                                   f"CPU engine runs scheduler and worker in the caller's process)")
         self._store = _store_for(vllm_config, kv_cache_config)
         self._block = self._store.block_size
         _, self._layer_names = _model_dims(kv_cache_config)
