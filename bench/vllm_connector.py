@@ -75,8 +75,8 @@ def run(path, connector, extra, args):
     result = {"ttft_s": statistics.median(first_token), "later_prompt_tokens": later_prompt_tokens,
               "prefill_saved_tokens": saved}
     if connector == "KvforgeConnector":
-        import kvforge.vllm
-        store = kvforge.vllm._STORES[llm.llm_engine.vllm_config.kv_transfer_config.engine_id]
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+        store = get_kv_transfer_group()._store  # the worker's, in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         result["bytes_per_token"] = store.bytes_per_token()
         result["variant"] = store.descriptor.name
     llm.llm_engine.engine_core.shutdown()

@@ -11,7 +11,6 @@ import os
 import tempfile
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # scheduler and worker in this process, where the store is
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

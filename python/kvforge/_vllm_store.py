@@ -1,21 +1,28 @@
 """The store behind kvforge.vllm: a kvforge paged cache in host memory and the SequenceManager that
 indexes its blocks by prefix hash, with the copies between it and an engine's own K/V blocks.
 
-Nothing here imports vLLM: the engine's K/V reach it as its layer [blocks, H, E] with where each (token,
-dim) of K and of V sits among a block's head's E elements (B: the engine's block size); token ranges
-are multiples of B. Every copy goes through the kvforge cache's
-append and gather, so any layout and storage dtype (int8, fp8, NVFP4, ...) serves, quantized on the way in
-and dequantized on the way out by the variant's own kernels.
+An engine's scheduler and its workers may live in different processes, so the store is two replicas of
+one SequenceManager, driven by one log of operations:
+  - the scheduler's `Store(shadow=True)` decides: it answers lookups, pins what a load needs and takes
+    pages for what a save will write, and logs each of those operations (take_log());
+  - the worker's `Store()` holds the K/V: it replays each step's log (replay()), in order, before the
+    step's copies, and so holds the same blocks in the same pages.
+A SequenceManager is deterministic in the calls it is given (retention without expiry, no disk tier), so
+the replicas agree; replay() checks that they do, and a divergence is a StateError, never a wrong block.
+The shadow is the same layout, dtype, page size and page count over one layer and one head: its memory
+is 1 / (layers x heads) of the store's.
 
-A store's sequence ids are its own: each pin (a load) or save takes a fresh one and frees it when the
-engine's step is done with it, so a block stays cached, evictable by priority and age, whoever wrote it.
+Nothing here imports vLLM: the engine's K/V reach the store as a layer [blocks, H, E] with where each
+(token, dim) of K and of V sits among a block's head's E elements (B: the engine's block size); token
+ranges are multiples of B. Every copy goes through the kvforge cache's append and gather, so any layout
+and storage dtype serves, quantized on the way in and dequantized on the way out by its own kernels.
 """
 
 import hashlib
 import threading
 
 import kvforge
-from .errors import ArgumentError
+from .errors import ArgumentError, StateError
 
 SENTINEL = 0  # a token after a prefix, so that add()/cached_prefix() may cover the whole prefix
 
@@ -30,19 +37,21 @@ def salt_of(*keys):
 
 
 class Store:
-    """kvforge's cache and prefix index for one engine. Thread-safe: an engine may schedule one step
-    while it runs the one before.
+    """One replica of the store (module docstring). Thread-safe: an engine may schedule one step while
+    it runs the one before.
 
     layout, storage: the kvforge layout (a default one's name, a spec file or a dict) and storage dtype;
     input: the engine's K/V dtype (bf16, fp16, fp32); layers, kv_heads, head_dim: the model's, as the
     engine shards it; block_size: the engine's (a multiple of the layout's page size); host_bytes: the
-    store's size; disk_path, disk_blocks: an optional disk tier under it; priority: the default retention
-    priority (0..100); weights_tag: names the weights (the disk tier's identity); kv_events: record them."""
+    store's size; priority: the default retention priority (0..100); kv_events: record them (the
+    scheduler's replica); shadow: the scheduler's replica, which holds no K/V."""
 
     def __init__(self, *, layout, storage, input, layers, kv_heads, head_dim, block_size, host_bytes,
-                 disk_path="", disk_blocks=0, priority=None, weights_tag="", kv_events=False):
-        descriptor = kvforge.variant(layout, {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
-                                              "max_seq_len": 4096}, storage, input)
+                 priority=None, kv_events=False, shadow=False):
+        def described(layers, kv_heads):
+            return kvforge.variant(layout, {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+                                            "max_seq_len": 4096}, storage, input)
+        descriptor = described(layers, kv_heads)
         page = descriptor.page_size
         if block_size % page:
             raise ArgumentError(f"kv_connector_extra_config.layout: {descriptor.layout}'s page of {page} tokens "
@@ -56,22 +65,22 @@ class Store:
         self.descriptor = descriptor
         self.page_size = page
         self.block_size = block_size
-        self.cache = kvforge.create(descriptor.name, pages=pages)
-        options = {"kv_events": bool(kv_events), "disk_path": disk_path or "", "disk_blocks": int(disk_blocks or 0),
-                   "weights_tag": weights_tag}
+        self.shadow = shadow
+        held = described(1, 1) if shadow else descriptor
+        self.cache = kvforge.create(held.name, pages=pages)
+        options = {"kv_events": bool(kv_events)}
         if priority is not None:
             options["default_priority"] = int(priority)
         self.manager = kvforge.SequenceManager(self.cache, **options)
         self.lazy = descriptor.update == "lazy"
         self._lock = threading.Lock()
         self._next_seq = 0
-
-    def _new_seq(self):
-        self._next_seq += 1
-        return self._next_seq
+        self._log = []
 
     def bytes_per_token(self):
         return self.descriptor.bytes_per_token
+
+    # ---- the scheduler's replica: decisions, logged ----------------------------------------------------
 
     def cached(self, tokens, salt=None):
         """Tokens at the head of `tokens` the store holds, a multiple of the block size, leaving at least
@@ -81,34 +90,88 @@ class Store:
         return hit // self.block_size * self.block_size
 
     def pin(self, tokens, end, salt=None):
-        """Holds the store's blocks of tokens [0, end) until release(): returns (seq, pages, covered),
-        covered <= end being what the store still held."""
+        """Holds the store's blocks of tokens [0, end) until free(): returns (seq, covered), covered <= end
+        being what the store still holds, a multiple of the block size."""
         with self._lock:
-            seq = self._new_seq()
-            covered = self.manager.add(seq, list(tokens[:end]) + [SENTINEL], salt)
-            return seq, list(self.manager.pages(seq)), min(covered, end) // self.block_size * self.block_size
+            self._next_seq += 1
+            op = ("pin", self._next_seq, list(tokens[:end]) + [SENTINEL], salt)
+            covered = self._apply(op)[0]
+            self._log.append(op + (covered,))
+        return op[1], min(covered, end) // self.block_size * self.block_size
 
     def reserve(self, tokens, end, salt=None, priority=None):
-        """Takes store pages for the blocks of tokens [0, end) it does not hold yet: returns (seq, slots,
-        begin), the store's slots for tokens [begin, end) that the engine's K/V must fill, or None when
-        the store holds them all or has no room (a save is best effort: a miss later, never an error)."""
+        """Takes store pages for the blocks of tokens [0, end) it does not hold yet: returns (seq, begin),
+        tokens [begin, end) being those the engine's K/V must fill, or None when the store holds them all
+        or has no room (a save is best effort: a miss later, never an error)."""
         with self._lock:
             if self.manager.cached_prefix(list(tokens[:end]) + [SENTINEL], salt) >= end:
                 return None
-            seq = self._new_seq()
+            self._next_seq += 1
+            op = ("reserve", self._next_seq, list(tokens[:end]), salt, None if priority is None else int(priority))
             try:
-                begin = self.manager.add(seq, list(tokens[:end]), salt)
-            except kvforge.CapacityError:
+                begin = self._apply(op)[0]
+            except kvforge.CapacityError:  # all or nothing: nothing was taken, nothing is logged
                 return None
-            if priority is not None:
-                self.manager.set_retention(seq, [(0, end, int(priority))])
-            slots = self.manager.step([seq])["slots"]
-            return seq, slots, begin
+            self._log.append(op + (begin,))
+        return op[1], begin
 
-    def release(self, seqs):
+    def free(self, seqs):
         with self._lock:
             for seq in seqs:
-                self.manager.free(seq)
+                self._apply(("free", seq))
+                self._log.append(("free", seq))
+
+    def reset(self):
+        with self._lock:
+            self._apply(("reset",))
+            self._log.append(("reset",))
+
+    def take_log(self):
+        with self._lock:
+            log, self._log = self._log, []
+        return log
+
+    def take_events(self):
+        with self._lock:
+            return self.manager.take_kv_events()
+
+    # ---- both replicas ---------------------------------------------------------------------------------
+
+    def _apply(self, op):
+        """One logged operation on this replica's manager: (covered or begin, pages, slots) where it has them."""
+        kind, m = op[0], self.manager
+        if kind == "pin":
+            covered = m.add(op[1], op[2], op[3])
+            return covered, list(m.pages(op[1])), None
+        if kind == "reserve":
+            begin = m.add(op[1], op[2], op[3])
+            if op[4] is not None:
+                m.set_retention(op[1], [(0, len(op[2]), op[4])])
+            return begin, None, m.step([op[1]])["slots"]
+        if kind == "free":
+            m.free(op[1])
+        elif kind == "reset":
+            m.reset_prefix_cache()
+        return None, None, None
+
+    def replay(self, log):
+        """The worker's replica: applies the scheduler's log in order. Returns {seq: (pages, slots)} of its
+        pins and reservations; a result other than the scheduler's is a StateError."""
+        out = {}
+        with self._lock:
+            for op in log:
+                if op[0] in ("pin", "reserve"):
+                    head, expected = op[:-1], op[-1]
+                    got, pages, slots = self._apply(head)
+                    if got != expected:
+                        raise StateError(f"kvforge.vllm: the worker's store replica covers {got} tokens of sequence "
+                                         f"{op[1]} where the scheduler's covers {expected}: the replicas diverged")
+                    out[op[1]] = (pages, slots)
+                else:
+                    self._apply(op)
+        return out
+
+    # ---- the worker's replica: the copies ---------------------------------------------------------------
 
     def save(self, layer, blocks, k_order, v_order, block_ids, first_token, slots):
         """Writes the engine's K/V of tokens [first_token, first_token + len(slots)) into the store.
@@ -141,11 +204,3 @@ class Store:
         content[:, :, k_order] = k.view(heads, n, -1).transpose(0, 1)
         content[:, :, v_order] = v.view(heads, n, -1).transpose(0, 1)
         blocks[torch.as_tensor(block_ids, dtype=torch.long)] = content.to(blocks.device)
-
-    def take_events(self):
-        with self._lock:
-            return self.manager.take_kv_events()
-
-    def reset(self):
-        with self._lock:
-            self.manager.reset_prefix_cache()

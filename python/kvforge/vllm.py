@@ -14,28 +14,26 @@ kv_connector_extra_config (every key optional):
     layout       a kvforge layout (name, spec file or dict) whose page size divides vLLM's block size and
                  that takes that storage (default: STORE_LAYOUTS[storage], else "vllm_paged_nhd");
     host_bytes   the store's size (default 1 GiB);
-    disk_path, disk_blocks   a disk tier under the store (SequenceManager's);
-    priority     the default retention priority (0..100);
-    weights_tag  names the weights, so that a disk file of other weights is never served.
+    priority     the default retention priority (0..100).
 Per request, ``SamplingParams(extra_args={"kv_transfer_params": {"kvforge_priority": 90}})`` keeps its
 blocks longer (kvforge's retention: the lowest priority, then the oldest, is evicted first).
 
 The scheduler side answers ``get_num_new_matched_tokens`` from kvforge's prefix index and pins what it
 promised; the worker side copies those blocks into vLLM's K/V tensors before the forward, and after
-each layer's forward copies that layer's newly full blocks into the store (``save_kv_layer``). Both go
+each layer's forward copies that layer's newly full blocks into the store (``save_kv_layer``). The two
+sides may be processes apart (vLLM's default): the scheduler keeps a shadow of the store's index, which
+decides, and each step's metadata carries its log of operations, which the worker's store replays
+before that step's copies (kvforge._vllm_store). Both go
 through the kvforge cache's append and gather: quantized on the way in, dequantized on the way out.
 ``take_events`` returns the store's KV events as vLLM's own ``BlockStored``/``BlockRemoved``/
 ``AllBlocksCleared``, medium "CPU", with kvforge's block hashes (kvforge.kv_events.block_hash).
 
-Scope: the scheduler and the worker share one process (vLLM's CPU engine and any single-worker
-engine; tensor or pipeline parallel workers in processes of their own are refused at start); vLLM's
-attention backend is CPU_ATTN (its K/V placement within a block is found through vLLM's own cache write,
+Scope: one worker (tensor and pipeline parallel are refused at start); vLLM's attention backend is CPU_ATTN (its K/V placement within a block is found through vLLM's own cache write,
 per ISA; GPU backends are refused until run on a GPU); requests with multimodal inputs or prompt
 embeddings are not served from the store (their blocks depend on more than token ids).
 """
 
 import dataclasses
-from typing import Any, Optional
 
 import torch
 from vllm.distributed.kv_events import MEDIUM_CPU, AllBlocksCleared, BlockRemoved, BlockStored
@@ -87,23 +85,19 @@ def _cpu_block_orders(dtype, block_size, head_dim, isa):
 STORE_LAYOUTS = {"int8": "flashinfer_paged_hnd", "fp8_e4m3": "flashinfer_paged_hnd", "fp8_e5m2": "flashinfer_paged_hnd",
                  "fp4_e2m1": "paged_nvfp4", "int4": "paged_grouped", "uint4": "paged_zero_point"}
 
-_STORES = {}  # engine_id -> Store: the scheduler and worker connectors of one engine share it
-
-
 @dataclasses.dataclass
 class _Copy:
     req_id: str
-    seq: int                  # the store's sequence that holds the pages until the step is done
+    seq: int                  # the store's sequence that holds the pages (its pin or reservation)
     blocks: list              # vLLM block ids covering tokens [begin // B * B, end), one per block
     begin: int                # token range [begin, end) of the request
     end: int
-    pages: Optional[list] = None   # a load: the store's pages of tokens [0, end)
-    slots: Any = None              # a save: the store's slots of tokens [begin, end), int64
     failed: list = dataclasses.field(default_factory=list)  # a load: vLLM blocks promised and not loaded
 
 
 @dataclasses.dataclass
 class KvforgeMetadata(KVConnectorMetadata):
+    log: list = dataclasses.field(default_factory=list)    # the scheduler's store operations, to replay first
     loads: list = dataclasses.field(default_factory=list)
     saves: list = dataclasses.field(default_factory=list)
 
@@ -125,24 +119,20 @@ def _model_dims(kv_cache_config):
                 input=dtypes[spec.dtype], block_size=spec.block_size), list(groups[0].layer_names)
 
 
-def _store_for(vllm_config, kv_cache_config):
+def _store_for(vllm_config, kv_cache_config, shadow):
     config = vllm_config.kv_transfer_config
-    key = config.engine_id
-    if key not in _STORES:
-        dims, _ = _model_dims(kv_cache_config)
-        extra = dict(config.kv_connector_extra_config or {})
-        known = {"layout", "storage", "host_bytes", "disk_path", "disk_blocks", "priority", "weights_tag"}
-        unknown = sorted(set(extra) - known)
-        if unknown:
-            raise ArgumentError(f"kv_connector_extra_config.{unknown[0]}: not a kvforge.vllm setting "
-                                f"(allowed: {', '.join(sorted(known))})")
-        storage = extra.get("storage", dims["input"])
-        events = vllm_config.kv_events_config is not None and vllm_config.kv_events_config.enable_kv_cache_events
-        _STORES[key] = Store(layout=extra.get("layout", STORE_LAYOUTS.get(storage, "vllm_paged_nhd")), storage=storage,
-                             kv_events=events, host_bytes=extra.get("host_bytes", 1 << 30), disk_path=extra.get("disk_path", ""),
-                             disk_blocks=extra.get("disk_blocks", 0), priority=extra.get("priority"),
-                             weights_tag=extra.get("weights_tag", ""), **dims)
-    return _STORES[key]
+    dims, _ = _model_dims(kv_cache_config)
+    extra = dict(config.kv_connector_extra_config or {})
+    known = {"layout", "storage", "host_bytes", "priority"}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ArgumentError(f"kv_connector_extra_config.{unknown[0]}: not a kvforge.vllm setting "
+                            f"(allowed: {', '.join(sorted(known))})")
+    storage = extra.get("storage", dims["input"])
+    events = vllm_config.kv_events_config is not None and vllm_config.kv_events_config.enable_kv_cache_events
+    return Store(layout=extra.get("layout", STORE_LAYOUTS.get(storage, "vllm_paged_nhd")), storage=storage,
+                 host_bytes=extra.get("host_bytes", 1 << 30), priority=extra.get("priority"),
+                 kv_events=shadow and events, shadow=shadow, **dims)
 
 
 class KvforgeConnector(KVConnectorBase_V1):
@@ -153,15 +143,9 @@ class KvforgeConnector(KVConnectorBase_V1):
         parallel = vllm_config.parallel_config
         if parallel.tensor_parallel_size * parallel.pipeline_parallel_size != 1:
             raise UnsupportedError(f"kvforge.vllm: tensor_parallel_size {parallel.tensor_parallel_size} x "
-                                   f"pipeline_parallel_size {parallel.pipeline_parallel_size} (allowed: 1; the store "
-                                   f"lives in the scheduler's process)")
-        executor = parallel.distributed_executor_backend
-        if executor not in (None, "uni"):
-            raise UnsupportedError(f"kvforge.vllm: vLLM runs its worker in a process of its own (distributed_executor_"
-                                   f"backend={executor!r}), apart from the scheduler's, and the store lives in one "
-                                   f"process (allowed: 'uni': set VLLM_ENABLE_V1_MULTIPROCESSING=0, with which vLLM's "
-                                   f"CPU engine runs scheduler and worker in the caller's process)")
-        self._store = _store_for(vllm_config, kv_cache_config)
+                                   f"pipeline_parallel_size {parallel.pipeline_parallel_size} (allowed: 1: one worker "
+                                   f"and its store)")
+        self._store = _store_for(vllm_config, kv_cache_config, shadow=role == KVConnectorRole.SCHEDULER)
         self._block = self._store.block_size
         _, self._layer_names = _model_dims(kv_cache_config)
         self._layer_index = {name: i for i, name in enumerate(self._layer_names)}
@@ -171,8 +155,10 @@ class KvforgeConnector(KVConnectorBase_V1):
         self._saved = {}
         self._planned = {}
         self._asked = {}
-        # Worker side: the step's views of vLLM's layers.
+        self._to_free = []  # store sequences whose copies the step built last ran: freed in the next log
+        # Worker side: vLLM's layers, and the pages and slots the step's replayed log gave each sequence.
         self._kv_caches = {}
+        self._held = {}
         self._orders = {}
         self._load_errors = set()
 
@@ -200,8 +186,8 @@ class KvforgeConnector(KVConnectorBase_V1):
             return
         begin = self._asked.pop(request.request_id)
         end = begin + num_external_tokens
-        seq, pages, covered = self._store.pin(request.all_token_ids, end, self._salt(request))
-        self._planned[request.request_id] = (seq, pages, begin, end, covered)
+        seq, covered = self._store.pin(request.all_token_ids, end, self._salt(request))
+        self._planned[request.request_id] = (seq, begin, end, covered)
 
     def _block_list(self, req_id, new_block_ids, replace):
         if new_block_ids is not None:
@@ -215,10 +201,11 @@ class KvforgeConnector(KVConnectorBase_V1):
             return
         B = self._block
         if req_id in self._planned:
-            seq, pages, begin, end, covered = self._planned.pop(req_id)
+            seq, begin, end, covered = self._planned.pop(req_id)
             loaded = max(begin, covered)  # less than promised where blocks were evicted in between
-            meta.loads.append(_Copy(req_id, seq, blocks[begin // B:loaded // B], begin, loaded, pages=pages,
+            meta.loads.append(_Copy(req_id, seq, blocks[begin // B:loaded // B], begin, loaded,
                                     failed=blocks[loaded // B:end // B]))
+            self._to_free.append(seq)
         if not self._servable(request):
             return
         full = min(computed_end, len(request.all_token_ids)) // B * B
@@ -228,11 +215,16 @@ class KvforgeConnector(KVConnectorBase_V1):
         taken = self._store.reserve(request.all_token_ids, full, self._salt(request), params.get("kvforge_priority"))
         self._saved[req_id] = full
         if taken is not None:
-            seq, slots, begin = taken
-            meta.saves.append(_Copy(req_id, seq, blocks[begin // B:(full + B - 1) // B], begin, full, slots=slots))
+            seq, begin = taken
+            meta.saves.append(_Copy(req_id, seq, blocks[begin // B:(full + B - 1) // B], begin, full))
+            self._to_free.append(seq)
 
     def build_connector_meta(self, scheduler_output):
         meta = KvforgeMetadata()
+        # The last step's copies ran before this step's (a worker runs steps in order): its pins and
+        # reservations go back to the store, evictable, in this step's log.
+        freed, self._to_free = self._to_free, []
+        self._store.free(freed)
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             blocks = self._block_list(new.req_id, new.block_ids, replace=True)
@@ -242,14 +234,15 @@ class KvforgeConnector(KVConnectorBase_V1):
             resumed = req_id in cached.resumed_req_ids
             blocks = self._block_list(req_id, cached.new_block_ids[i], replace=resumed)
             self._plan(meta, req_id, blocks, cached.num_computed_tokens[i] + scheduled[req_id])
+        meta.log = self._store.take_log()
         return meta
 
     def request_finished(self, request, block_ids):
         for table in (self._requests, self._blocks, self._saved, self._asked):
             table.pop(request.request_id, None)
         planned = self._planned.pop(request.request_id, None)
-        if planned is not None:
-            self._store.release([planned[0]])
+        if planned is not None:  # pinned for a load that never ran
+            self._to_free.append(planned[0])
         return False, None
 
     def take_events(self):
@@ -266,9 +259,6 @@ class KvforgeConnector(KVConnectorBase_V1):
                 events.append(AllBlocksCleared())
         return events
 
-    def shutdown(self):
-        _STORES.pop(self._vllm_config.kv_transfer_config.engine_id, None)
-
     def reset_cache(self):
         self._store.reset()
         return True
@@ -277,6 +267,10 @@ class KvforgeConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches):
         self._kv_caches = dict(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        self._held = self._store.replay(connector_metadata.log)
 
     def _blocks_of(self, layer_name, kv):
         """A layer as [blocks, H, E] and where K and V sit in it (_cpu_block_orders), for its backend."""
@@ -297,13 +291,11 @@ class KvforgeConnector(KVConnectorBase_V1):
             return
         for copy in meta.loads:
             self._load_errors.update(copy.failed)
-        try:
-            for name, layer in self._layer_index.items():
-                blocks, k_order, v_order = self._blocks_of(name, self._kv_caches[name])
-                for copy in (c for c in meta.loads if c.end > c.begin):
-                    self._store.load(layer, blocks, k_order, v_order, copy.blocks, copy.pages, copy.begin, copy.end)
-        finally:
-            self._store.release([copy.seq for copy in meta.loads])
+        for name, layer in self._layer_index.items():
+            blocks, k_order, v_order = self._blocks_of(name, self._kv_caches[name])
+            for copy in (c for c in meta.loads if c.end > c.begin):
+                pages = self._held[copy.seq][0]
+                self._store.load(layer, blocks, k_order, v_order, copy.blocks, pages, copy.begin, copy.end)
 
     def wait_for_layer_load(self, layer_name):
         return  # start_load_kv copies every layer before the forward
@@ -315,11 +307,10 @@ class KvforgeConnector(KVConnectorBase_V1):
         blocks, k_order, v_order = self._blocks_of(layer_name, kv_layer)
         layer = self._layer_index[layer_name]
         for copy in meta.saves:
-            self._store.save(layer, blocks, k_order, v_order, copy.blocks, copy.begin, copy.slots)
+            self._store.save(layer, blocks, k_order, v_order, copy.blocks, copy.begin, self._held[copy.seq][1])
 
     def wait_for_save(self):
-        if self.has_connector_metadata():
-            self._store.release([copy.seq for copy in self._get_connector_metadata().saves])
+        return  # save_kv_layer wrote each layer as its forward ended
 
     def get_block_ids_with_load_errors(self):
         errors, self._load_errors = self._load_errors, set()

@@ -12,9 +12,10 @@ CONVERSATIONS = [70, 100, 33]  # prompt lengths: a partial block, three full one
 TURNS = 3
 
 
-def store_of(llm):
-    import kvforge.vllm
-    return kvforge.vllm._STORES[llm.llm_engine.vllm_config.kv_transfer_config.engine_id]
+def worker_store():
+    """The worker's store, where the engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    return get_kv_transfer_group()._store
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def previous_prompt_blocks(answers):
     return total
 
 
-def test_a_bf16_store_serves_vllm_the_same_tokens_and_vllm_counts_the_hits(model_dir, reference, tmp_path):
+def test_a_bf16_store_serves_vllm_the_same_tokens_and_vllm_counts_the_hits(model_dir, reference, tmp_path,
+                                                                          monkeypatch):
     import msgspec
     import zmq
     from vllm.config import KVEventsConfig
@@ -43,6 +45,9 @@ def test_a_bf16_store_serves_vllm_the_same_tokens_and_vllm_counts_the_hits(model
 
     import kvforge.kv_events
     endpoint = f"ipc://{tmp_path}/events"
+    # vLLM's default: the engine core and its worker each in a process of their own, the scheduler's
+    # shadow of the store apart from the worker's store.
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     llm = make_llm(model_dir, {"host_bytes": 8 << 20},
                    kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint))
     sub = zmq.Context.instance().socket(zmq.SUB)
@@ -84,31 +89,11 @@ def test_a_bf16_store_serves_vllm_the_same_tokens_and_vllm_counts_the_hits(model
 
 def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(model_dir, reference):
     import transformers
-    page_bytes = None
     llm = make_llm(model_dir, {"storage": "int8", "host_bytes": 2 << 20})
-    store = store_of(llm)
-    assert store.descriptor.storage == "int8" and store.descriptor.layout == "flashinfer_paged_hnd"
+    store = worker_store()
+    assert not store.shadow and store.descriptor.storage == "int8" and store.descriptor.layout == "flashinfer_paged_hnd"
     answers, prompts = run_trace(llm, CONVERSATIONS, 2)
     assert metric(llm, "vllm:external_prefix_cache_hits") >= previous_prompt_blocks(answers) > 0
-
-    # The store's K/V of the first conversation's full blocks, against HF transformers' own Llama in fp32.
-    tokens = prompts[0]
-    seq, pages, covered = store.pin(tokens, len(tokens) // BLOCK * BLOCK)
-    assert covered >= BLOCK
-    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        cache = model(torch.tensor([tokens[:covered]]), use_cache=True).past_key_values
-    d = store.descriptor
-    for layer in range(d.layers):
-        k = torch.empty((d.heads, covered, d.head_dim), dtype=torch.bfloat16)
-        v = torch.empty_like(k)
-        store.cache.gather(layer, k, v, row=0, pages=torch.tensor(pages, dtype=torch.int32), begin=0, end=covered)
-        for got, want in ((k, cache.layers[layer].keys[0]), (v, cache.layers[layer].values[0])):
-            amax = want.abs().amax(dim=-1, keepdim=True)  # [H, T, 1]: int8's scale is per token and head
-            bound = amax / 127 + 0.03 * amax + 1e-3       # half a step each way, and vLLM's bf16 arithmetic
-            err = (got.float() - want).abs()
-            assert (err <= bound).all(), f"layer {layer}: {(err / bound).max():.2f}x the bound"
-    store.release([seq])
 
     # Retention: a prompt kept at priority 100 outlives a flood that evicts one at the default priority.
     from vllm import SamplingParams
@@ -126,6 +111,26 @@ def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(mod
                  use_tqdm=False)
     assert store.cached(dropped) < 4 * BLOCK
     assert store.cached(kept) == 4 * BLOCK
+    # The store's K/V of the kept prompt's blocks, against HF transformers' own Llama in fp32 (last: a pin
+    # here changes the worker's replica of the store alone).
+    tokens = kept
+    seq, covered = store.pin(tokens, len(tokens) // BLOCK * BLOCK)
+    pages = store.manager.pages(seq)
+    assert covered >= BLOCK
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        cache = model(torch.tensor([tokens[:covered]]), use_cache=True).past_key_values
+    d = store.descriptor
+    for layer in range(d.layers):
+        k = torch.empty((d.heads, covered, d.head_dim), dtype=torch.bfloat16)
+        v = torch.empty_like(k)
+        store.cache.gather(layer, k, v, row=0, pages=torch.tensor(pages, dtype=torch.int32), begin=0, end=covered)
+        for got, want in ((k, cache.layers[layer].keys[0]), (v, cache.layers[layer].values[0])):
+            amax = want.abs().amax(dim=-1, keepdim=True)  # [H, T, 1]: int8's scale is per token and head
+            bound = amax / 127 + 0.03 * amax + 1e-3       # half a step each way, and vLLM's bf16 arithmetic
+            err = (got.float() - want).abs()
+            assert (err <= bound).all(), f"layer {layer}: {(err / bound).max():.2f}x the bound"
+    store.free([seq])
     llm.llm_engine.engine_core.shutdown()
 
 
