@@ -14,13 +14,29 @@ from . import _nixl_staged as staged_pulls
 
 class Placement:
     """Where a request's positions lie in one cache: a page table (paged layouts; position p is on
-    pages[p // page_size] at slot p % page_size) or a row (contiguous layouts; position p of that row)."""
+    pages[p // page_size] at slot p % page_size) or a row (contiguous layouts; position p of that row).
 
-    def __init__(self, pages=None, row=None):
+    generations: what the sender's Agent.placement() published with it, one a page (or one for the row):
+    a pull then checks after its READs that the sender has not retired (Agent.retire) any of them since,
+    and refuses the request's bytes if it has."""
+
+    def __init__(self, pages=None, row=None, generations=None):
         if (pages is None) == (row is None):
             raise kvforge.ArgumentError("placement: give pages (a paged cache) or row (a contiguous one), not both")
         self.pages = None if pages is None else np.asarray(pages, dtype=np.int64).reshape(-1)
         self.row = row
+        self.generations = None if generations is None else np.asarray(generations, dtype=np.int64).reshape(-1)
+        units = 1 if row is not None else len(self.pages)
+        if self.generations is not None and len(self.generations) != units:
+            raise kvforge.ArgumentError(f"placement.generations: {len(self.generations)} given for {units} "
+                                        f"{'row' if row is not None else 'pages'} (allowed: one each)")
+
+
+def placement_units(d, placement, positions):
+    """Indices into placement's pages (or [0] for its row) that positions [begin, end) touch."""
+    if not d["paged"]:
+        return np.zeros(1, dtype=np.int64)
+    return np.arange(int(positions[0]) // d["page_size"], int(positions[-1]) // d["page_size"] + 1)
 
 
 def _describe(cache, rank):

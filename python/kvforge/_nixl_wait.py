@@ -16,6 +16,7 @@ class InFlight:
     and how to _abandon() it, and which `peers` it reads from; `report` is what wait() returns."""
 
     peers = ()
+    after = None  # a check once the READs are done and finished (_nixl_generations.check), or None
 
     def wait(self, timeout=30.0):
         """Blocks until done; after `timeout` seconds abandons the pull and raises PullTimeout."""
@@ -29,4 +30,7 @@ class InFlight:
         if not self._finished:
             with self._agent._lock:
                 self._finish()
+        if self.after is not None:
+            check, self.after = self.after, None
+            check(deadline)
         return self.report

@@ -41,8 +41,9 @@ from . import _nixl_pages as page_pulls
 from . import _nixl_prepared as prepared
 from . import _nixl_staged as staged_pulls
 from . import _nixl_states as states
+from . import _nixl_generations as generations
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
-                         _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
+                         placement_units, _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
                          _same_geometry, _source_grid)
 from ._nixl_pull import Pull
 from ._nixl_wait import PullTimeout  # noqa: F401  (kvforge.nixl.PullTimeout)
@@ -108,6 +109,7 @@ class Agent:
         # An agent left open stops polling at exit, before NIXL's objects go (which would abort the process).
         weakref.finalize(self, _stop_polling, self._stop, self._thread)
         self._caches = {}  # key -> (cache, description)
+        self._generations = {}  # key -> _nixl_generations.Generations: what placement() publishes
         self._states = {}  # key -> (StatePool, description, registration): hybrid models' states
         self._peer_states = {}  # agent name -> {key: description}
         self._peers = {}  # agent name -> {key: description}
@@ -131,7 +133,8 @@ class Agent:
         self._serving = {}
         self._release_abandoned()
         if not (self._abandoned or self._parked):  # else a cancelled READ may still use a registration
-            for registered in [c[2] for c in self._caches.values()] + [s[2] for s in self._states.values()]:
+            for registered in [c[2] for c in self._caches.values()] + [s[2] for s in self._states.values()] + \
+                    [g.registered for g in self._generations.values()]:
                 self._nixl.deregister_memory(registered)
             for _, registered in self._spare + self._scratch:
                 self._nixl.deregister_memory(registered)
@@ -169,7 +172,26 @@ class Agent:
         description = _describe(cache, rank)
         buffers = [torch.from_dlpack(b) for b in cache.buffers()]
         registered = self._nixl.register_memory(buffers)
+        self._generations[key] = generations.Generations(self._nixl, description["extent"][0])
+        description["generations"] = self._generations[key].describe()
         self._caches[key] = (cache, description, registered)
+
+    def placement(self, key, pages=None, row=None):
+        """A request's Placement in the cache registered as `key`, with its pages' generations now: publish
+        this one, and a pull of it is refused should any of its pages be retired before it completes."""
+        if key not in self._generations:
+            raise kvforge.ArgumentError(f"key: {key!r} is not registered here (registered: {sorted(self._caches)})")
+        with self._lock:
+            units = self._generations[key].units("placement", pages, row)
+            return Placement(pages=pages, row=row, generations=self._generations[key].now(units))
+
+    def retire(self, key, pages=None, row=None):
+        """Says that a published request's pages (or row) of the cache `key` are freed: call it before
+        anything else is written there. A pull of an earlier placement() of them is then refused."""
+        if key not in self._generations:
+            raise kvforge.ArgumentError(f"key: {key!r} is not registered here (registered: {sorted(self._caches)})")
+        with self._lock:
+            self._generations[key].retire(self._generations[key].units("retire", pages, row))
 
     def register_states(self, key, pool, descriptor=None, rank=0):
         """Registers a StatePool's memory under `key`, as it is; its variant and TP rank let pulls span groups."""
@@ -283,8 +305,17 @@ class Agent:
         """As pull(), but returns a Pull at once; several may be in flight. Pull.wait(timeout) ends it."""
         with self._lock:
             self._release_abandoned()
+            if getattr(source, "generations", None) is not None:  # refused before anything is read
+                for name, their_key in sources:
+                    if "generations" not in self._peers.get(name, {}).get(their_key, {"generations": 0}):
+                        raise kvforge.ArgumentError(f"source.generations: {name!r} publishes no generations for "
+                                                    f"{their_key!r} (a kvforge.nixl before them); pull without them")
             plan = self._plan(sources, key, count, source, target, begin, prepared)
-            return prepared_pull(self, plan, notify) if plan.get("placement") else Pull(self, plan, notify)
+            pull = prepared_pull(self, plan, notify) if plan.get("placement") else Pull(self, plan, notify)
+        if getattr(source, "generations", None) is not None:
+            units = placement_units(self._peers[sources[0][0]][sources[0][1]], source, np.arange(begin, begin + count))
+            pull.after = lambda deadline: generations.check(self, sources, source, units, deadline)
+        return pull
 
     def abandoned(self):
         """How many abandoned pulls still have READs in flight that NIXL could not cancel. Their target

@@ -8,7 +8,9 @@ how: `serve` (the agent serves prepared pulls) or `progress` (it keeps NIXL's pr
 that is read over TCP without serving needs); neither by default.
 
 stdout: a line `metadata <hex>`, the agent's metadata. stdin: `notifications` (answers `notifications <json>`, those
-received so far) or `quit`.
+received so far), `placement <key> <json pages>` (answers `placement <json generations>`, as Agent.placement
+publishes them), `reuse <key> <request> <json pages> <count>` (retires the pages, then writes that request
+there; answers `reused <key>`) or `quit`.
 """
 
 import json
@@ -128,6 +130,16 @@ def main():
             for peer, messages in agent.notifications().items():
                 received.setdefault(peer, []).extend(m.decode() for m in messages)
             print("notifications", json.dumps(received), flush=True)
+        elif line.startswith("reuse "):  # reuse <key> <request> <json pages> <count>: freed, then rewritten
+            _, key, request, pages, count = line.split(" ", 4)
+            cache = caches[[e.get("key") for e in plan].index(key)]
+            agent.retire(key, pages=json.loads(pages))
+            write_request(cache, 0, int(request), {"pages": json.loads(pages)}, int(count))
+            print("reused", key, flush=True)
+        elif line.startswith("placement "):  # placement <key> <json pages>: as published now
+            _, key, pages = line.split(" ", 2)
+            published = agent.placement(key, pages=json.loads(pages))
+            print("placement", json.dumps(published.generations.tolist()), flush=True)
         elif line.strip() == "quit":
             break
     agent.close()

@@ -86,6 +86,11 @@ class Peer:
         self.process.stdin.flush()
         return json.loads(self.answer("notifications"))
 
+    def ask(self, line, tag):
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        return self.answer(tag)
+
     def stop(self):
         if self.process.poll() is None:
             self.process.stdin.write("quit\n")
@@ -440,3 +445,37 @@ def test_a_killed_sender_fails_the_pull_with_kvforges_error_naming_it_and_writes
             agent.pull([(peer.name, "kv")], "kv", COUNT, Placement(pages=[3, 2, 1, 0]), Placement(pages=[0, 1, 2, 3]),
                        timeout=3)  # a prepared pull waits for the sender's word, which never comes: PullTimeout
         assert all(torch.equal(a, torch.from_dlpack(b)) for a, b in zip(before, cache.buffers()))
+
+
+@pytest.mark.parametrize("how", ["progress", "serve"])
+def test_a_pull_of_pages_the_sender_reused_since_publishing_them_is_refused(how):
+    # The sender publishes request 5's pages with their generations, frees them (Agent.retire) and writes
+    # request 9 there. A pull of the old placement reads request 9's bytes under request 5's page table: it
+    # is refused, naming the page, where it used to return the other request's rows. A pull of the placement
+    # published now holds request 9, exactly. Direct READs (progress) and prepared ones (serve) alike.
+    pages = [3, 2, 1, 0]
+    listed = json.dumps(pages).replace(" ", "")  # one word of the peer's command line
+    peer = Peer(f"stale_{how}", [{"key": "kv", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 8,
+                                  "requests": [[5, {"pages": pages}, COUNT]]}], how)
+    peer.bytes = peer.metadata()
+    target = Placement(pages=[4, 5, 6, 7])
+    with kvforge.nixl.Agent(f"decode_stale_{how}") as agent:
+        agent.connect(peer.bytes)
+        cache = kvforge.create("vllm_paged_nhd.tiny.bf16" if how == "progress" else "flashinfer_paged_hnd.tiny.bf16",
+                               pages=8)
+        agent.register("kv", cache)
+
+        def published():
+            return Placement(pages=pages, generations=json.loads(peer.ask(f"placement kv {listed}",
+                                                                          "placement")))
+        before = published()
+        agent.pull([(peer.name, "kv")], "kv", COUNT, before, target)
+        assert_holds(cache, target, 5)
+        peer.ask(f"reuse kv 9 {listed} {COUNT}", "reused")
+        with pytest.raises(kvforge.StateError, match=r"source.pages\[0\] = 3 on 'stale_.*' was retired since"):
+            agent.pull([(peer.name, "kv")], "kv", COUNT, before, target)
+        agent.pull([(peer.name, "kv")], "kv", COUNT, published(), target)
+        assert_holds(cache, target, 9)
+        with pytest.raises(kvforge.ArgumentError, match=r"placement.generations: 2 given for 4 pages"):
+            Placement(pages=pages, generations=[0, 0])
+    peer.stop()

@@ -1,0 +1,93 @@
+"""Page generations over NIXL: what lets a pull tell that its sender reused a page after publishing it.
+
+The sender keeps one int64 a page (a row, for a contiguous cache) of each registered cache, registered
+with NIXL beside the cache. Agent.retire(key, pages) bumps them when the sender frees a request's pages,
+before anything else is written there; Agent.placement(key, pages) publishes a request's pages with
+their generations now. A pull given such a Placement READs those generations back after its data READs
+have completed: equal, nothing was retired while or before the bytes were read; else the pull is refused
+with StateError and its target positions hold undefined bytes, as after any failed pull.
+"""
+
+import time
+
+import numpy as np
+import torch
+
+import kvforge
+
+
+class Generations:
+    """A sender's generations of one registered cache: int64 [units], in host memory, registered."""
+
+    def __init__(self, nixl, units):
+        self.values = torch.zeros(units, dtype=torch.int64)
+        self.registered = nixl.register_memory([self.values])
+
+    def describe(self):
+        return [self.values.data_ptr(), self.values.numel()]
+
+    def units(self, what, pages, row):
+        if (pages is None) == (row is None):
+            raise kvforge.ArgumentError(f"{what}: give pages (a paged cache) or row (a contiguous one), not both")
+        units = np.asarray([row] if pages is None else pages, dtype=np.int64).reshape(-1)
+        bad = np.flatnonzero((units < 0) | (units >= self.values.numel()))
+        if bad.size:
+            name = f"{what}.pages[{int(bad[0])}]" if pages is not None else f"{what}.row"
+            raise kvforge.OutOfRangeError(f"{name} = {int(units[bad[0]])} is outside [0, {self.values.numel()})")
+        return units
+
+    def retire(self, units):
+        self.values[torch.from_numpy(np.unique(units))] += 1
+
+    def now(self, units):
+        return self.values[torch.from_numpy(units)].numpy().copy()
+
+
+def check(agent, sources, source, units, deadline):
+    """After a pull's READs: READs every sender's generations of source's `units` (indices into its pages,
+    or [0] for its row) and compares them with source.generations. Raises StateError naming the first page
+    retired since, BackendError where the READ fails, kvforge.nixl.PullTimeout past the deadline."""
+    from ._nixl_wait import PullTimeout
+    nixl = agent._nixl
+    on = source.pages[units] if source.pages is not None else np.asarray([source.row], dtype=np.int64)
+    expected = source.generations[units]
+    for name, key in sources:
+        address = agent._peers[name][key]["generations"]  # start_pull checked that each sender has them
+        got = torch.full((len(on),), -1, dtype=torch.int64)
+        with agent._lock:
+            registered = nixl.register_memory([got])
+            local = np.stack([got.data_ptr() + 8 * np.arange(len(on)), np.full(len(on), 8), np.zeros(len(on))], 1)
+            remote = np.stack([address[0] + 8 * on, np.full(len(on), 8), np.zeros(len(on))], 1)
+            handle = None
+            try:
+                handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local.astype(np.uint64), "DRAM"),
+                                              nixl.get_xfer_descs(remote.astype(np.uint64), "DRAM"), name, b"")
+                state = nixl.transfer(handle)
+                while state not in ("DONE", "ERR"):
+                    if time.monotonic() >= deadline:
+                        raise PullTimeout(f"timeout: reading the page generations of {name!r} did not complete")
+                    state = nixl.check_xfer_state(handle)
+                if state == "ERR":
+                    raise RuntimeError("its state is ERR")
+            except (PullTimeout, kvforge.Error):
+                raise
+            except Exception as e:  # noqa: BLE001  (NIXL's error classes derive from Exception only)
+                raise kvforge.BackendError(f"nixl: reading the page generations of peer {name!r} failed: "
+                                           f"{type(e).__name__}: {e}; the target positions hold undefined bytes") from e
+            finally:
+                if handle is not None:
+                    try:
+                        handle.release()
+                    except Exception:  # noqa: BLE001  (still in flight: the registration must stay)
+                        registered = None
+                if registered is not None:
+                    nixl.deregister_memory(registered)
+        stale = np.flatnonzero(got.numpy() != expected)
+        if stale.size:
+            i = int(stale[0])
+            where = f"source.pages[{int(units[i])}] = {int(on[i])}" if source.pages is not None else \
+                f"source.row = {source.row}"
+            raise kvforge.StateError(f"source.generations: {where} on {name!r} was retired since it was published "
+                                     f"(generation {int(expected[i])} then, {int(got[i])} now): its bytes may be "
+                                     f"another request's, so the pull is refused and the target positions hold "
+                                     f"undefined bytes; pull again from the sender's current placement")
