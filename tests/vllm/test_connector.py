@@ -137,3 +137,31 @@ def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(mod
 def test_a_bad_setting_is_refused_with_the_key_and_what_is_allowed(model_dir):
     with pytest.raises(Exception, match=r"kv_connector_extra_config\.host_byte: not a kvforge.vllm setting \(allowed: "):
         make_llm(model_dir, {"host_byte": 1 << 20})
+
+
+def test_vllms_own_sha256_cbor_block_hashes_are_those_kvforge_computes(monkeypatch):
+    # kvforge.kv_events.vllm_block_hash against vLLM's own hash_block_tokens and sha256_cbor, seeded as
+    # vLLM seeds them where PYTHONHASHSEED is unset and where it is set; a salt goes in extra_keys.
+    import random
+
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+
+    import kvforge.kv_events as kv_events
+    sha256_cbor = get_hash_fn_by_name("sha256_cbor")
+    tokens = [random.Random(4).randrange(0, 2 ** 31) for _ in range(3 * BLOCK + 5)]
+    for seed in (None, "0", "1234"):
+        if seed is None:
+            monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONHASHSEED", seed)
+        kv_cache_utils.init_none_hash(sha256_cbor)
+        for salt in (0, 2 ** 40 + 3):
+            parent, theirs = None, []
+            for i in range(0, len(tokens) - BLOCK + 1, BLOCK):
+                parent = kv_cache_utils.hash_block_tokens(sha256_cbor, parent, tokens[i:i + BLOCK],
+                                                          (salt,) if salt else None)
+                theirs.append(int.from_bytes(parent, "big") & kv_events.MASK)
+            ours = kv_events.prompt_hashes(tokens, BLOCK, salt=salt, scheme="vllm_sha256_cbor",
+                                           seed=seed or kv_events.VLLM_SEED)
+            assert ours == theirs and len(ours) == 3
