@@ -88,7 +88,6 @@ def test_a_bf16_store_serves_vllm_the_same_tokens_and_vllm_counts_the_hits(model
 
 
 def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(model_dir, reference):
-    import transformers
     llm = make_llm(model_dir, {"storage": "int8", "host_bytes": 2 << 20})
     store = worker_store()
     assert not store.shadow and store.descriptor.storage == "int8" and store.descriptor.layout == "flashinfer_paged_hnd"
@@ -112,11 +111,18 @@ def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(mod
     assert store.cached(dropped) < 4 * BLOCK
     assert store.cached(kept) == 4 * BLOCK
     # The store's K/V of the kept prompt's blocks, against HF transformers' own Llama in fp32 (last: a pin
-    # here changes the worker's replica of the store alone).
-    tokens = kept
-    seq, covered = store.pin(tokens, len(tokens) // BLOCK * BLOCK)
-    pages = store.manager.pages(seq)
+    # here changes the worker's replica of the store alone). int8's scale is per token and head: half a
+    # step each way is amax / 254, and vLLM's own bf16 arithmetic adds its share.
+    assert_store_holds_what_hf_computes(model_dir, store, kept, lambda amax: amax / 127 + 0.03 * amax + 1e-3)
+    llm.llm_engine.engine_core.shutdown()
+
+
+def assert_store_holds_what_hf_computes(model_dir, store, tokens, bound_of):
+    import transformers
+    seq, end = 1 << 40, len(tokens) // BLOCK * BLOCK  # a sequence id apart from the scheduler's log's
+    covered = min(store.manager.add(seq, tokens[:end] + [0]), end)  # the worker replica's own manager, directly
     assert covered >= BLOCK
+    pages = store.manager.pages(seq)
     model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
         cache = model(torch.tensor([tokens[:covered]]), use_cache=True).past_key_values
@@ -126,11 +132,26 @@ def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(mod
         v = torch.empty_like(k)
         store.cache.gather(layer, k, v, row=0, pages=torch.tensor(pages, dtype=torch.int32), begin=0, end=covered)
         for got, want in ((k, cache.layers[layer].keys[0]), (v, cache.layers[layer].values[0])):
-            amax = want.abs().amax(dim=-1, keepdim=True)  # [H, T, 1]: int8's scale is per token and head
-            bound = amax / 127 + 0.03 * amax + 1e-3       # half a step each way, and vLLM's bf16 arithmetic
+            bound = bound_of(want.abs().amax(dim=-1, keepdim=True))  # from each token and head's [H, T, 1] amax
             err = (got.float() - want).abs()
-            assert (err <= bound).all(), f"layer {layer}: {(err / bound).max():.2f}x the bound"
-    store.free([seq])
+            assert (err <= bound).all(), f"{d.name} layer {layer}: {(err / bound).max():.2f}x the bound"
+    store.manager.free(seq)
+
+
+@pytest.mark.parametrize("storage,layout,step", [("fp8_e4m3", "flashinfer_paged_hnd", 1 / 16),
+                                                 ("fp4_e2m1", "paged_nvfp4", 1 / 5)])
+def test_fp8_and_nvfp4_stores_hold_what_hf_computes(model_dir, storage, layout, step):
+    # fp8 e4m3 keeps 3 mantissa bits under a scale a token and head: half a step is 1/16 of a value at
+    # most. NVFP4 keeps e2m1 codes (0.5 .. 6) under an fp8 scale a block of 16: half a step is at most a
+    # sixth of the block's amax, and its fp8 scale's own rounding adds to it.
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    llm = make_llm(model_dir, {"storage": storage, "host_bytes": 1 << 20})
+    store = worker_store()
+    assert store.descriptor.layout == layout
+    prompt = [int(t) for t in np.random.default_rng(9).integers(1, 500, 4 * BLOCK + 1)]
+    llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+    assert_store_holds_what_hf_computes(model_dir, store, prompt, lambda amax: amax * step + 0.03 * amax + 1e-3)
     llm.llm_engine.engine_core.shutdown()
 
 
