@@ -20,17 +20,18 @@ blocks longer (kvforge's retention: the lowest priority, then the oldest, is evi
 
 The scheduler side answers ``get_num_new_matched_tokens`` from kvforge's prefix index and pins what it
 promised; the worker side copies those blocks into vLLM's K/V tensors before the forward, and after
-each layer's forward copies that layer's newly full blocks into the store (``save_kv_layer``). The two
-sides may be processes apart (vLLM's default): the scheduler keeps a shadow of the store's index, which
-decides, and each step's metadata carries its log of operations, which the worker's store replays
-before that step's copies (kvforge._vllm_store). Both go
-through the kvforge cache's append and gather: quantized on the way in, dequantized on the way out.
+each layer's forward copies that layer's newly full blocks into the store (``save_kv_layer``). Both
+go through the kvforge cache's append and gather: quantized on the way in, dequantized on the way out.
+The two sides may be processes apart (vLLM's default): the scheduler keeps a shadow of the store's
+index, which decides, and each step's metadata carries its log of operations, which the worker's store
+replays before that step's copies (kvforge._vllm_store).
 ``take_events`` returns the store's KV events as vLLM's own ``BlockStored``/``BlockRemoved``/
 ``AllBlocksCleared``, medium "CPU", with kvforge's block hashes (kvforge.kv_events.block_hash).
 
-Scope: one worker (tensor and pipeline parallel are refused at start); vLLM's attention backend is CPU_ATTN (its K/V placement within a block is found through vLLM's own cache write,
-per ISA; GPU backends are refused until run on a GPU); requests with multimodal inputs or prompt
-embeddings are not served from the store (their blocks depend on more than token ids).
+Scope: one worker (tensor and pipeline parallel are refused at start); vLLM's attention backend
+CPU_ATTN, whose K/V placement within a block is found through vLLM's own cache write, per ISA (GPU
+backends are refused until run on a GPU); requests with multimodal inputs or prompt embeddings are not
+served from the store (their blocks depend on more than token ids).
 """
 
 import dataclasses
@@ -84,6 +85,7 @@ def _cpu_block_orders(dtype, block_size, head_dim, isa):
 # variants take vLLM's static per-tensor scales instead, which a store has no way to calibrate.
 STORE_LAYOUTS = {"int8": "flashinfer_paged_hnd", "fp8_e4m3": "flashinfer_paged_hnd", "fp8_e5m2": "flashinfer_paged_hnd",
                  "fp4_e2m1": "paged_nvfp4", "int4": "paged_grouped", "uint4": "paged_zero_point"}
+
 
 @dataclasses.dataclass
 class _Copy:

@@ -18,9 +18,13 @@ def worker_store():
     return get_kv_transfer_group()._store
 
 
+# The exact-tokens runs prefill in chunks of 64 tokens, so that a prompt's blocks fill over several steps.
+CHUNKED = {"max_num_batched_tokens": 64}
+
+
 @pytest.fixture(scope="module")
 def reference(model_dir):
-    llm = make_llm(model_dir)
+    llm = make_llm(model_dir, **CHUNKED)
     answers, _ = run_trace(llm, CONVERSATIONS, TURNS)
     assert metric(llm, "vllm:external_prefix_cache_hits") == 0
     llm.llm_engine.engine_core.shutdown()
@@ -48,7 +52,7 @@ def test_a_bf16_store_serves_vllm_the_same_tokens_and_vllm_counts_the_hits(model
     # vLLM's default: the engine core and its worker each in a process of their own, the scheduler's
     # shadow of the store apart from the worker's store.
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    llm = make_llm(model_dir, {"host_bytes": 8 << 20},
+    llm = make_llm(model_dir, {"host_bytes": 8 << 20}, **CHUNKED,
                    kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint))
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.connect(endpoint)
