@@ -35,6 +35,7 @@ served from the store (their blocks depend on more than token ids).
 """
 
 import dataclasses
+import logging
 
 import torch
 from vllm.distributed.kv_events import MEDIUM_CPU, AllBlocksCleared, BlockRemoved, BlockStored
@@ -45,6 +46,8 @@ from ._vllm_store import Store, salt_of
 from .errors import ArgumentError, UnsupportedError
 
 __all__ = ["KvforgeConnector", "STORE_LAYOUTS"]
+
+logger = logging.getLogger(__name__)
 
 
 def _cpu_block_orders(dtype, block_size, head_dim, isa):
@@ -213,13 +216,24 @@ class KvforgeConnector(KVConnectorBase_V1):
         full = min(computed_end, len(request.all_token_ids)) // B * B
         if full <= self._saved.get(req_id, 0):
             return
-        params = getattr(request, "kv_transfer_params", None) or {}
-        taken = self._store.reserve(request.all_token_ids, full, self._salt(request), params.get("kvforge_priority"))
+        taken = self._store.reserve(request.all_token_ids, full, self._salt(request), self._priority(request))
         self._saved[req_id] = full
         if taken is not None:
             seq, begin = taken
             meta.saves.append(_Copy(req_id, seq, blocks[begin // B:(full + B - 1) // B], begin, full))
             self._to_free.append(seq)
+
+    @staticmethod
+    def _priority(request):
+        """The request's kv_transfer_params["kvforge_priority"], or None (the default). A bad one is said in
+        the log, naming the request and the range, and the default kept: raising here would end the engine."""
+        params = getattr(request, "kv_transfer_params", None)
+        priority = params.get("kvforge_priority") if isinstance(params, dict) else None
+        if priority is None or (isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= 100):
+            return priority
+        logger.warning("kvforge.vllm: request %s: kv_transfer_params.kvforge_priority = %r is not an integer in "
+                       "[0, 100]; its blocks keep the default priority", request.request_id, priority)
+        return None
 
     def build_connector_meta(self, scheduler_output):
         meta = KvforgeMetadata()

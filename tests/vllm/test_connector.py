@@ -114,6 +114,11 @@ def test_an_int8_store_holds_what_hf_computes_and_keeps_high_priority_blocks(mod
                  use_tqdm=False)
     assert store.cached(dropped) < 4 * BLOCK
     assert store.cached(kept) == 4 * BLOCK
+    # A priority out of range is said in the log and the default kept: the engine serves on.
+    odd = [int(t) for t in rng.integers(1, 500, 2 * BLOCK + 1)]
+    out = llm.generate([TokensPrompt(prompt_token_ids=odd)], SamplingParams(
+        max_tokens=2, detokenize=False, extra_args={"kv_transfer_params": {"kvforge_priority": 500}}), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2 and store.cached(odd) == 2 * BLOCK
     # The store's K/V of the kept prompt's blocks, against HF transformers' own Llama in fp32 (last: a pin
     # here changes the worker's replica of the store alone). int8's scale is per token and head: half a
     # step each way is amax / 254, and vLLM's own bf16 arithmetic adds its share.
