@@ -133,10 +133,20 @@ def _store_for(vllm_config, kv_cache_config, shadow):
     if unknown:
         raise ArgumentError(f"kv_connector_extra_config.{unknown[0]}: not a kvforge.vllm setting "
                             f"(allowed: {', '.join(sorted(known))})")
+    host_bytes, priority = extra.get("host_bytes", 1 << 30), extra.get("priority")
+    if isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes <= 0:
+        raise ArgumentError(f"kv_connector_extra_config.host_bytes: {host_bytes!r} is not a size in bytes "
+                            f"(allowed: an integer > 0)")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or
+                                 not 0 <= priority <= 100):
+        raise ArgumentError(f"kv_connector_extra_config.priority: {priority!r} (allowed: an integer in [0, 100])")
     storage = extra.get("storage", dims["input"])
+    if not isinstance(storage, str):
+        raise ArgumentError(f"kv_connector_extra_config.storage: {storage!r} is not a dtype name (allowed: "
+                            f"{dims['input']}, {', '.join(STORE_LAYOUTS)})")
     events = vllm_config.kv_events_config is not None and vllm_config.kv_events_config.enable_kv_cache_events
     return Store(layout=extra.get("layout", STORE_LAYOUTS.get(storage, "vllm_paged_nhd")), storage=storage,
-                 host_bytes=extra.get("host_bytes", 1 << 30), priority=extra.get("priority"),
+                 host_bytes=host_bytes, priority=priority,
                  kv_events=shadow and events, shadow=shadow, **dims)
 
 

@@ -164,9 +164,15 @@ def test_fp8_and_nvfp4_stores_hold_what_hf_computes(model_dir, storage, layout, 
     llm.llm_engine.engine_core.shutdown()
 
 
-def test_a_bad_setting_is_refused_with_the_key_and_what_is_allowed(model_dir):
-    with pytest.raises(Exception, match=r"kv_connector_extra_config\.host_byte: not a kvforge.vllm setting \(allowed: "):
-        make_llm(model_dir, {"host_byte": 1 << 20})
+@pytest.mark.parametrize("extra,message", [
+    ({"host_byte": 1 << 20}, r"kv_connector_extra_config\.host_byte: not a kvforge.vllm setting \(allowed: "),
+    ({"host_bytes": "1GB"}, r"kv_connector_extra_config\.host_bytes: '1GB' is not a size in bytes \(allowed: "),
+    ({"priority": 101}, r"kv_connector_extra_config\.priority: 101 \(allowed: an integer in \[0, 100\]\)"),
+    ({"storage": 8}, r"kv_connector_extra_config\.storage: 8 is not a dtype name \(allowed: "),
+])
+def test_a_bad_setting_is_refused_with_the_key_and_what_is_allowed(model_dir, extra, message):
+    with pytest.raises(Exception, match=message):
+        make_llm(model_dir, extra)
 
 
 def test_vllms_own_sha256_cbor_block_hashes_are_those_kvforge_computes(monkeypatch):
