@@ -45,43 +45,62 @@ class Generations:
 
 def check(agent, sources, source, units, deadline):
     """After a pull's READs: READs every sender's generations of source's `units` (indices into its pages,
-    or [0] for its row) and compares them with source.generations. Raises StateError naming the first page
-    retired since, BackendError where the READ fails, kvforge.nixl.PullTimeout past the deadline."""
+    or [0] for its row), one READ a sender, all in flight together, and compares them with
+    source.generations. Raises StateError naming the first page retired since, BackendError where a READ
+    fails, kvforge.nixl.PullTimeout past the deadline. A READ that fails or times out is handed to the
+    agent's abandoned pulls, its buffer registered and alive until NIXL lets it go (Agent.abandoned)."""
     from ._nixl_wait import PullTimeout
     nixl = agent._nixl
     on = source.pages[units] if source.pages is not None else np.asarray([source.row], dtype=np.int64)
-    expected = source.generations[units]
-    for name, key in sources:
-        address = agent._peers[name][key]["generations"]  # start_pull checked that each sender has them
-        got = torch.full((len(on),), -1, dtype=torch.int64)
+    n = len(on)
+    reads = []  # (sender name, NIXL request, int64 [n] the generations land in, its registration)
+
+    def abandon(error):
         with agent._lock:
-            registered = nixl.register_memory([got])
-            local = np.stack([got.data_ptr() + 8 * np.arange(len(on)), np.full(len(on), 8), np.zeros(len(on))], 1)
-            remote = np.stack([address[0] + 8 * on, np.full(len(on), 8), np.zeros(len(on))], 1)
-            handle = None
-            try:
-                handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local.astype(np.uint64), "DRAM"),
-                                              nixl.get_xfer_descs(remote.astype(np.uint64), "DRAM"), name, b"")
-                state = nixl.transfer(handle)
-                while state not in ("DONE", "ERR"):
-                    if time.monotonic() >= deadline:
-                        raise PullTimeout(f"timeout: reading the page generations of {name!r} did not complete")
-                    state = nixl.check_xfer_state(handle)
-                if state == "ERR":
-                    raise RuntimeError("its state is ERR")
-            except (PullTimeout, kvforge.Error):
-                raise
-            except Exception as e:  # noqa: BLE001  (NIXL's error classes derive from Exception only)
-                raise kvforge.BackendError(f"nixl: reading the page generations of peer {name!r} failed: "
-                                           f"{type(e).__name__}: {e}; the target positions hold undefined bytes") from e
-            finally:
-                if handle is not None:
-                    try:
-                        handle.release()
-                    except Exception:  # noqa: BLE001  (still in flight: the registration must stay)
-                        registered = None
-                if registered is not None:
+            for _, handle, got, registered in reads:
+                agent._abandoned.append(([handle], got, registered))
+            agent._release_abandoned()
+        raise error
+
+    try:
+        with agent._lock:
+            for name, key in sources:
+                address = agent._peers[name][key]["generations"]  # start_pull checked that each sender has them
+                got = torch.full((n,), -1, dtype=torch.int64)
+                registered = nixl.register_memory([got])
+                local = np.stack([got.data_ptr() + 8 * np.arange(n), np.full(n, 8), np.zeros(n)], 1)
+                remote = np.stack([address[0] + 8 * on, np.full(n, 8), np.zeros(n)], 1)
+                try:
+                    handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local.astype(np.uint64), "DRAM"),
+                                                  nixl.get_xfer_descs(remote.astype(np.uint64), "DRAM"), name, b"")
+                except Exception:  # noqa: BLE001  (nothing posted: the registration goes at once)
                     nixl.deregister_memory(registered)
+                    raise
+                reads.append((name, handle, got, registered))
+                if nixl.transfer(handle) == "ERR":
+                    raise RuntimeError(f"the READ from {name!r} is in state ERR")
+        while True:
+            with agent._lock:  # the agent's thread polls NIXL too
+                states = [nixl.check_xfer_state(handle) for _, handle, _, _ in reads]
+            if "ERR" in states:
+                raise RuntimeError(f"the READ from {reads[states.index('ERR')][0]!r} is in state ERR")
+            if all(state == "DONE" for state in states):
+                break
+            if time.monotonic() >= deadline:
+                abandon(PullTimeout(f"timeout: reading the page generations of {[r[0] for r in reads]} did not "
+                                    f"complete; the target positions hold undefined bytes"))
+            time.sleep(0)
+    except (PullTimeout, kvforge.Error):
+        raise
+    except Exception as e:  # noqa: BLE001  (NIXL's error classes derive from Exception only)
+        abandon(kvforge.BackendError(f"nixl: reading the page generations of {[r[0] for r in reads] or sources} "
+                                     f"failed: {type(e).__name__}: {e}; the target positions hold undefined bytes"))
+    with agent._lock:
+        for _, handle, _, registered in reads:
+            handle.release()
+            nixl.deregister_memory(registered)
+    expected = source.generations[units]
+    for name, _, got, _ in reads:
         stale = np.flatnonzero(got.numpy() != expected)
         if stale.size:
             i = int(stale[0])

@@ -37,11 +37,11 @@ import torch
 
 import kvforge
 
+from . import _nixl_generations as generations
 from . import _nixl_pages as page_pulls
 from . import _nixl_prepared as prepared
 from . import _nixl_staged as staged_pulls
 from . import _nixl_states as states
-from . import _nixl_generations as generations
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
                          placement_units, _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
                          _same_geometry, _source_grid)

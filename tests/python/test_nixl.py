@@ -479,3 +479,21 @@ def test_a_pull_of_pages_the_sender_reused_since_publishing_them_is_refused(how)
         with pytest.raises(kvforge.ArgumentError, match=r"placement.generations: 2 given for 4 pages"):
             Placement(pages=pages, generations=[0, 0])
     peer.stop()
+
+
+def test_a_sender_lost_before_its_generations_are_read_fails_the_pull_naming_it(monkeypatch):
+    # The data READs complete; then the sender is killed, so the READ of its generations fails: kvforge's
+    # error names it, and nothing of that READ is left in flight.
+    peer = Peer("gone_late", [{"key": "kv", "variant": "vllm_paged_nhd.tiny.bf16", "pages": 8,
+                               "requests": [[5, {"pages": [3, 2, 1, 0]}, COUNT]]}], "progress")
+    peer.bytes = peer.metadata()
+    published = Placement(pages=[3, 2, 1, 0], generations=json.loads(peer.ask("placement kv [3,2,1,0]", "placement")))
+    check = kvforge._nixl_generations.check
+    monkeypatch.setattr(kvforge._nixl_generations, "check", lambda *a: (peer.process.kill(), peer.process.wait(),
+                                                                        check(*a)))
+    with kvforge.nixl.Agent("decode_gone_late") as agent:
+        agent.connect(peer.bytes)
+        agent.register("kv", kvforge.create("vllm_paged_nhd.tiny.bf16", pages=8))
+        with pytest.raises((kvforge.BackendError, kvforge.nixl.PullTimeout), match="gone_late") as failed:
+            agent.pull([(peer.name, "kv")], "kv", COUNT, published, Placement(pages=[4, 5, 6, 7]), timeout=5)
+        assert agent.abandoned() == 0, failed.value
