@@ -124,9 +124,8 @@ def _model_dims(kv_cache_config):
                 input=dtypes[spec.dtype], block_size=spec.block_size), list(groups[0].layer_names)
 
 
-def _store_for(vllm_config, kv_cache_config, shadow):
+def _store_for(vllm_config, dims, shadow):
     config = vllm_config.kv_transfer_config
-    dims, _ = _model_dims(kv_cache_config)
     extra = dict(config.kv_connector_extra_config or {})
     known = {"layout", "storage", "host_bytes", "priority"}
     unknown = sorted(set(extra) - known)
@@ -160,10 +159,10 @@ class KvforgeConnector(KVConnectorBase_V1):
             raise UnsupportedError(f"kvforge.vllm: tensor_parallel_size {parallel.tensor_parallel_size} x "
                                    f"pipeline_parallel_size {parallel.pipeline_parallel_size} (allowed: 1: one worker "
                                    f"and its store)")
-        self._store = _store_for(vllm_config, kv_cache_config, shadow=role == KVConnectorRole.SCHEDULER)
+        dims, layer_names = _model_dims(kv_cache_config)
+        self._store = _store_for(vllm_config, dims, shadow=role == KVConnectorRole.SCHEDULER)
         self._block = self._store.block_size
-        _, self._layer_names = _model_dims(kv_cache_config)
-        self._layer_index = {name: i for i, name in enumerate(self._layer_names)}
+        self._layer_index = {name: i for i, name in enumerate(layer_names)}
         # Scheduler side, per request: the request, its vLLM blocks, tokens the store holds, a pending load.
         self._requests = {}
         self._blocks = {}
@@ -217,7 +216,9 @@ class KvforgeConnector(KVConnectorBase_V1):
         B = self._block
         if req_id in self._planned:
             seq, begin, end, covered = self._planned.pop(req_id)
-            loaded = max(begin, covered)  # less than promised where blocks were evicted in between
+            # vLLM pins right after it asks, so covered == end; should it fall short, the rest is reported
+            # as load errors (get_block_ids_with_load_errors), never read from pages the pin does not hold.
+            loaded = max(begin, covered)
             meta.loads.append(_Copy(req_id, seq, blocks[begin // B:loaded // B], begin, loaded,
                                     failed=blocks[loaded // B:end // B]))
             self._to_free.append(seq)
