@@ -5,7 +5,10 @@
 - Shared runtime code holds no CUDA: `__CUDA_ARCH__`, `__CUDACC__`, CUDA's headers and intrinsics live
   only in the CUDA backend's folders (runtime/include/kvforge/backends/cuda/, runtime/src/backends/cuda/).
   The same patterns must find CUDA there, or the check has gone blind.
+- The Python package's modules import each other one way: no cycle among python/kvforge/*.py, imports
+  inside functions counted too (the package's __init__, its public face, is not one of them).
 """
+import ast
 import pathlib
 import re
 import subprocess
@@ -24,6 +27,48 @@ def tracked_files():
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.split()
     return [p for p in out if not p.startswith("generated/") and (ROOT / p).is_file()]
+
+
+def _package_imports(folder):
+    """{module: the package's other modules it imports}, for every module of a flat package but __init__."""
+    modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+    package = folder.name
+    edges = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1:
+                    found |= {a.name for a in node.names} if node.module is None else {node.module.split(".")[0]}
+                elif node.module == package:
+                    found |= {a.name for a in node.names}
+                elif node.module and node.module.startswith(package + "."):
+                    found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(package + ".")}
+        edges[name] = sorted(found & modules.keys() - {name})
+    return edges
+
+
+def import_cycles(folder):
+    """Each cycle among a package's modules, as the list of modules around it."""
+    edges, state, path, cycles = _package_imports(folder), {}, [], []
+
+    def visit(module):
+        state[module] = "open"
+        path.append(module)
+        for other in edges[module]:
+            if state.get(other) == "open":
+                cycles.append(path[path.index(other):] + [other])
+            elif other not in state:
+                visit(other)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    return cycles
 
 
 def main() -> int:
@@ -49,6 +94,8 @@ def main() -> int:
             problems += [f"{path}:{n}: {word}: CUDA outside the CUDA backend's folders" for n, word in hits]
     if not found_in_cuda:
         problems.append(f"no CUDA found in {' or '.join(CUDA_FOLDERS)}: the pattern no longer sees it")
+    problems += [f"python/kvforge: {' -> '.join(c)}: an import cycle (layer the modules so that imports run one way)"
+                 for c in import_cycles(ROOT / "python" / "kvforge")]
     for p in problems:
         print(p, file=sys.stderr)
     print(f"tree.rules: {len(files)} files, {len(problems)} problems")

@@ -11,7 +11,7 @@ built (its registry, or kvforge.variant); it holds the request in that variant u
 read.
 
 A quantized source's whole pages go direct into a cache of its own variant whose pages are blocks
-(same_pages, direct); its codes under per-tensor scales are _nixl_staged.py's.
+(plans.same_pages, direct); its codes under per-tensor scales are _nixl_staged.py's.
 """
 
 import time
@@ -22,22 +22,13 @@ import torch
 import kvforge
 
 from . import _nixl_plan as plans
-from . import _nixl_prepared as prepared
+from . import _nixl_wire as wire
 from .torch_dtypes import TORCH_DTYPES
-
-
-def page_bytes(d):
-    """Bytes of one page of a layer, where a page is one block of them (a published description); else None."""
-    outermost = [axis for axis in d["axes"] if axis != "layer"][0]
-    layers_outside = "layer" not in d["axes"] or d["axes"][0] == "layer"
-    if not d["paged"] or outermost != "page" or not layers_outside or d["lazy"] or d["scales"] not in (None, "in_page"):
-        return None
-    return d["strides"][0] * d["element_bytes"]
 
 
 def placement(mine, theirs, target, count):
     """(the receiver's page runs of a request, None), or (None, why its pages cannot be read whole)."""
-    size = page_bytes(mine)
+    size = plans.page_bytes(mine)
     if mine["name"] not in theirs.get("built", []):
         return None, f"the sender has no {mine['name']} built to write the request in"
     if size is None:
@@ -49,17 +40,10 @@ def placement(mine, theirs, target, count):
             "run_at": run_at, "runs": runs.astype(np.int64)}, None
 
 
-def same_pages(mine, theirs):
-    """Whether one sender's cache is this cache's own variant (and rank), its pages blocks: then its pages,
-    codes and scales alike, can be read whole, a quantized one too."""
-    return len(theirs) == 1 and theirs[0]["name"] == mine["name"] and theirs[0]["rank"] == mine["rank"] \
-        and page_bytes(mine) is not None
-
-
 def direct(cache, mine, theirs, peer, source, target, begin, count):
-    """The plan of a pull of whole pages from a cache of this variant (same_pages): a descriptor per layer
+    """The plan of a pull of whole pages from a cache of this variant (plans.same_pages): a descriptor per layer
     per run of pages consecutive on both sides."""
-    size, page_size = page_bytes(mine), mine["page_size"]
+    size, page_size = plans.page_bytes(mine), mine["page_size"]
     if begin % page_size:
         raise kvforge.ArgumentError(f"begin: {begin} is not a multiple of the page size {page_size}; a quantized "
                                     f"source's pages move whole")
@@ -86,7 +70,7 @@ class PageServing:
 
     def __init__(self, agent, peer, head, rest):
         self.agent, self.peer, self.id = agent, peer, head["id"]
-        self.cache = prepared.served_cache(agent, head)
+        self.cache = wire.served_cache(agent, head)
         mine = self.cache.descriptor
         self.tokens, self.heads, self.head_offset = int(head["tokens"]), int(head["heads"]), int(head["head_offset"])
         pages, variant = int(head["pages"]), str(head["variant"])
@@ -111,7 +95,7 @@ class PageServing:
                 raise kvforge.ArgumentError(f"{field}: {variant} needs {want!r}, the request has {have!r}")
         self.area = take_scratch(agent, variant, pages)
         scratch = self.area[0]
-        self.page_bytes = page_bytes(plans._describe(scratch, 0))  # any rank: pages are alike
+        self.page_bytes = plans.page_bytes(plans._describe(scratch, 0))  # any rank: pages are alike
         if self.page_bytes != int(head["page_bytes"]):
             give_back(agent, self.area)
             raise kvforge.ArgumentError(f"page_bytes: {variant}'s pages here take {self.page_bytes} bytes, "
@@ -146,7 +130,7 @@ class PageServing:
         head = {"id": self.id, "layer": layer, "at": base}
         if layer == 0:  # the scratch's registration, which the receiver's copy of this agent's metadata lacks
             head["ring"] = self.agent._nixl.get_partial_agent_metadata(self.area[1], False).hex()
-        self.agent._nixl.send_notif(self.peer, prepared.encode(b"L", head))
+        self.agent._nixl.send_notif(self.peer, wire.encode(b"L", head))
 
     def step(self):
         """Writes the next layer (one a call, so that the agent's thread polls between them); True if it did."""

@@ -8,8 +8,7 @@ import torch
 
 import kvforge
 
-from . import _nixl_pages as page_pulls
-from . import _nixl_staged as staged_pulls
+from .torch_dtypes import CODE_DTYPES
 
 
 class Placement:
@@ -37,6 +36,28 @@ def placement_units(d, placement, positions):
     if not d["paged"]:
         return np.zeros(1, dtype=np.int64)
     return np.arange(int(positions[0]) // d["page_size"], int(positions[-1]) // d["page_size"] + 1)
+
+
+def page_bytes(d):
+    """Bytes of one page of a layer, where a page is one block of them (a published description); else None."""
+    outermost = [axis for axis in d["axes"] if axis != "layer"][0]
+    layers_outside = "layer" not in d["axes"] or d["axes"][0] == "layer"
+    if not d["paged"] or outermost != "page" or not layers_outside or d["lazy"] or d["scales"] not in (None, "in_page"):
+        return None
+    return d["strides"][0] * d["element_bytes"]
+
+
+def same_pages(mine, theirs):
+    """Whether one sender's cache is this cache's own variant (and rank), its pages blocks: then its pages,
+    codes and scales alike, can be read whole, a quantized one too."""
+    return len(theirs) == 1 and theirs[0]["name"] == mine["name"] and theirs[0]["rank"] == mine["rank"] \
+        and page_bytes(mine) is not None
+
+
+def decodable(d):
+    """Whether a quantized sender's codes can be read and decoded here: static per-tensor scales published at
+    one address, and codes of one element each (int8, fp8)."""
+    return d["quant"] == "per_tensor" and d["tensor_scales"] is not None and d["storage"] in CODE_DTYPES
 
 
 def _describe(cache, rank):
@@ -92,7 +113,7 @@ def _check_pair(mine, theirs):
                 raise kvforge.ArgumentError(f"{field}: sources[{rank}] ({d['name']}) has {d[field]!r}, this cache "
                                             f"({mine['name']}) {mine[field]!r}")
         check_ranks(theirs, rank, d["name"], "cache")
-        if d["quant"] != "none" and not page_pulls.same_pages(mine, theirs) and not staged_pulls.decodable(d):
+        if d["quant"] != "none" and not same_pages(mine, theirs) and not decodable(d):
             raise kvforge.UnsupportedError(f"storage: sources[{rank}] ({d['name']}) is quantized ({d['storage']}, "
                                            f"{d['quant']} scales); pulls read float sources, int8 or fp8 codes under "
                                            f"static per-tensor scales, or the whole pages of one sender of this "

@@ -9,19 +9,9 @@ the receiver READs that layer, one descriptor per run of its adjacent blocks, an
 frees the ring slot. The conversion is the sender's work, on its own core, a layer ahead of the READ, so
 the receiver's core copies each byte once, as a raw READ does.
 
-Messages are NIXL notifications, each `_TAG` + a kind byte + a JSON head + raw int64 arrays:
-  Q  receiver -> sender   a request: the cache key, the source's pages or row, the heads, the placement
-                          (its scalars in the head, its block and runs arrays after it; in pages mode, the
-                          receiver's variant and page count: _nixl_pages.py) and the receiver's agent
-                          metadata, so that the sender can answer
-  L  sender -> receiver   layer l is in the ring at address a
-  E  sender -> receiver   the request was refused: a field and a message
-  A  receiver -> sender   layer l was read (the notification of that layer's READ)
-  C  receiver -> sender   the pull was abandoned (a timeout): the sender drops it
+Its messages are _nixl_wire.py's.
 """
 
-import json
-import struct
 import time
 
 import numpy as np
@@ -30,37 +20,11 @@ import torch
 import kvforge
 
 from . import _nixl_pages as page_pulls
+from . import _nixl_wire as wire
 from ._nixl_wait import InFlight
 
-_TAG = b"\x00kvf"
 RING_LAYERS = 4  # layers a request's ring holds: the sender writes this far ahead of the receiver's READs
 STALE_SECONDS = 120.0  # a served request whose receiver read nothing for this long is dropped
-
-
-def encode(kind, head, *arrays):
-    body = json.dumps(head).encode()
-    return _TAG + kind + struct.pack("<I", len(body)) + body + b"".join(np.ascontiguousarray(a).tobytes()
-                                                                       for a in arrays)
-
-
-def decode(message):
-    """(kind, head, the bytes after it), or None for a message that is not one of these."""
-    if not message.startswith(_TAG) or len(message) < 9:
-        return None
-    size = struct.unpack_from("<I", message, 5)[0]
-    try:
-        head = json.loads(bytes(message[9:9 + size]))
-    except ValueError:
-        return None
-    return message[4:5], head, bytes(message[9 + size:])
-
-
-def served_cache(agent, head):
-    """The cache a request names by its key, registered with this agent."""
-    key = head["key"]
-    if key not in agent._caches:
-        raise kvforge.ArgumentError(f"key: {key!r} is not registered at {agent.name!r}")
-    return agent._caches[key][0]
 
 
 class Serving:
@@ -68,7 +32,7 @@ class Serving:
 
     def __init__(self, agent, peer, head, rest):
         self.agent, self.peer, self.id = agent, peer, head["id"]
-        self.cache = served_cache(agent, head)
+        self.cache = wire.served_cache(agent, head)
         blocks, runs = int(head["blocks"]), int(head["runs"])
         arrays = np.frombuffer(rest, dtype=np.int64)
         if blocks < 0 or runs < 0 or len(arrays) != blocks + runs + int(head.get("pages_given", 0)):
@@ -103,7 +67,7 @@ class Serving:
         head = {"id": self.id, "layer": layer, "at": self.slot(layer).data_ptr()}
         if layer == 0:  # the ring's registration, which the receiver's copy of this agent's metadata may lack
             head["ring"] = self.agent._nixl.get_partial_agent_metadata(self.area[1], False).hex()
-        self.agent._nixl.send_notif(self.peer, encode(b"L", head))
+        self.agent._nixl.send_notif(self.peer, wire.encode(b"L", head))
 
     def slot(self, layer):
         at = (layer % RING_LAYERS) * self.wire
@@ -161,7 +125,7 @@ def accept(agent, peer, head, rest):
     except (kvforge.Error, KeyError, ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as e:
         error = type(e).__name__ if isinstance(e, kvforge.Error) else "ArgumentError"
         message = str(e) if isinstance(e, kvforge.Error) else f"request: malformed ({e!r})"
-        agent._nixl.send_notif(peer, encode(b"E", {"id": head.get("id"), "error": error, "message": message}))
+        agent._nixl.send_notif(peer, wire.encode(b"E", {"id": head.get("id"), "error": error, "message": message}))
 
 
 def request_message(agent, plan):
@@ -182,7 +146,7 @@ def request_message(agent, plan):
         arrays.append(source.pages[:needed].astype(np.int64))
     else:
         head["row"] = int(source.row)
-    return encode(b"Q", head, *arrays)
+    return wire.encode(b"Q", head, *arrays)
 
 
 class PreparedPull(InFlight):
@@ -213,7 +177,7 @@ class PreparedPull(InFlight):
                           np.full_like(self._runs, plan["device_id"])], axis=1).astype(np.uint64)
         remote = np.stack([at + self._wire_at, self._runs, np.zeros_like(self._runs)], axis=1).astype(np.uint64)
         handle = nixl.initialize_xfer("READ", nixl.get_xfer_descs(local, "DRAM"), nixl.get_xfer_descs(remote, "DRAM"),
-                                      plan["peer"], encode(b"A", {"id": plan["id"], "layer": layer}))
+                                      plan["peer"], wire.encode(b"A", {"id": plan["id"], "layer": layer}))
         self._handles[layer] = handle
         try:
             if nixl.transfer(handle) == "ERR":
@@ -272,7 +236,7 @@ class PreparedPull(InFlight):
         agent._prepared_inbox.pop(plan["id"], None)
         agent._cancelled.add(plan["id"])  # ready messages that still come are dropped
         try:
-            agent._nixl.send_notif(plan["peer"], encode(b"C", {"id": plan["id"]}))
+            agent._nixl.send_notif(plan["peer"], wire.encode(b"C", {"id": plan["id"]}))
         except Exception:  # noqa: BLE001  (a vanished sender: it has nothing left to drop)
             pass
         agent._abandoned.append((list(self._handles.values()), None, None))

@@ -20,13 +20,7 @@ import kvforge
 
 from . import _nixl_pages as page_pulls
 from . import _nixl_plan as plans
-from .torch_dtypes import CODE_DTYPES, TORCH_DTYPES
-
-
-def decodable(d):
-    """Whether a quantized sender's codes can be read and decoded here: static per-tensor scales published at
-    one address, and codes of one element each (int8, fp8)."""
-    return d["quant"] == "per_tensor" and d["tensor_scales"] is not None and d["storage"] in CODE_DTYPES
+from .torch_dtypes import TORCH_DTYPES
 
 
 def read_tensor_scales(agent, d, peer, timeout=10.0):

@@ -39,9 +39,11 @@ import kvforge
 
 from . import _nixl_generations as generations
 from . import _nixl_pages as page_pulls
+from . import _nixl_plan as plans
 from . import _nixl_prepared as prepared
 from . import _nixl_staged as staged_pulls
 from . import _nixl_states as states
+from . import _nixl_wire as wire
 from ._nixl_plan import (Placement,  # noqa: F401  (kvforge.nixl.Placement)
                          placement_units, _at, _check_pair, _describe, _grid_offsets, _layer_bases, _merged, _page_cells, _places,
                          _same_geometry, _source_grid)
@@ -258,7 +260,7 @@ class Agent:
             for peer, messages in self._nixl.get_new_notifs().items():
                 peer = peer.decode() if isinstance(peer, bytes) else peer
                 for message in messages:
-                    parsed = prepared.decode(message)
+                    parsed = wire.decode(message)
                     if parsed is None:
                         self._user_notifs.setdefault(peer, []).append(message)
                     else:
@@ -370,7 +372,7 @@ class Agent:
         if theirs[0]["quant"] != "none":  # whole pages of this variant, codes under equal scales, or decoded
             if ask:
                 raise kvforge.UnsupportedError("prepared: no prepared pull: a quantized source's codes go direct")
-            if page_pulls.same_pages(mine, theirs):
+            if plans.same_pages(mine, theirs):
                 return page_pulls.direct(cache, mine, theirs[0], sources[0][0], source, target, begin, count)
             scales = [staged_pulls.read_tensor_scales(self, d, sources[rank][0]) for rank, d in enumerate(theirs)]
             if all(staged_pulls.same_codes(cache, mine, d, s) for d, s in zip(theirs, scales)):

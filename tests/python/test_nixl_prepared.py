@@ -28,8 +28,8 @@ import kvforge.nixl  # before NIXL itself: it sets UCX's modules for this machin
 
 pytest.importorskip("nixl_cu13", reason="NIXL is not installed (tools/setup installs nixl-cu13)")
 
-from kvforge import _nixl_pages as page_pulls  # noqa: E402
-from kvforge import _nixl_prepared  # noqa: E402
+from kvforge import _nixl_plan as plans  # noqa: E402
+from kvforge import _nixl_wire  # noqa: E402
 from kvforge._nixl_plan import _describe, _same_geometry  # noqa: E402
 from kvforge.nixl import Placement  # noqa: E402
 from nixl_peer import rank_share, state_value, write_request  # noqa: E402
@@ -161,7 +161,7 @@ def test_refusals_name_the_field_and_the_sender_serves_on(served):
         with pytest.raises(kvforge.ArgumentError, match=message):
             kvforge.nixl.prepared_pull(agent, plan, b"").wait(10)
     # A request that is not one at all gets an answer nobody waits for, and changes nothing.
-    agent._nixl.send_notif("s0", _nixl_prepared.encode(b"Q", {"id": "garbage", "blocks": -1}))
+    agent._nixl.send_notif("s0", _nixl_wire.encode(b"Q", {"id": "garbage", "blocks": -1}))
     agent.register("fp32", kvforge.create("vllm_paged_nhd.tiny.fp32", pages=8))
     with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: vllm_paged_nhd.tiny.fp32 does not "
                                                        "keep each page as one block"):
@@ -181,7 +181,7 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
     nhd = next(i for i, d in enumerate(LAYOUTS) if d.layout == "vllm_paged_nhd")
     source = LAYOUTS[nhd]
     targets = [d for d in kvforge.variants(model="tiny") if d.paged and not d.hybrid and d.storage != "bf16"]
-    assert {page_pulls.page_bytes(published(d)) is None for d in targets} == {True, False}, \
+    assert {plans.page_bytes(published(d)) is None for d in targets} == {True, False}, \
         "targets whose pages come whole, and targets that stage"
     def placement_for(d):
         """Pages out of order for COUNT tokens of `d`'s pages, in a pool of twice as many and more (a layout
@@ -199,7 +199,7 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
                 torch.from_dlpack(cache.view(layer)[side]).view(torch.uint8).fill_(7)
         before = unit_views(cache)
         report = agent.pull([("s0", source.name)], f"dtype_{d.name}", COUNT, source_of(source, nhd), place)
-        whole = page_pulls.page_bytes(agent._caches[f"dtype_{d.name}"][1]) is not None
+        whole = plans.page_bytes(agent._caches[f"dtype_{d.name}"][1]) is not None
         assert report["how"] == ("prepared" if whole else "staged"), d.name
         if whole:  # a descriptor a layer for each run of consecutive pages: [5], [3, 4], [0] of those it fills
             used = place.pages[:-(-COUNT // d.page_size)].tolist()
@@ -213,7 +213,7 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
         assert others_unchanged(cache, before, place), d.name
     # A shorter request after a longer one, through the same spare scratch: its last page's positions past
     # its end arrive as a fresh pool's bytes, never the former request's.
-    for d in [d for d in targets if page_pulls.page_bytes(published(d)) is not None]:
+    for d in [d for d in targets if plans.page_bytes(published(d)) is not None]:
         place, pool = placement_for(d)
         cache, reference = kvforge.create(d.name, pages=pool), kvforge.create(d.name, pages=pool)
         agent.register(f"short_{d.name}", cache)
@@ -221,12 +221,12 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
         agent.pull([("s0", source.name)], f"short_{d.name}", COUNT, source_of(source, nhd), place)
         agent.pull([("s0", source.name)], f"short_{d.name}", 5, source_of(source, nhd), short)
         write_request(reference, 0, nhd, {"pages": [1]}, 5)
-        size = page_pulls.page_bytes(published(d))
+        size = plans.page_bytes(published(d))
         for layer in range(d.layers):
             got, want = (page_of(c, layer, 1, size) for c in (cache, reference))
             assert torch.equal(got, want), f"{d.name} layer {layer}: page 1 is not what a fresh pool's append writes"
     # The sender checks what a receiver asks for before it takes memory: a page size it does not have.
-    hnd = next(d for d in targets if page_pulls.page_bytes(published(d)) is not None)
+    hnd = next(d for d in targets if plans.page_bytes(published(d)) is not None)
     plan = agent._plan([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, 0, True)
     plan["placement"]["page_bytes"] += 1
     with pytest.raises(kvforge.ArgumentError, match="page_bytes: .* the receiver's"):
