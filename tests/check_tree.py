@@ -5,6 +5,10 @@
 - Shared runtime code holds no CUDA: `__CUDA_ARCH__`, `__CUDACC__`, CUDA's headers and intrinsics live
   only in the CUDA backend's folders (runtime/include/kvforge/backends/cuda/, runtime/src/backends/cuda/).
   The same patterns must find CUDA there, or the check has gone blind.
+- The public headers (runtime/include/kvforge/*.hpp) reach no kernel code, however deep their includes
+  go: no backend's target or hooks (kvforge/backends/, detail/config.hpp, which picks the target) and so
+  no codec or kernel body, all of which include that. They may take detail/qualifiers.hpp, the two
+  function qualifiers element code is written with.
 - The Python package's modules import each other one way: no cycle among python/kvforge/*.py, imports
   inside functions counted too (the package's __init__, its public face, is not one of them).
 """
@@ -21,6 +25,27 @@ SOURCE_SUFFIXES = {".cpp", ".hpp", ".cu", ".cuh", ".py", ".j2", ".cmake", ".sh"}
 CUDA = re.compile(r"__CUDA_ARCH__|__CUDACC__|#include <cuda|__syncthreads|__shfl|__stcg|__ldg|atomicCAS|"
                   r"threadIdx|blockIdx|__device__|__global__|griddepcontrol|__nv_|__float2int")
 CUDA_FOLDERS = ("runtime/include/kvforge/backends/cuda/", "runtime/src/backends/cuda/")
+
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"(kvforge/[^"]+)"', re.M)
+KERNEL_HEADERS = re.compile(r"^kvforge/(backends/|detail/config\.hpp$)")
+
+
+def kernel_includes(header, include_root):
+    """The include chain from `header` (a path under include_root) to the first kernel header it
+    reaches, or None."""
+    seen, stack = set(), [(header, [header])]
+    while stack:
+        name, chain = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = include_root / name
+        for included in INCLUDE.findall(path.read_text()) if path.is_file() else []:
+            if KERNEL_HEADERS.match(included):
+                return chain + [included]
+            stack.append((included, chain + [included]))
+    return None
 
 
 def tracked_files():
@@ -94,6 +119,14 @@ def main() -> int:
             problems += [f"{path}:{n}: {word}: CUDA outside the CUDA backend's folders" for n, word in hits]
     if not found_in_cuda:
         problems.append(f"no CUDA found in {' or '.join(CUDA_FOLDERS)}: the pattern no longer sees it")
+    include_root = ROOT / "runtime" / "include"
+    for header in sorted((include_root / "kvforge").glob("*.hpp")):
+        chain = kernel_includes(str(header.relative_to(include_root)), include_root)
+        if chain:
+            problems.append(f"{' -> '.join(chain)}: a public header reaches kernel code (move what it needs "
+                            "into a header of plain declarations)")
+    if not kernel_includes("kvforge/detail/ops.hpp", include_root):
+        problems.append("kvforge/detail/ops.hpp reaches no kernel header: the include check has gone blind")
     problems += [f"python/kvforge: {' -> '.join(c)}: an import cycle (layer the modules so that imports run one way)"
                  for c in import_cycles(ROOT / "python" / "kvforge")]
     for p in problems:

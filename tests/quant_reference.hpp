@@ -1,7 +1,7 @@
 // An independent reference quantizer, written from the rules in docs/quantization.md with different
-// means than runtime/include/kvforge/quant.hpp: fp8 codes are decoded with ldexp and encoded by a
-// nearest-value search over the format's table, int8 by nearbyint, and input-dtype rounding by
-// frexp/ldexp.
+// means than runtime/include/kvforge/detail/quant_codec.hpp: fp8 codes are decoded with ldexp and
+// encoded by a nearest-value search over the format's table, int8 by nearbyint, and input-dtype
+// rounding by frexp/ldexp.
 #pragma once
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kvforge/quant.hpp"
+#include "kvforge/detail/quant_codec.hpp"
 #include "support.hpp"
 
 namespace {

@@ -1,6 +1,7 @@
 // Element types. fp16 and bf16 are plain 16-bit carriers with conversions that compile for host and
 // device alike, so the CPU backend rounds exactly as the CUDA backend does. The 8-bit storage types
-// (int8, fp8_e4m3, fp8_e5m2) hold quantization codes; quant.hpp turns them into values with a scale.
+// (int8, fp8_e4m3, fp8_e5m2) hold quantization codes; detail/quant_codec.hpp turns them into values
+// with a scale. Public and plain: the conversions take only detail/qualifiers.hpp, no target.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "kvforge/detail/config.hpp"
+#include "kvforge/detail/qualifiers.hpp"
 
 namespace kvforge {
 

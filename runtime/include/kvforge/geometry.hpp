@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "kvforge/detail/config.hpp"
+#include "kvforge/detail/qualifiers.hpp"
 #include "kvforge/descriptor.hpp"
 
 namespace kvforge {

@@ -12,7 +12,7 @@
 
 #include "kvforge/backend.hpp"
 #include "kvforge/cache.hpp"  // TokenTargets
-#include "kvforge/detail/step_build.hpp"
+#include "kvforge/detail/step_writes.hpp"
 #include "kvforge/tensor.hpp"
 
 namespace kvforge {

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "kvforge/quant.hpp"
+#include "kvforge/detail/quant_codec.hpp"
 
 namespace kvforge::detail {
 

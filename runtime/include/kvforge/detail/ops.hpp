@@ -7,7 +7,7 @@
 // so that loops have fixed trip counts and divisions by page size and window are by constants.
 // This file holds what every operation sizes and addresses by: lanes, extents, tiles, where a position
 // lives. Quantized layouts quantize inside write (append and commit) and dequantize inside gather,
-// through QuantOps (quant_ops.hpp); the rules are in quant.hpp. The operations themselves are
+// through QuantOps (quant_ops.hpp); the rules are in quant_codec.hpp. The operations themselves are
 // write_ops.hpp, gather_ops.hpp and upkeep_ops.hpp.
 #pragma once
 
@@ -22,7 +22,7 @@
 #include "kvforge/detail/item_gate.hpp"
 #include "kvforge/detail/op_args.hpp"
 #include "kvforge/detail/op_table.hpp"
-#include "kvforge/quant.hpp"
+#include "kvforge/detail/quant_codec.hpp"
 #include "kvforge/detail/quant_chunks.hpp"
 #include "kvforge/detail/row_codecs.hpp"
 #include "kvforge/detail/token_vectors.hpp"

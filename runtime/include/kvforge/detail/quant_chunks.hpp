@@ -1,7 +1,7 @@
 // How a CUDA item quantizes one token's K or V in 16-byte chunks of input, and dequantizes it back: the
 // lanes' share of the chunks, and the per-chunk steps (load, amax, encode and a packed store; a packed
 // load and decode into a 16-byte store). The rules themselves are
-// quant.hpp's; this is only the access pattern, which the CUDA executor's write runs
+// quant_codec.hpp's; this is only the access pattern, which the CUDA executor's write runs
 // (ops.hpp, quantize_token_chunked) and tests/test_quant.cpp checks lane by lane on the host.
 //
 // A head's row of D inputs is C chunks of V elements. Lanes come in groups of Lh, one group per head
@@ -19,7 +19,7 @@
 
 #include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
-#include "kvforge/quant.hpp"
+#include "kvforge/detail/quant_codec.hpp"
 #include "kvforge/detail/token_vectors.hpp"
 
 namespace kvforge::detail {

@@ -1,6 +1,6 @@
 // Quantization in the one source: a token's K or V into codes and its dynamic scales, and back, on the
 // lanes the executor gives an item. Ops (ops.hpp) holds the sizes and addressing these read; the write,
-// gather and upkeep paths build on both. The rules are in quant.hpp and row_codecs.hpp.
+// gather and upkeep paths build on both. The rules are in quant_codec.hpp and row_codecs.hpp.
 #pragma once
 
 #include "kvforge/detail/ops.hpp"
@@ -104,7 +104,7 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
   }
 
   // A zero-point token (uint4): each group's finite range, widened to hold 0, gives its scale and zero
-  // point (quant.hpp), stored side by side. One lane stages the whole token as kStagesWholeToken does;
+  // point (quant_codec.hpp), stored side by side. One lane stages the whole token as kStagesWholeToken does;
   // lanes that stride a row take a group at a time, its range one reduction over them (0 - lo, not -lo:
   // a lane's lo of +0 would give -0, whose bits exceed every positive float's).
   KVF_HD static KVF_INLINE void quantize_zero_token(Store* dst, int64_t dst_head, Scale* scale, int64_t scale_head,

@@ -1,7 +1,7 @@
 // Row loops over one head's values, one source for both backends: a row's amax, and its codes in groups
 // that share a scale, both ways. The executor says how an item's lanes share a row (Exec::row_begin,
 // Exec::row_step): CUDA's lanes stride through it; the CPU's one lane takes it whole, in loops of
-// constant trip counts that vectorize. The rules are quant.hpp's.
+// constant trip counts that vectorize. The rules are quant_codec.hpp's.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
-#include "kvforge/quant.hpp"
+#include "kvforge/detail/quant_codec.hpp"
 
 namespace kvforge::detail {
 

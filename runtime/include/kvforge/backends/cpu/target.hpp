@@ -5,8 +5,7 @@
 #pragma once
 
 #define KVF_TARGET cpu
-#define KVF_HD                                             // host and device function: the host has one kind
-#define KVF_INLINE inline __attribute__((always_inline))  // inlined into every kernel body
+#include "kvforge/detail/qualifiers.hpp"  // KVF_HD, KVF_INLINE: the host's
 #define KVF_UNROLL                                         // the host compiler unrolls as it sees fit
 // An item's held registers start zeroed: the host compiler cannot see that a store reads only what
 // the load filled (tests run the device's register paths on host lanes).

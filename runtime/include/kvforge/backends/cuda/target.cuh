@@ -5,7 +5,7 @@
 // kernel code compiles for the device.
 #pragma once
 
-#ifdef KVF_TARGET
+#if defined(KVF_TARGET) || defined(KVF_HD)
 #error "kvforge/backends/cuda/target.cuh must come before every other kvforge header of a CUDA source"
 #endif
 #define KVF_TARGET cuda
