@@ -7,7 +7,7 @@
 #pragma once
 
 #include "kvforge/detail/cache_impl.hpp"
-#include "kvforge/hybrid.hpp"
+#include "kvforge/hybrid_cache.hpp"
 
 namespace kvforge::variants {
 

@@ -9,6 +9,9 @@
   go: no backend's target or hooks (kvforge/backends/, detail/config.hpp, which picks the target) and so
   no codec or kernel body, all of which include that. They may take detail/qualifiers.hpp, the two
   function qualifiers element code is written with.
+- The runtime's folders by job depend one way: each file of runtime/src/<folder>/, and each public or
+  detail header (whose folder is its source's, or LAYER_OF_HEADER's), includes only headers of its own
+  layer or one before it in LAYERS.
 - The Python package's modules import each other one way: no cycle among python/kvforge/*.py, imports
   inside functions counted too (the package's __init__, its public face, is not one of them).
 """
@@ -28,6 +31,7 @@ CUDA_FOLDERS = ("runtime/include/kvforge/backends/cuda/", "runtime/src/backends/
 
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(kvforge/[^"]+)"', re.M)
+INCLUDE_ANY = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 KERNEL_HEADERS = re.compile(r"^kvforge/(backends/|detail/config\.hpp$)")
 
 
@@ -46,6 +50,74 @@ def kernel_includes(header, include_root):
                 return chain + [included]
             stack.append((included, chain + [included]))
     return None
+
+
+# runtime/src's folders, in the order they may use each other: a layer includes its own and earlier ones.
+LAYERS = (
+    ("base", "errors, element types, the address formula, the backend interface, the device status word"),
+    ("ranks", "Transport's collectives and the MPI transport"),
+    ("kernels", "the one kernel source (detail/), the targets it compiles for, host-side index checks"),
+    ("backends", "each backend's executor, memory and step building (backends/<name>/)"),
+    ("caches", "Cache, TypedCache, the generic path, paired and hybrid caches, the physical wire"),
+    ("variants", "the registry, variant libraries, variants built on demand"),
+    ("memory", "block allocator, block hashes, prefix cache, memory plans"),
+    ("tiers", "host and disk block stores, read-ahead, promotion ahead"),
+    ("sequences", "SequenceManager and the hybrid one, step state, KV events"),
+    ("states", "state pools and state slots of hybrid models"),
+    ("scale_out", "tensor-parallel shards and transfers between ranks"),
+)
+# Public and detail headers with no source of their own name, by layer (kvforge.hpp, the whole API, has
+# none).
+LAYER_OF_HEADER = {
+    "vocab.hpp": "base", "dtype.hpp": "base", "tensor.hpp": "base", "descriptor.hpp": "base", "quant.hpp": "base",
+    "detail/qualifiers.hpp": "base", "transport.hpp": "ranks", "cache_ops.hpp": "caches",
+    "detail/cache_impl.hpp": "caches", "detail/typed_cache.hpp": "caches", "detail/typed_cache_writes.hpp": "caches",
+    "detail/typed_cache_gather.hpp": "caches", "detail/typed_cache_upkeep.hpp": "caches", "kv_events.hpp": "sequences",
+    "memory.hpp": "sequences", "hybrid.hpp": "sequences", "kvforge.hpp": None,
+}
+
+
+def layer_problems(root):
+    """Each include that runs against LAYERS, and each file no layer holds."""
+    order = [name for name, _ in LAYERS]
+    src, include = root / "runtime" / "src", root / "runtime" / "include"
+
+    def folder(path):
+        return path.relative_to(src).parts[0]
+    by_source = {p.stem: folder(p) for p in src.rglob("*") if p.suffix in (".cpp", ".cu")}
+
+    def header_layer(name):  # "kvforge/..."
+        rel = name[len("kvforge/"):]
+        if rel.startswith("backends/"):  # a target answers the kernels' questions; the rest runs them
+            return "kernels" if "/target." in rel else "backends"
+        if rel in LAYER_OF_HEADER:
+            return LAYER_OF_HEADER[rel]
+        stem = pathlib.Path(rel).stem
+        return by_source.get(stem, "kernels" if rel.startswith("detail/") else "?")
+
+    files = [(p, folder(p)) for p in src.rglob("*") if p.suffix in (".cpp", ".hpp", ".cu", ".cuh")]
+    files += [(p, header_layer("kvforge/" + p.relative_to(include / "kvforge").as_posix()))
+              for p in (include / "kvforge").rglob("*") if p.suffix in (".hpp", ".cuh")]
+    problems = []
+    for path, layer in files:
+        where = path.relative_to(root)
+        if layer is None:
+            continue
+        if layer not in order:
+            problems.append(f"{where}: in no layer (add its folder to LAYERS, or the header to LAYER_OF_HEADER)")
+            continue
+        for name in INCLUDE_ANY.findall(path.read_text()):
+            if name.startswith("kvforge/"):
+                other = header_layer(name)
+            else:  # a private header, named from runtime/src or from the file's own folder
+                found = [q.resolve() for q in (src / name, path.parent / name) if q.is_file()]
+                if not found or not found[0].is_relative_to(src.resolve()):
+                    continue  # a system or test header
+                other = found[0].relative_to(src.resolve()).parts[0]
+            if other is not None and (other not in order or order.index(other) > order.index(layer)):
+                problems.append(f"{where}: includes {name} of layer {other}, after its own {layer} "
+                                "(move the code, or split the header, so that layers use only earlier ones)")
+    return problems
 
 
 def tracked_files():
@@ -125,6 +197,7 @@ def main() -> int:
         if chain:
             problems.append(f"{' -> '.join(chain)}: a public header reaches kernel code (move what it needs "
                             "into a header of plain declarations)")
+    problems += layer_problems(ROOT)
     if not kernel_includes("kvforge/detail/ops.hpp", include_root):
         problems.append("kvforge/detail/ops.hpp reaches no kernel header: the include check has gone blind")
     problems += [f"python/kvforge: {' -> '.join(c)}: an import cycle (layer the modules so that imports run one way)"

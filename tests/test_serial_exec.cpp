@@ -1,7 +1,7 @@
 // The registry's reference tests on the tests' own executor (serial_exec.hpp), which reaches the
 // kernels only through the generic path's tables: every variant the generic path serves, under
 // random traffic and its upkeep, against the same reference as the CPU executor.
-#include "generic_path.hpp"
+#include "caches/generic_path.hpp"
 #include "serial_exec.hpp"
 #include "variant_driver.hpp"
 

@@ -1,6 +1,6 @@
 // The one list of the cache's operations (docs/contract.md). Every cache declares its virtuals from it:
 // Cache (cache.hpp), TypedCache (cache_impl.hpp), and the two caches made of member caches, HybridCache
-// (hybrid.hpp) and PairedCache (paired_cache.hpp), which also route each op by its row's `route`. Python's
+// (hybrid_cache.hpp) and PairedCache (paired_cache.hpp), which also route each op by its row's `route`. Python's
 // binding lists the rows (kvforge._cache_ops), and tests/python/test_cache_ops.py holds kvforge.Cache and
 // kvforge.ops to them; a C++ class that lacks a row's definition does not link.
 //

@@ -14,7 +14,7 @@
 
 namespace kvforge {
 
-struct HybridDescriptor;  // hybrid.hpp: the layer groups of a hybrid variant
+struct HybridDescriptor;  // hybrid_cache.hpp: the layer groups of a hybrid variant
 
 // One part of a hybrid model's per-sequence state as its spec states it (StatePart at run time).
 struct StatePartSpec {

@@ -104,6 +104,17 @@ class BackendError : public Error {
   using Error::Error;
 };
 
+// A transfer was refused or did not complete; nothing of it was committed. `field()` names what
+// disagreed (a header field, "timeout", ...).
+class TransferError : public Error {
+ public:
+  TransferError(std::string field, const std::string& message) : Error(field + ": " + message), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
 // A spec is invalid (a variant built on demand). `errors()` lists every `file:line: field: problem
 // (allowed: ...)` at once; the message joins them, one a line.
 class SpecError : public Error {

@@ -60,16 +60,7 @@
 
 namespace kvforge {
 
-// A transfer was refused or did not complete; nothing of it was committed. `field()` names what
-// disagreed (a header field, "timeout", ...).
-class TransferError : public Error {
- public:
-  TransferError(std::string field, const std::string& message) : Error(field + ": " + message), field_(std::move(field)) {}
-  const std::string& field() const { return field_; }
-
- private:
-  std::string field_;
-};
+// TransferError (errors.hpp): a transfer refused or left incomplete, nothing of it committed.
 
 // The 64-bit hash of a sequence's token ids that both sides compute (FNV-1a over their bytes).
 uint64_t token_hash(const std::vector<int32_t>& tokens);

@@ -1,4 +1,4 @@
-// The argument checks every cache implementation shares (runtime/src/checks.cpp). Each throws a
+// The argument checks every cache implementation shares (runtime/src/caches/checks.cpp). Each throws a
 // typed error naming the argument before anything is written.
 #pragma once
 
@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kvforge/cache.hpp"
+#include "kvforge/detail/host_checks.hpp"
 #include "kvforge/detail/op_args.hpp"
 
 namespace kvforge::detail {
@@ -21,9 +22,6 @@ void check_config(const VariantDescriptor& d, const CacheConfig& c);
 Capacity capacity_of(const VariantDescriptor& d, const CacheConfig& c);
 int64_t staged_capacity(const VariantDescriptor& d, const CacheConfig& c);
 void check_pairs_disjoint_on_host(const int32_t* pairs, int64_t count);
-// The CPU backend's index check: throws OutOfRangeError for the first bad element.
-void check_indices_on_host(const IndexCheckArgs& a);
-void check_indices_on_host(const IndexChecks& checks);  // each in turn
 void check_tuning(const Tuning& t);
 
 }  // namespace kvforge::detail

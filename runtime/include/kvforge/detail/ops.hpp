@@ -55,7 +55,7 @@ template <int D> constexpr int quant_lanes() {
   return lanes;
 }
 
-// Traits whose sizes are given at run time (the generic path, RuntimeTraits in runtime/src/generic.cpp) say so with
+// Traits whose sizes are given at run time (the generic path, RuntimeTraits in runtime/src/caches/generic.cpp) say so with
 // `runtime_extents = true`; generated traits fix them as constants. CuTe's idea: one layout type,
 // each extent static or dynamic.
 template <class T, class = void> struct has_runtime_extents : std::false_type {};

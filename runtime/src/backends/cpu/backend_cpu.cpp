@@ -2,7 +2,7 @@
 #include <cstring>
 #include <string>
 
-#include "../../host_backend.hpp"
+#include "base/host_backend.hpp"
 #include "kvforge/errors.hpp"
 
 namespace kvforge {

@@ -3,7 +3,7 @@
 #include "kvforge/backends/cpu/exec_cpu.hpp"
 #include "kvforge/detail/step_build.hpp"
 #include "kvforge/vocab.hpp"
-#include "../../host_backend.hpp"
+#include "base/host_backend.hpp"
 
 namespace kvforge::detail {
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "../../host_backend.hpp"
+#include "base/host_backend.hpp"
 #include "step_cuda.hpp"
 #include "kvforge/errors.hpp"
 

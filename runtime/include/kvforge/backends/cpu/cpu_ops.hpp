@@ -4,7 +4,7 @@
 // instantiated in <variant>.cpu_v<level>.cpp, compiled with that level's -march.
 #pragma once
 
-#include "kvforge/detail/checks.hpp"
+#include "kvforge/detail/host_checks.hpp"
 #include "kvforge/cpu_level.hpp"
 #include "kvforge/backends/cpu/exec_cpu.hpp"
 #include "kvforge/detail/upkeep_ops.hpp"

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kvforge/detail/checks.hpp"
+#include "kvforge/detail/host_checks.hpp"
 #include "kvforge/cpu_level.hpp"
 #include "kvforge/detail/op_args.hpp"
 #include "kvforge/detail/op_table.hpp"

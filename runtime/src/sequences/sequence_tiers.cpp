@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <string>
 
-#include "disk_read_ahead.hpp"
-#include "promotion_ahead.hpp"
+#include "tiers/disk_read_ahead.hpp"
+#include "tiers/promotion_ahead.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/sequence_manager.hpp"
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "kvforge/errors.hpp"
-#include "fnv.hpp"
+#include "base/fnv.hpp"
 
 namespace kvforge {
 namespace {

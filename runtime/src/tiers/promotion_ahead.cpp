@@ -1,4 +1,4 @@
-#include "promotion_ahead.hpp"
+#include "tiers/promotion_ahead.hpp"
 
 #include <algorithm>
 #include <condition_variable>

@@ -1,7 +1,7 @@
 #include "kvforge/transfer.hpp"
 
-#include "fnv.hpp"
-#include "transfer_wire.hpp"
+#include "base/fnv.hpp"
+#include "scale_out/transfer_wire.hpp"
 
 namespace kvforge {
 

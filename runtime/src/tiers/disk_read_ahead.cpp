@@ -1,4 +1,4 @@
-#include "disk_read_ahead.hpp"
+#include "tiers/disk_read_ahead.hpp"
 
 namespace kvforge {
 

@@ -1,5 +1,5 @@
 // The generic path's caches of fp16 storage (generic_path.hpp).
-#include "generic_path.hpp"
+#include "caches/generic_path.hpp"
 
 template std::unique_ptr<kvforge::Cache> kvforge::generic_path::generic_cache_of<kvforge::fp16>(
     std::shared_ptr<const OwnedDescriptor>, const CacheConfig&);

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "kvforge/errors.hpp"
-#include "kvforge/transfer.hpp"
 
 namespace kvforge {
 namespace {

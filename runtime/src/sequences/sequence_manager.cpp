@@ -1,7 +1,7 @@
 #include "kvforge/sequence_manager.hpp"
 
-#include "disk_read_ahead.hpp"
-#include "promotion_ahead.hpp"
+#include "tiers/disk_read_ahead.hpp"
+#include "tiers/promotion_ahead.hpp"
 
 #include <algorithm>
 #include <climits>

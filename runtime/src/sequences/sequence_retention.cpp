@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "disk_read_ahead.hpp"
+#include "tiers/disk_read_ahead.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/sequence_manager.hpp"
 

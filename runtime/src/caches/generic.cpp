@@ -3,7 +3,7 @@
 // and the row length are run-time values, so it serves any float eager layout that was not generated.
 #include "kvforge/generic.hpp"
 
-#include "generic_path.hpp"
+#include "caches/generic_path.hpp"
 
 namespace kvforge {
 

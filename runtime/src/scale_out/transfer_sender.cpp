@@ -3,7 +3,7 @@
 
 #include "kvforge/transfer.hpp"
 #include "kvforge/state_shards.hpp"
-#include "transfer_wire.hpp"
+#include "scale_out/transfer_wire.hpp"
 
 namespace kvforge {
 

@@ -1,7 +1,7 @@
 // KvReceiver: the decode side of a transfer (transfer.hpp).
 #include "kvforge/transfer.hpp"
 #include "kvforge/state_shards.hpp"
-#include "transfer_wire.hpp"
+#include "scale_out/transfer_wire.hpp"
 
 namespace kvforge {
 
