@@ -1,6 +1,8 @@
-// TypedCache's page and row upkeep (cache_impl.hpp declares the class): reset, reorder for beams,
-// copy_blocks for copy-on-write, and the packed pages of offload. Included by cache_impl.hpp only.
+// TypedCache's page and row upkeep (typed_cache.hpp declares the class): reset, reorder for beams,
+// copy_blocks for copy-on-write, and the packed pages of offload.
 #pragma once
+
+#include "kvforge/detail/typed_cache.hpp"
 
 namespace kvforge {
 
