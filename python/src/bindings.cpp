@@ -8,6 +8,7 @@
 #include "batch.hpp"
 #include "events.hpp"
 #include "physical.hpp"
+#include "rows.hpp"
 #include "states.hpp"
 #include "translate.hpp"
 #include "views.hpp"
@@ -122,84 +123,19 @@ NB_MODULE(_native, m) {
       })
       .def("__repr__", [](const VariantDescriptor& d) { return std::string("<kvforge.Descriptor ") + d.name + ">"; });
 
-  nb::class_<Cache>(m, "Cache")
-      .def_prop_ro("descriptor", [](const Cache& c) -> const VariantDescriptor& { return c.descriptor(); },
-                   nb::rv_policy::reference_internal)
-      .def_prop_ro("config", [](const Cache& c) {
-        const CacheConfig& k = c.config();
-        nb::dict f;
-        f["device"] = name_of(k.device), f["rows"] = k.rows, f["max_seq_len"] = k.max_seq_len, f["pages"] = k.pages,
-        f["max_staged_tokens"] = k.max_staged_tokens, f["stream"] = uintptr_t(k.stream);
-        return f;
-      })
-      .def("append", [](Cache& c, int64_t layer, nb::handle k, nb::handle v, nb::handle rows, nb::handle positions,
-                        nb::handle slots) {
-        TokenTargets t{optional_index(rows, "targets.rows"), optional_index(positions, "targets.positions"),
-                       optional_index(slots, "targets.slots")};
-        const TensorView kv = tensor_view(k, "k", Access::read), vv = tensor_view(v, "v", Access::read);
-        nb::gil_scoped_release unlocked;
-        c.append(layer_arg(c, layer), kv, vv, t);
-      }, "layer"_a, "k"_a.none(), "v"_a.none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
-      .def("commit", &Cache::commit, Release())
-      .def("gather", [](Cache& c, int64_t layer, nb::handle k_out, nb::handle v_out, int64_t row, nb::handle pages,
-                        int64_t begin, int64_t end) {
-        GatherRange r{row, optional_index(pages, "range.pages"), begin, end};
-        const TensorView ko = tensor_view(k_out, "k_out", Access::written), vo = tensor_view(v_out, "v_out", Access::written);
-        nb::gil_scoped_release unlocked;
-        c.gather(layer_arg(c, layer), r, ko, vo);
-      }, "layer"_a, "k_out"_a.none(), "v_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
+  // Every row of the operations table (cache_ops.hpp), bound by its signature (rows.hpp); then what
+  // Python adds over the rows.
+  nb::class_<Cache> cache_class(m, "Cache");
+#define KVFORGE_BIND_ROW(route, python, result, name, params, args, qualifier) \
+  bind_row<PythonForm::python>(cache_class, #name, &Cache::name, #args);
+  KVFORGE_CACHE_OPS(KVFORGE_BIND_ROW)
+#undef KVFORGE_BIND_ROW
+  cache_class
       .def("gather_batch", [](Cache& c, int64_t layer, nb::handle k_out, nb::handle v_out, const std::vector<int64_t>& rows,
                               nb::handle page_table, int64_t begin, int64_t end) {
         gather_batch(c, layer_arg(c, layer), k_out, v_out, rows, page_table, begin, end);
       }, "layer"_a, "k_out"_a.none(), "v_out"_a.none(), "rows"_a = std::vector<int64_t>{}, "page_table"_a = nb::none(),
          "begin"_a = 0, "end"_a)
-      .def("append_latent", [](Cache& c, int64_t layer, nb::handle latent, nb::handle rows, nb::handle positions,
-                               nb::handle slots) {
-        TokenTargets t{optional_index(rows, "targets.rows"), optional_index(positions, "targets.positions"),
-                       optional_index(slots, "targets.slots")};
-        const TensorView lv = tensor_view(latent, "latent", Access::read);
-        nb::gil_scoped_release unlocked;
-        c.append_latent(layer_arg(c, layer), lv, t);
-      }, "layer"_a, "latent"_a.none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
-      .def("gather_latent", [](Cache& c, int64_t layer, nb::handle latent_out, int64_t row, nb::handle pages,
-                               int64_t begin, int64_t end) {
-        GatherRange r{row, optional_index(pages, "range.pages"), begin, end};
-        const TensorView lo = tensor_view(latent_out, "latent_out", Access::written);
-        nb::gil_scoped_release unlocked;
-        c.gather_latent(layer_arg(c, layer), r, lo);
-      }, "layer"_a, "latent_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
-      .def("append_record", [](Cache& c, int64_t layer, nb::handle record, nb::handle rows, nb::handle positions,
-                               nb::handle slots) {
-        TokenTargets t{optional_index(rows, "targets.rows"), optional_index(positions, "targets.positions"),
-                       optional_index(slots, "targets.slots")};
-        const TensorView rv = tensor_view(record, "record", Access::read);
-        nb::gil_scoped_release unlocked;
-        c.append_record(layer_arg(c, layer), rv, t);
-      }, "layer"_a, "record"_a.none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none())
-      .def("gather_record", [](Cache& c, int64_t layer, nb::handle record_out, int64_t row, nb::handle pages,
-                               int64_t begin, int64_t end) {
-        GatherRange r{row, optional_index(pages, "range.pages"), begin, end};
-        const TensorView ro = tensor_view(record_out, "record_out", Access::written);
-        nb::gil_scoped_release unlocked;
-        c.gather_record(layer_arg(c, layer), r, ro);
-      }, "layer"_a, "record_out"_a.none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a)
-      .def("reset", &Cache::reset, Release())
-      .def("reset_row", &Cache::reset_row, "row"_a, Release())
-      .def("reorder", [](Cache& c, nb::handle beam) {
-        const IndexView b = index_view(beam, "beam");
-        nb::gil_scoped_release unlocked;
-        c.reorder(b);
-      }, "beam"_a)
-      .def("copy_blocks", [](Cache& c, nb::handle pairs) {
-        const IndexView p = index_view(pairs, "pairs");
-        nb::gil_scoped_release unlocked;
-        c.copy_blocks(p);
-      }, "pairs"_a)
-      .def("view", [](nb::handle self, int64_t layer) {
-        const Cache& c = nb::cast<const Cache&>(self);
-        return layer_view(c, layer_arg(c, layer), self);
-      },
-           "layer"_a)
       .def("buffers", [](nb::handle self) {
         nb::list out;
         raw_buffers(nb::cast<const Cache&>(self), self, out);
@@ -220,39 +156,6 @@ NB_MODULE(_native, m) {
                             heads);
       }, "layer"_a, "tokens"_a, "placement"_a, "out"_a, "pages"_a = nb::none(), "row"_a = 0, "head_offset"_a = 0,
          "heads"_a = -1)
-      .def("packed_page_bytes", &Cache::packed_page_bytes)
-      .def("pack_pages", [](Cache& c, nb::handle pages, nb::handle packed) {
-        const IndexView p = index_view(pages, "pages");
-        void* out = packed_bytes(c, p, packed, Access::written);
-        nb::gil_scoped_release unlocked;
-        c.pack_pages(p, out);
-      }, "pages"_a.none(), "packed"_a.none())
-      .def("unpack_pages", [](Cache& c, nb::handle packed, nb::handle pages) {
-        const IndexView p = index_view(pages, "pages");
-        const void* in = packed_bytes(c, p, packed, Access::read);
-        nb::gil_scoped_release unlocked;
-        c.unpack_pages(in, p);
-      }, "packed"_a.none(), "pages"_a.none())
-      .def("set_tensor_scale", [](Cache& c, int64_t layer, float k_scale, float v_scale) {
-        const int l = layer_arg(c, layer);
-        nb::gil_scoped_release unlocked;
-        c.set_tensor_scale(l, k_scale, v_scale);
-      }, "layer"_a, "k_scale"_a, "v_scale"_a)
-      .def("row_length", &Cache::row_length, "row"_a, Release())
-      .def("synchronize", &Cache::synchronize, Release())
-      .def("memory", [](const Cache& c) {
-        const MemoryReport r = c.memory();
-        nb::dict f;
-        f["storage_bytes"] = r.storage_bytes, f["scale_bytes"] = r.scale_bytes, f["staging_bytes"] = r.staging_bytes,
-        f["bookkeeping_bytes"] = r.bookkeeping_bytes, f["overhead_bytes"] = r.overhead_bytes();
-        return f;
-      })
-      // The CUDA stream later operations are queued on, as an integer handle (torch: stream.cuda_stream).
-      .def("set_stream", [](Cache& c, uintptr_t stream) { c.set_stream(reinterpret_cast<void*>(stream)); }, "stream"_a)
-      .def_prop_ro("tuning", [](const Cache& c) { return tuning_fields(c.tuning()); })
-      // Keyword arguments named as Cache.tuning's keys (the backend table's tunables); those not given
-      // keep their values.
-      .def("set_tuning", [](Cache& c, const nb::kwargs& given) { c.set_tuning(tuning_from(c.tuning(), given)); })
       .def_prop_ro("num_groups", &Cache::num_groups)
       .def("group", [](Cache& c, int g) -> Cache& { return c.group(g); }, "g"_a, nb::rv_policy::reference_internal)
       .def("group_of", &Cache::group_of, "layer"_a)

@@ -127,27 +127,9 @@ class Cache {
  public:
   virtual ~Cache() = default;
 
-  // The operations, each documented on its row of the table.
+  // The operations, each documented on its row of the table: pure virtuals, and the derived rows
+  // (records and latents), which every cache has through append and gather (cache.cpp).
   KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_PURE)
-
-  // Variants whose token is one record a head (descriptor().records()): an MLA model's latent, R =
-  // mla_kv_lora_rank values then P = mla_rope_dim, in one head; or K then V of different widths,
-  // k_head_dim + v_head_dim values, in each head. The record is K then V of head_dim = half of it, so
-  // these are append and gather of its two halves, and every check and error is theirs (named `arg`).
-  // A record's parts are views of it: K = record[..., :k_head_dim], V = record[..., k_head_dim:].
-  // Other variants: UnsupportedError.
-  // A record of odd width W is stored with one zero after it (head_dim = (W + 1) / 2): these take W
-  // values, through a padded copy a record (synchronizing the cache), or 2 * head_dim, straight through.
-  //   record:     [T, heads, W or 2 * head_dim], as append's k
-  //   record_out: [heads, end - begin, W or 2 * head_dim], as gather's k_out
-  void append_record(int layer, const TensorView& record, const TokenTargets& targets, const char* arg = "record");
-  void gather_record(int layer, const GatherRange& range, const TensorView& record_out,
-                     const char* arg = "record_out");
-  // The same for an MLA variant alone, whose record has one head.
-  //   latent:     [T, 1, R + P] (or its even width, as above)
-  //   latent_out: [1, end - begin, R + P]
-  void append_latent(int layer, const TensorView& latent, const TokenTargets& targets);
-  void gather_latent(int layer, const GatherRange& range, const TensorView& latent_out);
 
   // Hybrid variants keep one member cache per layer group; every other cache is its own only group.
   // g in [0, num_groups()); layer in [0, L).

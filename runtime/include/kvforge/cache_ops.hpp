@@ -1,7 +1,8 @@
 // The one list of the cache's operations (docs/contract.md). Every cache declares its virtuals from it:
 // Cache (cache.hpp), TypedCache (cache_impl.hpp), and the two caches made of member caches, HybridCache
-// (hybrid_cache.hpp) and PairedCache (paired_cache.hpp), which also route each op by its row's `route`. Python's
-// binding lists the rows (kvforge._cache_ops), and tests/python/test_cache_ops.py holds kvforge.Cache and
+// (hybrid_cache.hpp) and PairedCache (paired_cache.hpp), which also route each op by its row's `route`.
+// kvforge.Cache's methods are bound from the rows, each by its signature's family (python/src/rows.hpp);
+// Python lists them (kvforge._cache_ops), and tests/python/test_cache_ops.py holds kvforge.Cache and
 // kvforge.ops to them; a C++ class that lacks a row's definition does not link.
 //
 // A row: X(route, python, result, name, (parameters), (arguments), qualifier)
@@ -15,6 +16,8 @@
 //             both, which share their pages
 //     packed  packed pages: a hybrid cache refuses it; a pair writes its own (its pages are both caches')
 //     own     each composite writes its own
+//     derived Cache itself defines it on top of other rows (cache.cpp): no cache overrides it, and a
+//             composite serves it through the rows it is built on
 //   python: method (a method of kvforge.Cache), torch (a method, and a torch op of kvforge.ops), property
 //     (an attribute of kvforge.Cache), none (C++ only: Python reads the same through view() and buffers())
 //
@@ -93,11 +96,49 @@
   /* Launch parameters now in force. set_tuning checks each against the range a tuning file is held to      \
      (vocab.hpp's tunables; OutOfRangeError or ArgumentError naming the field) before changing anything. */ \
   X(first, property, Tuning, tuning, (), (), const)                                                            \
-  X(whole, method, void, set_tuning, (const Tuning& t), (t), )
+  X(whole, method, void, set_tuning, (const Tuning& t), (t), )                                                \
+  /* Variants whose token is one record a head (descriptor().records()): an MLA model's latent, R =         \
+     mla_kv_lora_rank values then P = mla_rope_dim, in one head; or K then V of different widths,           \
+     k_head_dim + v_head_dim values, in each head. The record is K then V of head_dim = half of it, so      \
+     these are append and gather of its two halves, and every check and error is theirs (naming record or  \
+     record_out). A record's parts are views of it: K = record[..., :k_head_dim], V = record[...,          \
+     k_head_dim:]. Other variants: UnsupportedError. A record of odd width W is stored with one zero after  \
+     it (head_dim = (W + 1) / 2): these take W values, through a padded copy of the records (synchronizing  \
+     the cache), or 2 * head_dim, straight through.                                                         \
+       record:     [T, heads, W or 2 * head_dim], as append's k                                             \
+       record_out: [heads, end - begin, W or 2 * head_dim], as gather's k_out */                            \
+  X(derived, method, void, append_record, (int layer, const TensorView& record, const TokenTargets& targets), \
+    (layer, record, targets), )                                                                                \
+  X(derived, method, void, gather_record, (int layer, const GatherRange& range, const TensorView& record_out), \
+    (layer, range, record_out), )                                                                              \
+  /* The same for an MLA variant alone, whose record has one head (else UnsupportedError).                  \
+       latent:     [T, 1, R + P] (or its even width, as above)                                              \
+       latent_out: [1, end - begin, R + P] */                                                               \
+  X(derived, method, void, append_latent, (int layer, const TensorView& latent, const TokenTargets& targets), \
+    (layer, latent, targets), )                                                                                \
+  X(derived, method, void, gather_latent, (int layer, const GatherRange& range, const TensorView& latent_out), \
+    (layer, range, latent_out), )
 // clang-format on
 
-// A row as a declaration: Cache's pure virtuals, and every implementation's overrides.
+// A row as a declaration: in Cache, a pure virtual (a derived row: a member Cache defines); in every
+// implementation, its override (a derived row: none).
 #define KVFORGE_CACHE_OP_PURE(route, python, result, name, params, args, qualifier) \
-  virtual result name params qualifier = 0;
+  KVFORGE_CACHE_OP_IN_CACHE_##route(result name params qualifier)
 #define KVFORGE_CACHE_OP_OVERRIDE(route, python, result, name, params, args, qualifier) \
-  result name params qualifier override;
+  KVFORGE_CACHE_OP_IN_IMPLEMENTATION_##route(result name params qualifier)
+#define KVFORGE_CACHE_OP_ABSTRACT(declaration) virtual declaration = 0;
+#define KVFORGE_CACHE_OP_OVERRIDDEN(declaration) declaration override;
+#define KVFORGE_CACHE_OP_IN_CACHE_layer KVFORGE_CACHE_OP_ABSTRACT
+#define KVFORGE_CACHE_OP_IN_CACHE_whole KVFORGE_CACHE_OP_ABSTRACT
+#define KVFORGE_CACHE_OP_IN_CACHE_first KVFORGE_CACHE_OP_ABSTRACT
+#define KVFORGE_CACHE_OP_IN_CACHE_pages KVFORGE_CACHE_OP_ABSTRACT
+#define KVFORGE_CACHE_OP_IN_CACHE_packed KVFORGE_CACHE_OP_ABSTRACT
+#define KVFORGE_CACHE_OP_IN_CACHE_own KVFORGE_CACHE_OP_ABSTRACT
+#define KVFORGE_CACHE_OP_IN_CACHE_derived(declaration) declaration;
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_layer KVFORGE_CACHE_OP_OVERRIDDEN
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_whole KVFORGE_CACHE_OP_OVERRIDDEN
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_first KVFORGE_CACHE_OP_OVERRIDDEN
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_pages KVFORGE_CACHE_OP_OVERRIDDEN
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_packed KVFORGE_CACHE_OP_OVERRIDDEN
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_own KVFORGE_CACHE_OP_OVERRIDDEN
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_derived(declaration)

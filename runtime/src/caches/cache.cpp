@@ -120,11 +120,54 @@ static void require_mla(const VariantDescriptor& d, const char* arg) {
                                         : "append and gather take them"));
 }
 
+// A record's halves through append and gather, every check and error naming `arg`.
+static void append_halves(Cache& cache, int layer, const TensorView& record, const TokenTargets& targets,
+                          const char* arg) {
+  const VariantDescriptor& d = cache.descriptor();
+  if (needs_pad(d, record)) {
+    PaddedRecords padded(d, record, cache.config().device, arg);
+    const RecordHalves h = record_halves(d, padded.staged(), arg);
+    padded.copy_in(record);
+    cache.append(layer, h.k, h.v, targets);
+    cache.synchronize();  // the append has read the buffer before it goes
+    return;
+  }
+  const RecordHalves h = record_halves(d, record, arg);
+  cache.append(layer, h.k, h.v, targets);
+}
+
+static void gather_halves(Cache& cache, int layer, const GatherRange& range, const TensorView& record_out,
+                          const char* arg) {
+  const VariantDescriptor& d = cache.descriptor();
+  if (range.end >= range.begin && record_out.shape[1] != range.end - range.begin)
+    throw ShapeError(arg, "holds " + std::to_string(record_out.shape[1]) + " positions, the range [" +
+                     std::to_string(range.begin) + ", " + std::to_string(range.end) + ") reads " +
+                     std::to_string(range.end - range.begin));
+  if (needs_pad(d, record_out)) {
+    PaddedRecords padded(d, record_out, cache.config().device, arg);
+    const RecordHalves h = record_halves(d, padded.staged(), arg);
+    cache.gather(layer, range, h.k, h.v);
+    cache.synchronize();
+    padded.copy_out(record_out);
+    return;
+  }
+  const RecordHalves h = record_halves(d, record_out, arg);
+  cache.gather(layer, range, h.k, h.v);
+}
+
+void Cache::append_record(int layer, const TensorView& record, const TokenTargets& targets) {
+  append_halves(*this, layer, record, targets, "record");
+}
+
+void Cache::gather_record(int layer, const GatherRange& range, const TensorView& record_out) {
+  gather_halves(*this, layer, range, record_out, "record_out");
+}
+
 void Cache::append_latent(int layer, const TensorView& latent, const TokenTargets& targets) {
   require_mla(descriptor(), "latent");
   if (latent.shape[1] != 1)
     throw ShapeError("latent", "has " + std::to_string(latent.shape[1]) + " heads; an MLA record has one ([T, 1, R + P])");
-  append_record(layer, latent, targets, "latent");
+  append_halves(*this, layer, latent, targets, "latent");
 }
 
 void Cache::gather_latent(int layer, const GatherRange& range, const TensorView& latent_out) {
@@ -132,37 +175,7 @@ void Cache::gather_latent(int layer, const GatherRange& range, const TensorView&
   if (latent_out.shape[0] != 1)
     throw ShapeError("latent_out", "has " + std::to_string(latent_out.shape[0]) +
                      " heads; an MLA record has one ([1, end - begin, R + P])");
-  gather_record(layer, range, latent_out, "latent_out");
-}
-
-void Cache::append_record(int layer, const TensorView& record, const TokenTargets& targets, const char* arg) {
-  if (needs_pad(descriptor(), record)) {
-    PaddedRecords padded(descriptor(), record, config().device, arg);
-    const RecordHalves h = record_halves(descriptor(), padded.staged(), arg);
-    padded.copy_in(record);
-    append(layer, h.k, h.v, targets);
-    synchronize();  // the append has read the buffer before it goes
-    return;
-  }
-  const RecordHalves h = record_halves(descriptor(), record, arg);
-  append(layer, h.k, h.v, targets);
-}
-
-void Cache::gather_record(int layer, const GatherRange& range, const TensorView& record_out, const char* arg) {
-  if (range.end >= range.begin && record_out.shape[1] != range.end - range.begin)
-    throw ShapeError(arg, "holds " + std::to_string(record_out.shape[1]) + " positions, the range [" +
-                     std::to_string(range.begin) + ", " + std::to_string(range.end) + ") reads " +
-                     std::to_string(range.end - range.begin));
-  if (needs_pad(descriptor(), record_out)) {
-    PaddedRecords padded(descriptor(), record_out, config().device, arg);
-    const RecordHalves h = record_halves(descriptor(), padded.staged(), arg);
-    gather(layer, range, h.k, h.v);
-    synchronize();
-    padded.copy_out(record_out);
-    return;
-  }
-  const RecordHalves h = record_halves(descriptor(), record_out, arg);
-  gather(layer, range, h.k, h.v);
+  gather_halves(*this, layer, range, latent_out, "latent_out");
 }
 
 }  // namespace kvforge

@@ -1,0 +1,206 @@
+// kvforge.Cache's operations, bound from the rows of runtime/include/kvforge/cache_ops.hpp: bindings.cpp
+// expands the table into one bind_row call a row, and the row's C++ signature picks its binding here.
+// Each overload below is one family of signatures and says once how its C++ parameters appear in
+// Python: a TokenTargets as rows, positions and slots; a GatherRange as row, pages, begin and end after
+// the output tensors; a layer through layer_arg; index arrays and tensors by the row's own argument
+// names (so errors name them). A new row of a signature already here needs no binding code; a new
+// signature fails to compile until a family says how to bind it. Internal linkage, as translate.hpp's.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "translate.hpp"
+#include "views.hpp"
+
+namespace kvforge {
+namespace {
+
+// How a row appears in Python (its `python` column).
+enum class PythonForm { method, torch, property, none };
+
+// A row's argument names, from its stringized list "(layer, k, v, targets)", kept for the module's life
+// (nanobind holds the pointers).
+std::vector<const char*> row_arguments(const char* list) {
+  static std::deque<std::string> kept;
+  std::vector<const char*> names;
+  std::string name;
+  for (const char* c = list; *c; ++c) {
+    if (*c == '(' || *c == ' ') continue;
+    if (*c == ',' || *c == ')') {
+      if (!name.empty()) names.push_back(kept.emplace_back(std::move(name)).c_str());
+      name.clear();
+    } else {
+      name += *c;
+    }
+  }
+  return names;
+}
+
+// "targets" -> "targets.rows": a struct's field as the runtime's errors name it.
+const char* field_of(const char* parent, const char* field) {
+  static std::deque<std::string> kept;
+  return kept.emplace_back(std::string(parent) + "." + field).c_str();
+}
+
+TokenTargets targets_from(const char* parent, nb::handle rows, nb::handle positions, nb::handle slots) {
+  return TokenTargets{optional_index(rows, field_of(parent, "rows")),
+                      optional_index(positions, field_of(parent, "positions")),
+                      optional_index(slots, field_of(parent, "slots"))};
+}
+
+using CacheClass = nb::class_<Cache>;
+using Names = std::vector<const char*>;
+
+// A Python value for each result type a row returns.
+nb::object to_python(const CacheConfig& k) {
+  nb::dict f;
+  f["device"] = name_of(k.device), f["rows"] = k.rows, f["max_seq_len"] = k.max_seq_len, f["pages"] = k.pages,
+  f["max_staged_tokens"] = k.max_staged_tokens, f["stream"] = uintptr_t(k.stream);
+  return std::move(f);
+}
+nb::object to_python(const Tuning& t) { return tuning_fields(t); }
+nb::object to_python(const MemoryReport& r) {
+  nb::dict f;
+  f["storage_bytes"] = r.storage_bytes, f["scale_bytes"] = r.scale_bytes, f["staging_bytes"] = r.staging_bytes,
+  f["bookkeeping_bytes"] = r.bookkeeping_bytes, f["overhead_bytes"] = r.overhead_bytes();
+  return std::move(f);
+}
+nb::object to_python(int64_t v) { return nb::int_(v); }
+
+// Facts without arguments: a property or a method, converted by to_python.
+template <class R> void bind_family(CacheClass& cls, const char* name, PythonForm form, R (Cache::*op)() const,
+                                    const Names&) {
+  auto get = [op](const Cache& c) { return to_python((c.*op)()); };
+  form == PythonForm::property ? (void)cls.def_prop_ro(name, get) : (void)cls.def(name, get);
+}
+// The descriptor: a reference into static data, which the cache's Python object keeps alive.
+void bind_family(CacheClass& cls, const char* name, PythonForm, const VariantDescriptor& (Cache::*op)() const,
+                 const Names&) {
+  cls.def_prop_ro(name, [op](const Cache& c) -> const VariantDescriptor& { return (c.*op)(); },
+                  nb::rv_policy::reference_internal);
+}
+// Whole-cache operations: commit, reset, synchronize.
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(), const Names&) {
+  cls.def(name, op, Release());
+}
+// One integer in: reset_row, row_length.
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int64_t), const Names& a) {
+  cls.def(name, op, nb::arg(a[0]), Release());
+}
+void bind_family(CacheClass& cls, const char* name, PythonForm, int64_t (Cache::*op)(int64_t) const,
+                 const Names& a) {
+  cls.def(name, op, nb::arg(a[0]), Release());
+}
+// One index array: reorder, copy_blocks.
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const IndexView&), const Names& a) {
+  const char* arg = a[0];
+  cls.def(name, [op, arg](Cache& c, nb::handle h) {
+    const IndexView v = index_view(h, arg);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(v);
+  }, nb::arg(arg));
+}
+// A layer's two scales: set_tensor_scale.
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, float, float), const Names& a) {
+  cls.def(name, [op](Cache& c, int64_t layer, float k, float v) {
+    const int l = layer_arg(c, layer);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(l, k, v);
+  }, nb::arg(a[0]), nb::arg(a[1]), nb::arg(a[2]));
+}
+// Writes of T tokens: append (K and V).
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
+                 const TensorView&, const TokenTargets&), const Names& a) {
+  const char *k = a[1], *v = a[2], *targets = a[3];
+  cls.def(name, [=](Cache& c, int64_t layer, nb::handle kh, nb::handle vh, nb::handle rows, nb::handle positions,
+                    nb::handle slots) {
+    const TokenTargets t = targets_from(targets, rows, positions, slots);
+    const TensorView kv = tensor_view(kh, k, Access::read), vv = tensor_view(vh, v, Access::read);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(layer_arg(c, layer), kv, vv, t);
+  }, nb::arg(a[0]), nb::arg(k).none(), nb::arg(v).none(), "rows"_a = nb::none(), "positions"_a = nb::none(),
+     "slots"_a = nb::none());
+}
+// Writes of T records: append_record, append_latent.
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
+                 const TokenTargets&), const Names& a) {
+  const char *record = a[1], *targets = a[2];
+  cls.def(name, [=](Cache& c, int64_t layer, nb::handle h, nb::handle rows, nb::handle positions, nb::handle slots) {
+    const TokenTargets t = targets_from(targets, rows, positions, slots);
+    const TensorView rv = tensor_view(h, record, Access::read);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(layer_arg(c, layer), rv, t);
+  }, nb::arg(a[0]), nb::arg(record).none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none());
+}
+// Reads of a range into K and V: gather. The range comes after the outputs, with row 0 and begin 0 unless
+// given, as a sequence's reads are written (cache.gather(layer, k, v, pages=p, end=n)).
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
+                 const TensorView&, const TensorView&), const Names& a) {
+  const char *range = a[1], *k = a[2], *v = a[3];
+  cls.def(name, [=](Cache& c, int64_t layer, nb::handle kh, nb::handle vh, int64_t row, nb::handle pages,
+                    int64_t begin, int64_t end) {
+    const GatherRange r{row, optional_index(pages, field_of(range, "pages")), begin, end};
+    const TensorView ko = tensor_view(kh, k, Access::written), vo = tensor_view(vh, v, Access::written);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(layer_arg(c, layer), r, ko, vo);
+  }, nb::arg(a[0]), nb::arg(k).none(), nb::arg(v).none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a);
+}
+// Reads of a range of records: gather_record, gather_latent.
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
+                 const TensorView&), const Names& a) {
+  const char *range = a[1], *out = a[2];
+  cls.def(name, [=](Cache& c, int64_t layer, nb::handle h, int64_t row, nb::handle pages, int64_t begin,
+                    int64_t end) {
+    const GatherRange r{row, optional_index(pages, field_of(range, "pages")), begin, end};
+    const TensorView o = tensor_view(h, out, Access::written);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(layer_arg(c, layer), r, o);
+  }, nb::arg(a[0]), nb::arg(out).none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a);
+}
+// A layer's raw pointers, as DLPack arrays that keep the cache alive: view.
+void bind_family(CacheClass& cls, const char* name, PythonForm, LayerView (Cache::*)(int) const, const Names& a) {
+  cls.def(name, [](nb::handle self, int64_t layer) {
+    const Cache& c = nb::cast<const Cache&>(self);
+    return layer_view(c, layer_arg(c, layer), self);
+  }, nb::arg(a[0]));
+}
+// Packed pages out and in: pack_pages, unpack_pages (the buffer is checked against the pages' bytes).
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const IndexView&, void*),
+                 const Names& a) {
+  const char *pages = a[0], *packed = a[1];
+  cls.def(name, [=](Cache& c, nb::handle ph, nb::handle packed_h) {
+    const IndexView p = index_view(ph, pages);
+    void* out = packed_bytes(c, p, packed_h, Access::written);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(p, out);
+  }, nb::arg(pages).none(), nb::arg(packed).none());
+}
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const void*, const IndexView&),
+                 const Names& a) {
+  const char *packed = a[0], *pages = a[1];
+  cls.def(name, [=](Cache& c, nb::handle packed_h, nb::handle ph) {
+    const IndexView p = index_view(ph, pages);
+    const void* in = packed_bytes(c, p, packed_h, Access::read);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(in, p);
+  }, nb::arg(packed).none(), nb::arg(pages).none());
+}
+// The CUDA stream later operations are queued on, as an integer handle (torch: stream.cuda_stream).
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(void*), const Names& a) {
+  cls.def(name, [op](Cache& c, uintptr_t stream) { (c.*op)(reinterpret_cast<void*>(stream)); }, nb::arg(a[0]));
+}
+// Launch parameters as keyword arguments named as Cache.tuning's keys (the backend table's tunables);
+// those not given keep their values.
+void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const Tuning&), const Names&) {
+  cls.def(name, [op](Cache& c, const nb::kwargs& given) { (c.*op)(tuning_from(c.tuning(), given)); });
+}
+
+// One row: bound by its signature's family, unless the row is C++ only (whose signature then needs none).
+template <PythonForm Form, class Op> void bind_row(CacheClass& cls, const char* name, Op op, const char* arguments) {
+  if constexpr (Form != PythonForm::none) bind_family(cls, name, Form, op, row_arguments(arguments));
+}
+
+}  // namespace
+}  // namespace kvforge
