@@ -6,6 +6,15 @@
     tc.commit()                                     # torch.ops.kvforge.commit
     tc.copy_blocks(pairs)                           # torch.ops.kvforge.copy_blocks
 
+The ops are made here from the operations table (runtime/include/kvforge/cache_ops.hpp): one for each row
+marked `torch`, shaped by the family its signature binds through (kvforge._native._cache_ops, from
+python/src/rows.hpp), with the row's own argument names:
+    tensors_in   (layer, <tensors>, rows, positions, slots) -> ()    writes T tokens
+    tensors_out  (layer, row, pages, begin, end) -> <tensors>        reads [begin, end) of a sequence
+    whole        () -> ()                                            acts on the whole cache
+    indices      (<index array>) -> ()                               e.g. copy_blocks' page pairs
+A new row marked `torch` of one of these families is a new op with no edit here.
+
 Each op takes the cache's `version`, a 0-d int64 tensor that every write increments, and names it
 as mutated where the op writes the cache (`Tensor(a!) version`), as vLLM's reshape_and_cache names its
 caches. So torch.compile orders every read after the writes before it, and never drops a write as
@@ -17,18 +26,27 @@ Fake (meta) implementations give the output shapes, so tracing needs no data. Re
 memory through `cache.view()` outside compiled regions.
 """
 
-from typing import Optional, Tuple
-
 import torch
 
+from . import _native
 from .errors import ArgumentError
 from .torch_dtypes import TORCH_DTYPES
 
 _caches = {}
 
+# A read's outputs: each output argument's [heads, width] beside its positions, from the cache's
+# TorchCache (the rows' comments give the same shapes: gather's k_out and v_out are [H, end - begin, D]).
+OUTPUT_SHAPES = {
+    "k_out": lambda tc: (tc.heads, tc.head_dim),
+    "v_out": lambda tc: (tc.heads, tc.head_dim),
+}
+TARGETS = ("rows", "positions", "slots")  # a TokenTargets' arrays, as kvforge.Cache takes them
+RANGE = ("row", "pages", "begin", "end")  # a GatherRange's fields, likewise
+
 
 class TorchCache:
-    """A kvforge Cache registered for the torch ops. Keep it alive while compiled code may call it."""
+    """A kvforge Cache registered for the torch ops. Keep it alive while compiled code may call it. Its
+    methods are the ops, one per row marked `torch`."""
 
     def __init__(self, cache):
         self.cache = cache
@@ -38,23 +56,12 @@ class TorchCache:
         self.version = torch.zeros((), dtype=torch.int64)
         d = cache.descriptor  # copied into plain attributes: compiled code reads no native object
         self.heads, self.head_dim, self.dtype = d.heads, d.head_dim, TORCH_DTYPES[d.input]
+        self.device = torch.device(cache.config["device"])
         _caches[self.handle] = self
 
     def __del__(self):
         if _caches is not None:  # None while the interpreter shuts down
             _caches.pop(self.handle, None)
-
-    def append(self, layer: int, k, v, rows=None, positions=None, slots=None):
-        torch.ops.kvforge.append(self.version, self.handle, layer, k, v, rows, positions, slots)
-
-    def gather(self, layer: int, begin: int, end: int, row: int = 0, pages=None):
-        return torch.ops.kvforge.gather(self.version, self.handle, layer, row, pages, begin, end)
-
-    def commit(self):
-        torch.ops.kvforge.commit(self.version, self.handle)
-
-    def copy_blocks(self, pairs):
-        torch.ops.kvforge.copy_blocks(self.version, self.handle, pairs)
 
 
 def _cache(handle: str) -> TorchCache:
@@ -64,58 +71,111 @@ def _cache(handle: str) -> TorchCache:
         raise ArgumentError(f"cache: no live kvforge.ops.TorchCache has handle {handle!r}") from None
 
 
-@torch.library.custom_op("kvforge::append", mutates_args=("version",))
-def append(version: torch.Tensor, cache: str, layer: int, k: torch.Tensor, v: torch.Tensor,
-           rows: Optional[torch.Tensor], positions: Optional[torch.Tensor], slots: Optional[torch.Tensor]) -> None:
-    """Writes T tokens of one layer. k, v: [T, H, D]; rows, positions: int32 [T] (contiguous, ring) or
-    slots: int64 [T] (paged); -1 is padding."""
-    _cache(cache).cache.append(layer, k, v, rows=rows, positions=positions, slots=slots)
-    version.add_(1)
+def _tensors_in(name, arguments):
+    """A write of T tokens: (layer, <tensors>, targets) -> the op and TorchCache's method."""
+    tensors = arguments[1:-1]
+    schema = ("(Tensor(a0!) version, str cache, int layer, " + "".join(f"Tensor {t}, " for t in tensors) +
+              ", ".join(f"Tensor? {t}" for t in TARGETS) + ") -> ()")
+
+    def run(version, cache, layer, *given):
+        values, targets = given[:len(tensors)], dict(zip(TARGETS, given[len(tensors):]))
+        getattr(_cache(cache).cache, name)(layer, *values, **targets)
+        version.add_(1)
+
+    op = torch.library.custom_op(f"kvforge::{name}", run, mutates_args=("version",), schema=schema)
+    op.register_fake(lambda version, cache, layer, *given: None)
+
+    def method(self, layer, *values, rows=None, positions=None, slots=None):
+        if len(values) != len(tensors):
+            raise ArgumentError(f"{name} takes {', '.join(tensors)} after the layer; {len(values)} tensors were given")
+        getattr(torch.ops.kvforge, name)(self.version, self.handle, layer, *values, rows, positions, slots)
+    return op, method
 
 
-@append.register_fake
-def _(version, cache, layer, k, v, rows, positions, slots):
-    return None
+def _tensors_out(name, arguments):
+    """A read of positions [begin, end): (layer, range, <outputs>) -> the op, returning the outputs, and
+    TorchCache's method (layer, begin, end, row=0, pages=None)."""
+    outputs = arguments[2:]
+    unknown = [o for o in outputs if o not in OUTPUT_SHAPES]
+    if unknown:
+        raise ArgumentError(f"kvforge.ops: {name}'s outputs {unknown} have no shape in OUTPUT_SHAPES")
+    results = ", ".join("Tensor" for _ in outputs)
+    schema = (f"(Tensor version, str cache, int layer, int row, Tensor? pages, int begin, int end) -> "
+              f"{'(' + results + ')' if len(outputs) > 1 else results}")
+
+    def shapes(tc, begin, end):
+        return [(OUTPUT_SHAPES[o](tc)[0], end - begin, OUTPUT_SHAPES[o](tc)[1]) for o in outputs]
+
+    def run(version, cache, layer, row, pages, begin, end):
+        tc = _cache(cache)
+        out = [torch.empty(s, dtype=tc.dtype, device=tc.device) for s in shapes(tc, begin, end)]
+        getattr(tc.cache, name)(layer, *out, row=row, pages=pages, begin=begin, end=end)
+        return tuple(out) if len(out) > 1 else out[0]
+
+    def fake(version, cache, layer, row, pages, begin, end):
+        tc = _cache(cache)
+        out = [version.new_empty(s, dtype=tc.dtype) for s in shapes(tc, begin, end)]
+        return tuple(out) if len(out) > 1 else out[0]
+
+    op = torch.library.custom_op(f"kvforge::{name}", run, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+
+    def method(self, layer, begin, end, row=0, pages=None):
+        return getattr(torch.ops.kvforge, name)(self.version, self.handle, layer, row, pages, begin, end)
+    return op, method
 
 
-@torch.library.custom_op("kvforge::gather", mutates_args=())
-def gather(version: torch.Tensor, cache: str, layer: int, row: int, pages: Optional[torch.Tensor], begin: int,
-           end: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Reads positions [begin, end) of one sequence of one layer, dequantized: two [H, end - begin, D]
-    tensors of the input dtype. row: contiguous and ring; pages: int32 page list (paged)."""
-    tc = _cache(cache)
-    k = torch.empty(tc.heads, end - begin, tc.head_dim, dtype=tc.dtype)
-    v = torch.empty_like(k)
-    tc.cache.gather(layer, k, v, row=row, pages=pages, begin=begin, end=end)
-    return k, v
+def _whole(name, arguments):
+    """An operation on the whole cache, no arguments."""
+    def run(version, cache):
+        getattr(_cache(cache).cache, name)()
+        version.add_(1)
+
+    op = torch.library.custom_op(f"kvforge::{name}", run, mutates_args=("version",),
+                                 schema="(Tensor(a0!) version, str cache) -> ()")
+    op.register_fake(lambda version, cache: None)
+
+    def method(self):
+        getattr(torch.ops.kvforge, name)(self.version, self.handle)
+    return op, method
 
 
-@gather.register_fake
-def _(version, cache, layer, row, pages, begin, end):
-    tc = _cache(cache)
-    k = version.new_empty((tc.heads, end - begin, tc.head_dim), dtype=tc.dtype)
-    return k, torch.empty_like(k)
+def _indices(name, arguments):
+    """An operation that takes one index array (copy_blocks' pairs)."""
+    (indices,) = arguments
+
+    def run(version, cache, values):
+        getattr(_cache(cache).cache, name)(values)
+        version.add_(1)
+
+    op = torch.library.custom_op(f"kvforge::{name}", run, mutates_args=("version",),
+                                 schema=f"(Tensor(a0!) version, str cache, Tensor {indices}) -> ()")
+    op.register_fake(lambda version, cache, values: None)
+
+    def method(self, values):
+        getattr(torch.ops.kvforge, name)(self.version, self.handle, values)
+    return op, method
 
 
-@torch.library.custom_op("kvforge::commit", mutates_args=("version",))
-def commit(version: torch.Tensor, cache: str) -> None:
-    """Lazy variants: writes every layer's staged tokens. Eager variants: nothing to do."""
-    _cache(cache).cache.commit()
-    version.add_(1)
+FAMILIES = {"tensors_in": _tensors_in, "tensors_out": _tensors_out, "whole": _whole, "indices": _indices}
 
 
-@commit.register_fake
-def _(version, cache):
-    return None
+def _make_ops():
+    """One op and one TorchCache method per row marked `torch`, as this module's attributes by the row's
+    name (kvforge.ops.append is torch.ops.kvforge.append's definition)."""
+    made = {}
+    for name, _route, python, family, arguments in _native._cache_ops():
+        if python != "torch":
+            continue
+        if family not in FAMILIES:
+            raise ArgumentError(f"kvforge.ops: the row {name} is marked torch, but its family {family} makes no "
+                                f"op (allowed: {', '.join(FAMILIES)})")
+        op, method = FAMILIES[family](name, list(arguments))
+        method.__name__ = name
+        method.__doc__ = f"torch.ops.kvforge.{name}: {FAMILIES[family].__doc__.splitlines()[0]}"
+        setattr(TorchCache, name, method)
+        made[name] = op
+    return made
 
 
-@torch.library.custom_op("kvforge::copy_blocks", mutates_args=("version",))
-def copy_blocks(version: torch.Tensor, cache: str, pairs: torch.Tensor) -> None:
-    """Paged: for each (src, dst) in pairs (int32 [2n]), page dst of every layer becomes a copy of src."""
-    _cache(cache).cache.copy_blocks(pairs)
-    version.add_(1)
-
-
-@copy_blocks.register_fake
-def _(version, cache, pairs):
-    return None
+globals().update(_make_ops())

@@ -331,12 +331,13 @@ NB_MODULE(_native, m) {
       .def_prop_ro("num_groups", &HybridSequenceManager::num_groups)
       .def("group", &HybridSequenceManager::group, "g"_a, nb::rv_policy::reference_internal);
 
-  // The rows of runtime/include/kvforge/cache_ops.hpp as (name, route, python), for the test that holds
-  // kvforge.Cache and kvforge.ops to them (tests/python/test_cache_ops.py).
+  // The rows of runtime/include/kvforge/cache_ops.hpp as (name, route, python, family, arguments): the
+  // family that bound it (rows.hpp; None for a row C++ keeps), and its C++ argument names. kvforge/ops.py
+  // makes the torch ops from them; tests/python/test_cache_ops.py holds kvforge.Cache to them.
   m.def("_cache_ops", [] {
     nb::list rows;
 #define KVFORGE_CACHE_OP_ROW(route, python, result, name, params, args, qualifier) \
-  rows.append(nb::make_tuple(#name, #route, #python));
+  rows.append(row_description(#name, #route, #python, #args));
     KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_ROW)
 #undef KVFORGE_CACHE_OP_ROW
     return rows;

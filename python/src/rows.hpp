@@ -4,10 +4,13 @@
 // Python: a TokenTargets as rows, positions and slots; a GatherRange as row, pages, begin and end after
 // the output tensors; a layer through layer_arg; index arrays and tensors by the row's own argument
 // names (so errors name them). A new row of a signature already here needs no binding code; a new
-// signature fails to compile until a family says how to bind it. Internal linkage, as translate.hpp's.
+// signature fails to compile until a family says how to bind it. Each family returns its name, which
+// kvforge._cache_ops reports with the row's arguments: kvforge/ops.py makes the torch ops from them.
+// Internal linkage, as translate.hpp's.
 #pragma once
 
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -70,49 +73,58 @@ nb::object to_python(const MemoryReport& r) {
 nb::object to_python(int64_t v) { return nb::int_(v); }
 
 // Facts without arguments: a property or a method, converted by to_python.
-template <class R> void bind_family(CacheClass& cls, const char* name, PythonForm form, R (Cache::*op)() const,
-                                    const Names&) {
+template <class R> const char* bind_family(CacheClass& cls, const char* name, PythonForm form, R (Cache::*op)() const,
+                                           const Names&) {
   auto get = [op](const Cache& c) { return to_python((c.*op)()); };
   form == PythonForm::property ? (void)cls.def_prop_ro(name, get) : (void)cls.def(name, get);
+  return "fact";
 }
 // The descriptor: a reference into static data, which the cache's Python object keeps alive.
-void bind_family(CacheClass& cls, const char* name, PythonForm, const VariantDescriptor& (Cache::*op)() const,
-                 const Names&) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, const VariantDescriptor& (Cache::*op)() const,
+                        const Names&) {
   cls.def_prop_ro(name, [op](const Cache& c) -> const VariantDescriptor& { return (c.*op)(); },
                   nb::rv_policy::reference_internal);
+  return "fact";
 }
 // Whole-cache operations: commit, reset, synchronize.
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(), const Names&) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(), const Names&) {
   cls.def(name, op, Release());
+  return "whole";
 }
 // One integer in: reset_row, row_length.
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int64_t), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int64_t), const Names& a) {
   cls.def(name, op, nb::arg(a[0]), Release());
+  return "integer";
 }
-void bind_family(CacheClass& cls, const char* name, PythonForm, int64_t (Cache::*op)(int64_t) const,
-                 const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, int64_t (Cache::*op)(int64_t) const,
+                        const Names& a) {
   cls.def(name, op, nb::arg(a[0]), Release());
+  return "integer";
 }
 // One index array: reorder, copy_blocks.
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const IndexView&), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const IndexView&),
+                        const Names& a) {
   const char* arg = a[0];
   cls.def(name, [op, arg](Cache& c, nb::handle h) {
     const IndexView v = index_view(h, arg);
     nb::gil_scoped_release unlocked;
     (c.*op)(v);
   }, nb::arg(arg));
+  return "indices";
 }
 // A layer's two scales: set_tensor_scale.
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, float, float), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, float, float),
+                        const Names& a) {
   cls.def(name, [op](Cache& c, int64_t layer, float k, float v) {
     const int l = layer_arg(c, layer);
     nb::gil_scoped_release unlocked;
     (c.*op)(l, k, v);
   }, nb::arg(a[0]), nb::arg(a[1]), nb::arg(a[2]));
+  return "layer_scales";
 }
 // Writes of T tokens: append (K and V).
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
-                 const TensorView&, const TokenTargets&), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
+                        const TensorView&, const TokenTargets&), const Names& a) {
   const char *k = a[1], *v = a[2], *targets = a[3];
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle kh, nb::handle vh, nb::handle rows, nb::handle positions,
                     nb::handle slots) {
@@ -122,10 +134,11 @@ void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op
     (c.*op)(layer_arg(c, layer), kv, vv, t);
   }, nb::arg(a[0]), nb::arg(k).none(), nb::arg(v).none(), "rows"_a = nb::none(), "positions"_a = nb::none(),
      "slots"_a = nb::none());
+  return "tensors_in";
 }
 // Writes of T records: append_record, append_latent.
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
-                 const TokenTargets&), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
+                        const TokenTargets&), const Names& a) {
   const char *record = a[1], *targets = a[2];
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle h, nb::handle rows, nb::handle positions, nb::handle slots) {
     const TokenTargets t = targets_from(targets, rows, positions, slots);
@@ -133,11 +146,12 @@ void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op
     nb::gil_scoped_release unlocked;
     (c.*op)(layer_arg(c, layer), rv, t);
   }, nb::arg(a[0]), nb::arg(record).none(), "rows"_a = nb::none(), "positions"_a = nb::none(), "slots"_a = nb::none());
+  return "tensors_in";
 }
 // Reads of a range into K and V: gather. The range comes after the outputs, with row 0 and begin 0 unless
 // given, as a sequence's reads are written (cache.gather(layer, k, v, pages=p, end=n)).
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
-                 const TensorView&, const TensorView&), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
+                        const TensorView&, const TensorView&), const Names& a) {
   const char *range = a[1], *k = a[2], *v = a[3];
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle kh, nb::handle vh, int64_t row, nb::handle pages,
                     int64_t begin, int64_t end) {
@@ -146,10 +160,11 @@ void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op
     nb::gil_scoped_release unlocked;
     (c.*op)(layer_arg(c, layer), r, ko, vo);
   }, nb::arg(a[0]), nb::arg(k).none(), nb::arg(v).none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a);
+  return "tensors_out";
 }
 // Reads of a range of records: gather_record, gather_latent.
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
-                 const TensorView&), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
+                        const TensorView&), const Names& a) {
   const char *range = a[1], *out = a[2];
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle h, int64_t row, nb::handle pages, int64_t begin,
                     int64_t end) {
@@ -158,17 +173,20 @@ void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op
     nb::gil_scoped_release unlocked;
     (c.*op)(layer_arg(c, layer), r, o);
   }, nb::arg(a[0]), nb::arg(out).none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a);
+  return "tensors_out";
 }
 // A layer's raw pointers, as DLPack arrays that keep the cache alive: view.
-void bind_family(CacheClass& cls, const char* name, PythonForm, LayerView (Cache::*)(int) const, const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, LayerView (Cache::*)(int) const,
+                        const Names& a) {
   cls.def(name, [](nb::handle self, int64_t layer) {
     const Cache& c = nb::cast<const Cache&>(self);
     return layer_view(c, layer_arg(c, layer), self);
   }, nb::arg(a[0]));
+  return "view";
 }
 // Packed pages out and in: pack_pages, unpack_pages (the buffer is checked against the pages' bytes).
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const IndexView&, void*),
-                 const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const IndexView&, void*),
+                        const Names& a) {
   const char *pages = a[0], *packed = a[1];
   cls.def(name, [=](Cache& c, nb::handle ph, nb::handle packed_h) {
     const IndexView p = index_view(ph, pages);
@@ -176,9 +194,10 @@ void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op
     nb::gil_scoped_release unlocked;
     (c.*op)(p, out);
   }, nb::arg(pages).none(), nb::arg(packed).none());
+  return "pack";
 }
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const void*, const IndexView&),
-                 const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const void*, const IndexView&),
+                        const Names& a) {
   const char *packed = a[0], *pages = a[1];
   cls.def(name, [=](Cache& c, nb::handle packed_h, nb::handle ph) {
     const IndexView p = index_view(ph, pages);
@@ -186,20 +205,39 @@ void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op
     nb::gil_scoped_release unlocked;
     (c.*op)(in, p);
   }, nb::arg(packed).none(), nb::arg(pages).none());
+  return "unpack";
 }
 // The CUDA stream later operations are queued on, as an integer handle (torch: stream.cuda_stream).
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(void*), const Names& a) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(void*), const Names& a) {
   cls.def(name, [op](Cache& c, uintptr_t stream) { (c.*op)(reinterpret_cast<void*>(stream)); }, nb::arg(a[0]));
+  return "stream";
 }
 // Launch parameters as keyword arguments named as Cache.tuning's keys (the backend table's tunables);
 // those not given keep their values.
-void bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const Tuning&), const Names&) {
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(const Tuning&), const Names&) {
   cls.def(name, [op](Cache& c, const nb::kwargs& given) { (c.*op)(tuning_from(c.tuning(), given)); });
+  return "tuning";
+}
+
+// Each bound row's family, by name, for kvforge._cache_ops (kvforge/ops.py makes the torch ops from it).
+std::map<std::string, std::string>& row_families() {
+  static std::map<std::string, std::string> families;
+  return families;
 }
 
 // One row: bound by its signature's family, unless the row is C++ only (whose signature then needs none).
 template <PythonForm Form, class Op> void bind_row(CacheClass& cls, const char* name, Op op, const char* arguments) {
-  if constexpr (Form != PythonForm::none) bind_family(cls, name, Form, op, row_arguments(arguments));
+  if constexpr (Form != PythonForm::none)
+    row_families()[name] = bind_family(cls, name, Form, op, row_arguments(arguments));
+}
+
+// A row as kvforge._cache_ops gives it: (name, route, python, family or None, [argument names]).
+nb::tuple row_description(const char* name, const char* route, const char* python, const char* arguments) {
+  const auto family = row_families().find(name);
+  nb::list names;
+  for (const char* a : row_arguments(arguments)) names.append(a);
+  const nb::object bound = family == row_families().end() ? nb::object(nb::none()) : nb::str(family->second.c_str());
+  return nb::make_tuple(name, route, python, bound, names);
 }
 
 }  // namespace

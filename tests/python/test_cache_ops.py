@@ -10,7 +10,8 @@ import kvforge
 import kvforge.ops
 from kvforge import _native
 
-ROWS = {name: (route, python) for name, route, python in _native._cache_ops()}
+ROWS = {name: (route, python) for name, route, python, _family, _arguments in _native._cache_ops()}
+FAMILIES = {name: (family, arguments) for name, _route, _python, family, arguments in _native._cache_ops()}
 
 # kvforge.Cache's members that are not rows, each for a reason: gather_batch, a gather of each sequence of
 # a batch (python/src/batch.hpp), buffers() and the physical wire (python/src/physical.hpp) are Python's
@@ -46,6 +47,17 @@ def test_cache_exposes_exactly_the_rows_python_names():
         assert is_property == (python == "property"), name
 
 
+def test_every_bound_row_names_its_family_and_its_arguments():
+    # The family is the binding its C++ signature picked (python/src/rows.hpp); the arguments are the
+    # row's, as its errors name them.
+    for name, (route, python) in ROWS.items():
+        family, arguments = FAMILIES[name]
+        assert (family is None) == (python == "none"), name
+    assert FAMILIES["append"] == ("tensors_in", ["layer", "k", "v", "targets"])
+    assert FAMILIES["gather_record"] == ("tensors_out", ["layer", "range", "record_out"])
+    assert FAMILIES["copy_blocks"] == ("indices", ["pairs"])
+
+
 def test_torch_ops_are_the_rows_marked_torch():
     marked = {n for n, (_, py) in ROWS.items() if py == "torch"}
     defined = {n for n, obj in vars(kvforge.ops).items()
@@ -54,6 +66,7 @@ def test_torch_ops_are_the_rows_marked_torch():
     for name in marked:
         assert hasattr(torch.ops.kvforge, name), name
         assert callable(getattr(kvforge.ops.TorchCache, name)), name
+        assert FAMILIES[name][0] in kvforge.ops.FAMILIES, name  # a family ops.py makes ops of
 
 
 def test_a_hybrid_cache_routes_by_the_table():
