@@ -156,10 +156,6 @@ NB_MODULE(_native, m) {
                             heads);
       }, "layer"_a, "tokens"_a, "placement"_a, "out"_a, "pages"_a = nb::none(), "row"_a = 0, "head_offset"_a = 0,
          "heads"_a = -1)
-      .def_prop_ro("num_groups", &Cache::num_groups)
-      .def("group", [](Cache& c, int g) -> Cache& { return c.group(g); }, "g"_a, nb::rv_policy::reference_internal)
-      .def("group_of", &Cache::group_of, "layer"_a)
-      .def("group_layer", &Cache::group_layer, "layer"_a)
       // A PairedCache's companion (kvforge.create(..., companion=...)), else None.
       .def_prop_ro("companion", [](Cache& c) -> Cache* {
         auto* paired = dynamic_cast<PairedCache*>(&c);

@@ -71,6 +71,7 @@ nb::object to_python(const MemoryReport& r) {
   return std::move(f);
 }
 nb::object to_python(int64_t v) { return nb::int_(v); }
+nb::object to_python(int v) { return nb::int_(v); }
 
 // Facts without arguments: a property or a method, converted by to_python.
 template <class R> const char* bind_family(CacheClass& cls, const char* name, PythonForm form, R (Cache::*op)() const,
@@ -174,6 +175,15 @@ const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cac
     (c.*op)(layer_arg(c, layer), r, o);
   }, nb::arg(a[0]), nb::arg(out).none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a);
   return "tensors_out";
+}
+// A hybrid cache's layer groups: a member cache by index, and where a layer lies.
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, Cache& (Cache::*op)(int), const Names& a) {
+  cls.def(name, op, nb::arg(a[0]), nb::rv_policy::reference_internal);
+  return "group";
+}
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, int (Cache::*op)(int) const, const Names& a) {
+  cls.def(name, op, nb::arg(a[0]));
+  return "group_of";
 }
 // A layer's raw pointers, as DLPack arrays that keep the cache alive: view.
 const char* bind_family(CacheClass& cls, const char* name, PythonForm, LayerView (Cache::*)(int) const,

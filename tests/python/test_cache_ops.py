@@ -13,12 +13,11 @@ from kvforge import _native
 ROWS = {name: (route, python) for name, route, python, _family, _arguments in _native._cache_ops()}
 FAMILIES = {name: (family, arguments) for name, _route, _python, family, arguments in _native._cache_ops()}
 
-# kvforge.Cache's members that are not rows, each for a reason: gather_batch, a gather of each sequence of
-# a batch (python/src/batch.hpp), buffers() and the physical wire (python/src/physical.hpp) are Python's
-# over the rows (view, gather) and the storage the C++ side reads through storage()/scale_storage(); the
-# group structure and the companion are how a cache is made, not operations.
-NOT_ROWS = {"gather_batch", "buffers", "physical_placement", "write_physical", "num_groups", "group", "group_of",
-            "group_layer", "companion"}
+# kvforge.Cache's members that are not rows: Python's own, over the rows. gather_batch is a gather of each
+# sequence of a batch (python/src/batch.hpp); buffers() and the physical wire (python/src/physical.hpp)
+# read the storage C++ reads through the rows storage() and scale_storage(); companion is a PairedCache's
+# second cache, which C++ reaches through its class.
+NOT_ROWS = {"gather_batch", "buffers", "physical_placement", "write_physical", "companion"}
 
 
 def public_members(cls):
@@ -28,7 +27,7 @@ def public_members(cls):
 def test_table_rows_are_well_formed():
     assert {"append", "gather", "commit", "copy_blocks", "view", "reset"} <= set(ROWS)
     for name, (route, python) in ROWS.items():
-        assert route in {"layer", "whole", "first", "pages", "packed", "own", "derived"}, name
+        assert route in {"layer", "whole", "first", "pages", "packed", "own", "derived", "groups"}, name
         assert python in {"method", "torch", "property", "none"}, name
 
 

@@ -127,16 +127,11 @@ class Cache {
  public:
   virtual ~Cache() = default;
 
-  // The operations, each documented on its row of the table: pure virtuals, and the derived rows
-  // (records and latents), which every cache has through append and gather (cache.cpp).
+  // The operations, each documented on its row of the table: pure virtuals; the derived rows (records
+  // and latents), which every cache has through append and gather; and the layer groups, which Cache
+  // answers for a cache of one group (cache.cpp).
   KVFORGE_CACHE_OPS(KVFORGE_CACHE_OP_PURE)
 
-  // Hybrid variants keep one member cache per layer group; every other cache is its own only group.
-  // g in [0, num_groups()); layer in [0, L).
-  virtual int num_groups() const { return 1; }
-  virtual Cache& group(int g);
-  virtual int group_of(int layer) const;
-  virtual int group_layer(int layer) const;  // the layer's index within its group
 };
 
 }  // namespace kvforge

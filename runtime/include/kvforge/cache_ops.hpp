@@ -18,6 +18,8 @@
 //     own     each composite writes its own
 //     derived Cache itself defines it on top of other rows (cache.cpp): no cache overrides it, and a
 //             composite serves it through the rows it is built on
+//     groups  a hybrid model's layer groups: Cache answers for every cache of one group, itself
+//             (cache.cpp); HybridCache overrides it
 //   python: method (a method of kvforge.Cache), torch (a method, and a torch op of kvforge.ops), property
 //     (an attribute of kvforge.Cache), none (C++ only: Python reads the same through view() and buffers())
 //
@@ -117,7 +119,13 @@
   X(derived, method, void, append_latent, (int layer, const TensorView& latent, const TokenTargets& targets), \
     (layer, latent, targets), )                                                                                \
   X(derived, method, void, gather_latent, (int layer, const GatherRange& range, const TensorView& latent_out), \
-    (layer, range, latent_out), )
+    (layer, range, latent_out), )                                                                              \
+  /* Hybrid variants keep one member cache per layer group; every other cache is its own only group.        \
+     g in [0, num_groups()); layer in [0, L). group_layer: the layer's index within its group. */           \
+  X(groups, property, int, num_groups, (), (), const)                                                          \
+  X(groups, method, Cache&, group, (int g), (g), )                                                             \
+  X(groups, method, int, group_of, (int layer), (layer), const)                                                \
+  X(groups, method, int, group_layer, (int layer), (layer), const)
 // clang-format on
 
 // A row as a declaration: in Cache, a pure virtual (a derived row: a member Cache defines); in every
@@ -135,6 +143,7 @@
 #define KVFORGE_CACHE_OP_IN_CACHE_packed KVFORGE_CACHE_OP_ABSTRACT
 #define KVFORGE_CACHE_OP_IN_CACHE_own KVFORGE_CACHE_OP_ABSTRACT
 #define KVFORGE_CACHE_OP_IN_CACHE_derived(declaration) declaration;
+#define KVFORGE_CACHE_OP_IN_CACHE_groups(declaration) virtual declaration;
 #define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_layer KVFORGE_CACHE_OP_OVERRIDDEN
 #define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_whole KVFORGE_CACHE_OP_OVERRIDDEN
 #define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_first KVFORGE_CACHE_OP_OVERRIDDEN
@@ -142,3 +151,4 @@
 #define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_packed KVFORGE_CACHE_OP_OVERRIDDEN
 #define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_own KVFORGE_CACHE_OP_OVERRIDDEN
 #define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_derived(declaration)
+#define KVFORGE_CACHE_OP_IN_IMPLEMENTATION_groups(declaration)

@@ -9,6 +9,7 @@
 namespace kvforge {
 
 // The defaults for every cache that is not hybrid: one group, itself.
+int Cache::num_groups() const { return 1; }
 Cache& Cache::group(int g) {
   if (g != 0) throw OutOfRangeError("group", g, 0, 1);
   return *this;

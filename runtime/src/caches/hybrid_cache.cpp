@@ -62,6 +62,7 @@ template <class... A> void ignore(const A&...) {}
 #define HYBRID_packed HYBRID_pages
 #define HYBRID_own(result, name, params, args, qualifier)
 #define HYBRID_derived(result, name, params, args, qualifier)
+#define HYBRID_groups(result, name, params, args, qualifier)
 KVFORGE_CACHE_OPS(HYBRID_ROUTE)
 
 const VariantDescriptor& HybridCache::descriptor() const { return d_; }

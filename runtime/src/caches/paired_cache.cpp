@@ -81,6 +81,7 @@ const VariantDescriptor& PairedCache::descriptor() const { return main_->descrip
 #define PAIRED_packed(result, name, params, args, qualifier)
 #define PAIRED_own(result, name, params, args, qualifier)
 #define PAIRED_derived(result, name, params, args, qualifier)
+#define PAIRED_groups(result, name, params, args, qualifier)
 KVFORGE_CACHE_OPS(PAIRED_ROUTE)
 
 }  // namespace kvforge
