@@ -10,12 +10,13 @@
 //                 the hardware saturating convert;
 //   - bf16 twin:  for quantized variants, the same layout storing bf16.
 // The variants: one for each layout and (storage, input) pair at a real model's size (matrix_rules.hpp's
-// timed_variants: every storage family and record kind). Three timings per case: cudaEvents around repeated eager calls, CUDA-graph replay (of one op, and of
-// a whole 32-layer decode step for decode shapes), and the host's enqueue time per call. A lazy
-// variant's decode shape also times its commit alone: one graph launch that writes every staged layer. Each case
-// rotates layers and inputs so that its working set stays above L2; --cold also flushes L2 before
-// every timed call, outside the timed region. Each case's pool bytes (and scales) are checked against
-// the CPU backend's for the same inputs.
+// timed_variants: every storage family and record kind), then the state pools of hybrid models
+// (cuda_states.cuh). Three timings per case: cudaEvents around repeated eager calls, CUDA-graph replay
+// (of one op, and of a whole 32-layer decode step for decode shapes), and the host's enqueue time per
+// call. A lazy variant's decode shape also times its commit alone: one graph launch that writes every
+// staged layer. Each case rotates layers and inputs so that its working set stays above L2; --cold also
+// flushes L2 before every timed call, outside the timed region. Each case's pool bytes (and scales) are
+// checked against the CPU backend's for the same inputs.
 //
 //   kvforge_cuda_bench [--preset short|full] [--filter S] [--cold] [--iterations N] [--json F]
 //   kvforge_cuda_bench --tune=<model> [--tune_out specs/tuning]
@@ -36,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -52,6 +54,7 @@ using namespace kvforge_bench;
 #include "cuda_baselines.cuh"
 #include "cuda_cases.cuh"
 #include "cuda_timer.cuh"
+#include "cuda_states.cuh"
 
 namespace {
 
@@ -418,7 +421,8 @@ int main(int argc, char** argv) {
   }
   write_json(json, info, preset_name, timer.cold, empty, records);  // also where no case ran
   std::printf("wrote %s\n", json.c_str());
-  int failures = 0;
+  // The state pools of hybrid models (cuda_states.cuh), a table of their own.
+  int failures = state_rows(timer, d2d_src, d2d_dst, filter);
   for (const Record& r : records) failures += r.check != "ok" && r.check != "cannot hold the shape";
   if (failures) std::fprintf(stderr, "kvforge_cuda_bench: %d cases did not match the CPU backend\n", failures);
   return failures ? 1 : 0;
