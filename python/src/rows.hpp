@@ -9,8 +9,8 @@
 // Internal linkage, as translate.hpp's.
 #pragma once
 
-#include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,16 +23,23 @@ namespace {
 // How a row appears in Python (its `python` column).
 enum class PythonForm { method, torch, property, none };
 
-// A row's argument names, from its stringized list "(layer, k, v, targets)", kept for the module's life
-// (nanobind holds the pointers).
+// A name made at binding time, kept for the module's life: nanobind and the errors hold the pointer.
+// Only binding and kvforge._cache_ops make names, once for each distinct one; calls reuse them.
+const char* kept_name(std::string name) {
+  static std::map<std::string, std::unique_ptr<std::string>> kept;
+  auto [at, fresh] = kept.try_emplace(name, nullptr);
+  if (fresh) at->second = std::make_unique<std::string>(std::move(name));
+  return at->second->c_str();
+}
+
+// A row's argument names, from its stringized list "(layer, k, v, targets)".
 std::vector<const char*> row_arguments(const char* list) {
-  static std::deque<std::string> kept;
   std::vector<const char*> names;
   std::string name;
   for (const char* c = list; *c; ++c) {
     if (*c == '(' || *c == ' ') continue;
     if (*c == ',' || *c == ')') {
-      if (!name.empty()) names.push_back(kept.emplace_back(std::move(name)).c_str());
+      if (!name.empty()) names.push_back(kept_name(std::move(name)));
       name.clear();
     } else {
       name += *c;
@@ -42,16 +49,17 @@ std::vector<const char*> row_arguments(const char* list) {
 }
 
 // "targets" -> "targets.rows": a struct's field as the runtime's errors name it.
-const char* field_of(const char* parent, const char* field) {
-  static std::deque<std::string> kept;
-  return kept.emplace_back(std::string(parent) + "." + field).c_str();
-}
+const char* field_of(const char* parent, const char* field) { return kept_name(std::string(parent) + "." + field); }
 
-TokenTargets targets_from(const char* parent, nb::handle rows, nb::handle positions, nb::handle slots) {
-  return TokenTargets{optional_index(rows, field_of(parent, "rows")),
-                      optional_index(positions, field_of(parent, "positions")),
-                      optional_index(slots, field_of(parent, "slots"))};
-}
+// A TokenTargets' three arrays, named as its fields.
+struct TargetNames {
+  const char *rows, *positions, *slots;
+  explicit TargetNames(const char* parent)
+      : rows(field_of(parent, "rows")), positions(field_of(parent, "positions")), slots(field_of(parent, "slots")) {}
+  TokenTargets from(nb::handle r, nb::handle p, nb::handle s) const {
+    return TokenTargets{optional_index(r, rows), optional_index(p, positions), optional_index(s, slots)};
+  }
+};
 
 using CacheClass = nb::class_<Cache>;
 using Names = std::vector<const char*>;
@@ -126,10 +134,11 @@ const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cac
 // Writes of T tokens: append (K and V).
 const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
                         const TensorView&, const TokenTargets&), const Names& a) {
-  const char *k = a[1], *v = a[2], *targets = a[3];
+  const char *k = a[1], *v = a[2];
+  const TargetNames targets(a[3]);
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle kh, nb::handle vh, nb::handle rows, nb::handle positions,
                     nb::handle slots) {
-    const TokenTargets t = targets_from(targets, rows, positions, slots);
+    const TokenTargets t = targets.from(rows, positions, slots);
     const TensorView kv = tensor_view(kh, k, Access::read), vv = tensor_view(vh, v, Access::read);
     nb::gil_scoped_release unlocked;
     (c.*op)(layer_arg(c, layer), kv, vv, t);
@@ -140,9 +149,10 @@ const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cac
 // Writes of T records: append_record, append_latent.
 const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
                         const TokenTargets&), const Names& a) {
-  const char *record = a[1], *targets = a[2];
+  const char* record = a[1];
+  const TargetNames targets(a[2]);
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle h, nb::handle rows, nb::handle positions, nb::handle slots) {
-    const TokenTargets t = targets_from(targets, rows, positions, slots);
+    const TokenTargets t = targets.from(rows, positions, slots);
     const TensorView rv = tensor_view(h, record, Access::read);
     nb::gil_scoped_release unlocked;
     (c.*op)(layer_arg(c, layer), rv, t);
@@ -153,10 +163,10 @@ const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cac
 // given, as a sequence's reads are written (cache.gather(layer, k, v, pages=p, end=n)).
 const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
                         const TensorView&, const TensorView&), const Names& a) {
-  const char *range = a[1], *k = a[2], *v = a[3];
+  const char *pages_name = field_of(a[1], "pages"), *k = a[2], *v = a[3];
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle kh, nb::handle vh, int64_t row, nb::handle pages,
                     int64_t begin, int64_t end) {
-    const GatherRange r{row, optional_index(pages, field_of(range, "pages")), begin, end};
+    const GatherRange r{row, optional_index(pages, pages_name), begin, end};
     const TensorView ko = tensor_view(kh, k, Access::written), vo = tensor_view(vh, v, Access::written);
     nb::gil_scoped_release unlocked;
     (c.*op)(layer_arg(c, layer), r, ko, vo);
@@ -166,10 +176,10 @@ const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cac
 // Reads of a range of records: gather_record, gather_latent.
 const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const GatherRange&,
                         const TensorView&), const Names& a) {
-  const char *range = a[1], *out = a[2];
+  const char *pages_name = field_of(a[1], "pages"), *out = a[2];
   cls.def(name, [=](Cache& c, int64_t layer, nb::handle h, int64_t row, nb::handle pages, int64_t begin,
                     int64_t end) {
-    const GatherRange r{row, optional_index(pages, field_of(range, "pages")), begin, end};
+    const GatherRange r{row, optional_index(pages, pages_name), begin, end};
     const TensorView o = tensor_view(h, out, Access::written);
     nb::gil_scoped_release unlocked;
     (c.*op)(layer_arg(c, layer), r, o);
