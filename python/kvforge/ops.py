@@ -5,6 +5,8 @@
     k_all, v_all = tc.gather(layer, 0, n, pages=p)  # torch.ops.kvforge.gather -> [H, n, D] each
     tc.commit()                                     # torch.ops.kvforge.commit
     tc.copy_blocks(pairs)                           # torch.ops.kvforge.copy_blocks
+    tc.append_record(layer, rec, slots=slots)       # K and V of other widths, or an MLA latent:
+    rec_all = tc.gather_record(layer, 0, n, pages=p)  # -> [H, n, W]; append_latent, gather_latent alike
 
 The ops are made here from the operations table (runtime/include/kvforge/cache_ops.hpp): one for each row
 marked `torch`, shaped by the family its signature binds through (kvforge._native._cache_ops, from
@@ -39,6 +41,8 @@ _caches = {}
 OUTPUT_SHAPES = {
     "k_out": lambda tc: (tc.heads, tc.head_dim),
     "v_out": lambda tc: (tc.heads, tc.head_dim),
+    "record_out": lambda tc: (tc.heads, tc.record_width),  # K then V of other widths, or an MLA latent
+    "latent_out": lambda tc: (1, tc.record_width),         # an MLA latent: one head
 }
 TARGETS = ("rows", "positions", "slots")  # a TokenTargets' arrays, as kvforge.Cache takes them
 RANGE = ("row", "pages", "begin", "end")  # a GatherRange's fields, likewise
@@ -56,6 +60,10 @@ class TorchCache:
         self.version = torch.zeros((), dtype=torch.int64)
         d = cache.descriptor  # copied into plain attributes: compiled code reads no native object
         self.heads, self.head_dim, self.dtype = d.heads, d.head_dim, TORCH_DTYPES[d.input]
+        # A token's record (descriptor.records(): K then V of other widths, or an MLA latent and its RoPE
+        # part), else the stored K and V, which the record calls then refuse.
+        parts = d.kv_widths or d.mla
+        self.record_width = sum(parts) if parts else 2 * d.head_dim
         self.device = torch.device(cache.config["device"])
         _caches[self.handle] = self
 

@@ -123,3 +123,29 @@ def test_copy_blocks_op_and_errors():
     assert torch.equal(got_k, k.transpose(0, 1)) and torch.equal(got_v, -k.transpose(0, 1))
     with pytest.raises(kvforge.OutOfRangeError, match="pairs"):
         tc.copy_blocks(torch.tensor([0, 9], dtype=torch.int32))
+
+
+RECORD_CASES = [variants_where(model="tiny_kv_widths", storage="fp32", paged=True)[0],
+                variants_where(model="tiny_mla", storage="fp32", paged=True)[0]]
+
+
+@pytest.mark.parametrize("d", RECORD_CASES, ids=lambda d: d.name)
+def test_record_ops_compile_and_give_back_what_was_written(d):
+    """A whole record a head (K then V of other widths, or an MLA latent and its RoPE part) through the
+    torch ops under torch.compile(fullgraph=True): the gather returns each token's record at its
+    position, as written, and each write counts once in the version."""
+    torch._dynamo.reset()
+    append, gather = ("append_latent", "gather_latent") if d.mla else ("append_record", "gather_record")
+    width = sum(d.mla or d.kv_widths)
+    n = 2 * d.page_size
+    records = torch.randn(n, d.heads, width)
+
+    def step(tc, records, slots, pages):
+        getattr(tc, append)(0, records, slots=slots)
+        return getattr(tc, gather)(0, 0, records.shape[0], pages=pages)
+
+    tc = kvforge.ops.TorchCache(kvforge.create(d.name, pages=4))
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(
+        tc, records, torch.arange(n), torch.tensor([0, 1], dtype=torch.int32))
+    assert torch.equal(got, records.transpose(0, 1))  # written [n, H, W], read back [H, n, W]
+    assert int(tc.version) == 1

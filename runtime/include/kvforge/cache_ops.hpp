@@ -109,16 +109,16 @@
      the cache), or 2 * head_dim, straight through.                                                         \
        record:     [T, heads, W or 2 * head_dim], as append's k                                             \
        record_out: [heads, end - begin, W or 2 * head_dim], as gather's k_out */                            \
-  X(derived, method, void, append_record, (int layer, const TensorView& record, const TokenTargets& targets), \
+  X(derived, torch, void, append_record, (int layer, const TensorView& record, const TokenTargets& targets), \
     (layer, record, targets), )                                                                                \
-  X(derived, method, void, gather_record, (int layer, const GatherRange& range, const TensorView& record_out), \
+  X(derived, torch, void, gather_record, (int layer, const GatherRange& range, const TensorView& record_out), \
     (layer, range, record_out), )                                                                              \
   /* The same for an MLA variant alone, whose record has one head (else UnsupportedError).                  \
        latent:     [T, 1, R + P] (or its even width, as above)                                              \
        latent_out: [1, end - begin, R + P] */                                                               \
-  X(derived, method, void, append_latent, (int layer, const TensorView& latent, const TokenTargets& targets), \
+  X(derived, torch, void, append_latent, (int layer, const TensorView& latent, const TokenTargets& targets), \
     (layer, latent, targets), )                                                                                \
-  X(derived, method, void, gather_latent, (int layer, const GatherRange& range, const TensorView& latent_out), \
+  X(derived, torch, void, gather_latent, (int layer, const GatherRange& range, const TensorView& latent_out), \
     (layer, range, latent_out), )                                                                              \
   /* Hybrid variants keep one member cache per layer group; every other cache is its own only group.        \
      g in [0, num_groups()); layer in [0, L). group_layer: the layer's index within its group. */           \
