@@ -30,8 +30,7 @@ CUDA = re.compile(r"__CUDA_ARCH__|__CUDACC__|#include <cuda|__syncthreads|__shfl
 CUDA_FOLDERS = ("runtime/include/kvforge/backends/cuda/", "runtime/src/backends/cuda/")
 
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"(kvforge/[^"]+)"', re.M)
-INCLUDE_ANY = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 KERNEL_HEADERS = re.compile(r"^kvforge/(backends/|detail/config\.hpp$)")
 
 
@@ -46,6 +45,8 @@ def kernel_includes(header, include_root):
         seen.add(name)
         path = include_root / name
         for included in INCLUDE.findall(path.read_text()) if path.is_file() else []:
+            if not included.startswith("kvforge/"):
+                continue
             if KERNEL_HEADERS.match(included):
                 return chain + [included]
             stack.append((included, chain + [included]))
@@ -106,7 +107,7 @@ def layer_problems(root):
         if layer not in order:
             problems.append(f"{where}: in no layer (add its folder to LAYERS, or the header to LAYER_OF_HEADER)")
             continue
-        for name in INCLUDE_ANY.findall(path.read_text()):
+        for name in INCLUDE.findall(path.read_text()):
             if name.startswith("kvforge/"):
                 other = header_layer(name)
             else:  # a private header, named from runtime/src or from the file's own folder

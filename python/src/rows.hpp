@@ -10,7 +10,7 @@
 #pragma once
 
 #include <map>
-#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,10 +26,8 @@ enum class PythonForm { method, torch, property, none };
 // A name made at binding time, kept for the module's life: nanobind and the errors hold the pointer.
 // Only binding and kvforge._cache_ops make names, once for each distinct one; calls reuse them.
 const char* kept_name(std::string name) {
-  static std::map<std::string, std::unique_ptr<std::string>> kept;
-  auto [at, fresh] = kept.try_emplace(name, nullptr);
-  if (fresh) at->second = std::make_unique<std::string>(std::move(name));
-  return at->second->c_str();
+  static std::set<std::string> kept;  // a set's elements stay where they are
+  return kept.insert(std::move(name)).first->c_str();
 }
 
 // A row's argument names, from its stringized list "(layer, k, v, targets)".
@@ -240,8 +238,8 @@ const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cac
 }
 
 // Each bound row's family, by name, for kvforge._cache_ops (kvforge/ops.py makes the torch ops from it).
-std::map<std::string, std::string>& row_families() {
-  static std::map<std::string, std::string> families;
+std::map<std::string, const char*>& row_families() {
+  static std::map<std::string, const char*> families;
   return families;
 }
 
@@ -256,7 +254,7 @@ nb::tuple row_description(const char* name, const char* route, const char* pytho
   const auto family = row_families().find(name);
   nb::list names;
   for (const char* a : row_arguments(arguments)) names.append(a);
-  const nb::object bound = family == row_families().end() ? nb::object(nb::none()) : nb::str(family->second.c_str());
+  const nb::object bound = family == row_families().end() ? nb::object(nb::none()) : nb::str(family->second);
   return nb::make_tuple(name, route, python, bound, names);
 }
 

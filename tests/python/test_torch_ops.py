@@ -10,6 +10,7 @@ from conftest import variants_where
 
 import kvforge
 import kvforge.ops
+from kvforge.torch_dtypes import TORCH_DTYPES
 
 torch.manual_seed(0)
 
@@ -125,8 +126,11 @@ def test_copy_blocks_op_and_errors():
         tc.copy_blocks(torch.tensor([0, 9], dtype=torch.int32))
 
 
-RECORD_CASES = [variants_where(model="tiny_kv_widths", storage="fp32", paged=True)[0],
-                variants_where(model="tiny_mla", storage="fp32", paged=True)[0]]
+# A paged float variant of each record kind, the smallest: K and V of other widths, and an MLA latent.
+RECORD_CASES = [min((d for d in variants_where(paged=True, hybrid=False, **{kind: lambda v: v is not None})
+                     if d.storage == d.input and d.input in ("fp32", "bf16")),
+                    key=lambda d: (d.bytes_per_token, d.name))
+                for kind in ("kv_widths", "mla")]
 
 
 @pytest.mark.parametrize("d", RECORD_CASES, ids=lambda d: d.name)
@@ -138,7 +142,7 @@ def test_record_ops_compile_and_give_back_what_was_written(d):
     append, gather = ("append_latent", "gather_latent") if d.mla else ("append_record", "gather_record")
     width = sum(d.mla or d.kv_widths)
     n = 2 * d.page_size
-    records = torch.randn(n, d.heads, width)
+    records = torch.randn(n, d.heads, width).to(TORCH_DTYPES[d.input])  # stored as given: storage == input
 
     def step(tc, records, slots, pages):
         getattr(tc, append)(0, records, slots=slots)
@@ -149,3 +153,11 @@ def test_record_ops_compile_and_give_back_what_was_written(d):
         tc, records, torch.arange(n), torch.tensor([0, 1], dtype=torch.int32))
     assert torch.equal(got, records.transpose(0, 1))  # written [n, H, W], read back [H, n, W]
     assert int(tc.version) == 1
+
+
+def test_a_write_given_the_wrong_tensors_names_them():
+    d = CASES[0]
+    tc = kvforge.ops.TorchCache(kvforge.create(d.name, pages=4))
+    with pytest.raises(kvforge.ArgumentError, match="k, v"):
+        tc.append(0, torch.zeros(1, d.heads, d.head_dim), slots=torch.zeros(1, dtype=torch.int64))
+    assert int(tc.version) == 0  # nothing was written
