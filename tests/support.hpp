@@ -141,6 +141,15 @@ class Arena {
     buffers_.emplace_back(backend_, bytes + 16);
     return buffers_.back().data();
   }
+  // Zeros in the buffer kept as `slot`, grown where `bytes` is more than it holds: a check that reads
+  // back again and again (Driver::verify) then faults its pages in once, not once a call (a ring of
+  // mistral-7b's window took 4-7 s of page faults a case with a buffer a call).
+  void* scratch_zeros(size_t slot, int64_t bytes) {
+    if (scratch_.size() <= slot) scratch_.resize(slot + 1);
+    if (scratch_[slot].bytes() < bytes + 16) scratch_[slot] = Buffer(backend_, bytes + 16);
+    backend_.fill(scratch_[slot].data(), 0, bytes + 16, nullptr);
+    return scratch_[slot].data();
+  }
   template <class T> IndexView index(const std::vector<T>& host) {
     return IndexView{put(host), dtype_of<T>::value, device_, int64_t(host.size())};
   }
@@ -155,6 +164,7 @@ class Arena {
   Backend& backend_;
   Device device_;
   std::vector<Buffer> buffers_;
+  std::vector<Buffer> scratch_;
 };
 
 // What a cache holds, on the host: its pool (with any in-page scales), then any scale buffer beside it.

@@ -179,8 +179,8 @@ class Driver {
         // [H, n, D], every other gather with one element between heads (rows then off 16 bytes).
         const int64_t head_stride = n * dim_ + (verify_calls_++ % 2);
         const int64_t bytes = heads_ * head_stride * esize_;
-        void* ko = arena_.zeros(bytes);
-        void* vo = arena_.zeros(bytes);
+        void* ko = arena_.scratch_zeros(0, bytes);
+        void* vo = arena_.scratch_zeros(1, bytes);
         std::vector<int32_t> pages;
         cache_->gather(layer, range_of(s, begin, end, pages),
                        TensorView{ko, d_.input, arena_.device(), {heads_, n, dim_}, {head_stride, dim_, 1}},
