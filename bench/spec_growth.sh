@@ -16,7 +16,7 @@ build="${1:-build}" count="${2:-10}"
 [ -f "$build/CMakeCache.txt" ] || { echo "spec_growth: no build at $build (run tools/test-all first)" >&2; exit 2; }
 scratch=$(mktemp -d)
 restore() {
-  cmake -S . -B "$build" -DKVFORGE_EXTRA_SPECS=tests/user_specs >/dev/null && cmake --build "$build" >/dev/null
+  cmake -S . -B "$build" -DKVFORGE_EXTRA_SPECS=tests/user_specs >/dev/null 2>&1 && cmake --build "$build" >/dev/null
   rm -rf "$scratch"
 }
 trap restore EXIT
@@ -36,11 +36,11 @@ EOF
 seconds() { local start=$1; echo $(( $(date +%s%N) / 1000000 - start )) | awk '{printf "%.1f", $1 / 1000}'; }
 now() { echo $(( $(date +%s%N) / 1000000 )); }
 
-cmake -S . -B "$build" -DKVFORGE_EXTRA_SPECS="tests/user_specs;$scratch" >/dev/null  # no spec there yet
+cmake -S . -B "$build" -DKVFORGE_EXTRA_SPECS="tests/user_specs;$scratch" >/dev/null 2>&1  # no spec there yet
 cmake --build "$build" >/dev/null
 spec 3
 start=$(now)
-cmake --build "$build" >/dev/null
+cmake --build "$build" >/dev/null 2>&1
 built=$(seconds "$start")
 start=$(now)
 ran=$(ctest --test-dir "$build" -j "$(nproc)" -R growth_pages3 | awk '/tests passed/ {print $NF}')
@@ -49,7 +49,12 @@ echo "spec_growth: one layout spec: cmake --build ${built} s, then its ${ran} te
 for ((n = 4; n < 3 + count; ++n)); do spec "$n"; done
 touch "$scratch/mark"
 start=$(now)
-KVFORGE_BUILD_DIR="$build" bash tools/test-all -DKVFORGE_EXTRA_SPECS="tests/user_specs;$scratch" >"$scratch/test-all.log"
+if ! KVFORGE_BUILD_DIR="$build" bash tools/test-all -DKVFORGE_EXTRA_SPECS="tests/user_specs;$scratch" >"$scratch/test-all.log" 2>&1; then
+  cp "$scratch/test-all.log" "$build/spec_growth.log"
+  echo "spec_growth: tools/test-all failed over the $count specs; its log is $build/spec_growth.log" >&2
+  grep -A30 "tests FAILED" "$build/spec_growth.log" >&2 || true
+  exit 1
+fi
 whole=$(seconds "$start")
 compiled=$(find "$build" -name '*.o' -newer "$scratch/mark" | wc -l)
 tests=$(awk '/tests passed/ {print $NF}' "$scratch/test-all.log")

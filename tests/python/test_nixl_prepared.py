@@ -217,14 +217,16 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
         place, pool = placement_for(d)
         cache, reference = kvforge.create(d.name, pages=pool), kvforge.create(d.name, pages=pool)
         agent.register(f"short_{d.name}", cache)
-        short = Placement(pages=[1])
+        short_pages = list(range(1, 1 + -(-5 // d.page_size)))  # 5 tokens: one page, or more of small ones
+        short = Placement(pages=short_pages)
         agent.pull([("s0", source.name)], f"short_{d.name}", COUNT, source_of(source, nhd), place)
         agent.pull([("s0", source.name)], f"short_{d.name}", 5, source_of(source, nhd), short)
-        write_request(reference, 0, nhd, {"pages": [1]}, 5)
+        write_request(reference, 0, nhd, {"pages": short_pages}, 5)
         size = plans.page_bytes(published(d))
         for layer in range(d.layers):
-            got, want = (page_of(c, layer, 1, size) for c in (cache, reference))
-            assert torch.equal(got, want), f"{d.name} layer {layer}: page 1 is not what a fresh pool's append writes"
+            for page in short_pages:
+                got, want = (page_of(c, layer, page, size) for c in (cache, reference))
+                assert torch.equal(got, want), f"{d.name} layer {layer}: page {page} is not what a fresh pool's append writes"
     # The sender checks what a receiver asks for before it takes memory: a page size it does not have.
     hnd = next(d for d in targets if plans.page_bytes(published(d)) is not None)
     plan = agent._plan([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, 0, True)
