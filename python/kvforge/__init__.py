@@ -16,7 +16,8 @@ Shapes, per operation (H = heads, D = head_dim, L = layers, P = page_size of the
     cache.view(layer)   # {"k", "v"[, "k_scales", "v_scales"]}: the cache's own memory, zero-copy,
                         # [rows or pages, positions or slots, H, D] with the layout's strides; where a
                         # float layout keeps each head's record whole, also "record" and its parts:
-                        # "ckv", "kpe" (MLA) or "k_part", "v_part" (K and V of other widths)
+                        # "latent", "rope" (MLA; FlashMLA's fp8 also "latent_scales") or "k_part",
+                        # "v_part" (K and V of other widths)
     pool = kvforge.StatePool([("conv", (C, K), "bf16"), ("ssm", (H, D, N), "fp32")], layers=L, slots=S)
     pool.view(layer, "ssm")  # [S, H, D, N]: a hybrid model's per-sequence state, updated in place
 

@@ -8,10 +8,31 @@
 namespace kvforge {
 namespace {
 
+// FlashMLA's fp8 record by its parts, each [.., n] over the record's bytes (FlashMLA's
+// kv_cache_format: the latent's R e4m3 codes, then an fp32 scale per 128 of them, then the RoPE part's P
+// bf16 values): "latent" (e4m3 codes as bytes), "latent_scales" and "rope". A part is a tensor of its own
+// type where the record's stride is a whole number of its elements (R a multiple of 128, P even: every
+// FlashMLA record), and absent otherwise.
+void flashmla_part_views(const VariantDescriptor& d, const RecordView& r, nb::handle owner, nb::dict& out) {
+  const size_t rows = size_t(r.rows_or_pages), slots = size_t(r.seq_or_slots);
+  const int64_t R = d.mla_kv_lora_rank, tiles = R / kFlashMlaTile;
+  const char* record = static_cast<const char*>(r.record);
+  auto part = [&](const char* name, int64_t offset, DType dtype, int64_t values) {
+    const int64_t size = dtype_size(dtype);
+    if (offset % size || r.strides.row_or_page % size || r.strides.seq_or_slot % size) return;
+    out[name] = export_array(record + offset, dtype, r.device, {rows, slots, size_t(values)},
+                             {r.strides.row_or_page / size, r.strides.seq_or_slot / size, 1}, owner);
+  };
+  part("latent", 0, DType::f8e4m3, R);
+  part("latent_scales", R, DType::f32, tiles);
+  part("rope", R + 4 * tiles, DType::bf16, d.mla_rope_dim);
+}
+
 // The record views of a float layout that keeps each head's record whole (kvforge::record_view): "record"
-// [.., heads, first + second]; an MLA model's "ckv" [.., R] and "kpe" [.., P] without the heads axis
-// (FlashInfer's ckv_cache and kpe_cache; SGLang slices its one buffer so), K and V of other widths'
-// "k_part" [.., heads, K] and "v_part" [.., heads, V]. FlashMLA's fp8 records: "record" only, its bytes.
+// [.., heads, first + second]; an MLA model's "latent" [.., R] and "rope" [.., P] without the heads axis,
+// also named "ckv" and "kpe" (FlashInfer's ckv_cache and kpe_cache; SGLang slices its one buffer so), K
+// and V of other widths' "k_part" [.., heads, K] and "v_part" [.., heads, V]. FlashMLA's fp8 records:
+// "record", its bytes, and its parts by name (flashmla_part_views).
 void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out) {
   const std::optional<RecordView> r = record_view(cache, layer);
   if (!r) return;
@@ -19,11 +40,13 @@ void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out
   const std::vector<int64_t> strides{r->strides.row_or_page, r->strides.seq_or_slot, r->strides.head, 1};
   const size_t first = size_t(r->first_width), second = size_t(r->second_width);
   out["record"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first + second}, strides, owner);
-  if (cache.descriptor().flashmla_records()) return;  // bytes of three types: no part is a tensor of one
+  if (cache.descriptor().flashmla_records()) return flashmla_part_views(cache.descriptor(), *r, owner, out);
   if (cache.descriptor().mla()) {
     const std::vector<int64_t> token{strides[0], strides[1], 1};
-    out["ckv"] = export_array(r->record, r->dtype, r->device, {rows, slots, first}, token, owner);
-    out["kpe"] = export_array(r->second, r->dtype, r->device, {rows, slots, second}, token, owner);
+    for (const char* name : {"latent", "ckv"})  // an array a name: a DLPack capsule is consumed once
+      out[name] = export_array(r->record, r->dtype, r->device, {rows, slots, first}, token, owner);
+    for (const char* name : {"rope", "kpe"})
+      out[name] = export_array(r->second, r->dtype, r->device, {rows, slots, second}, token, owner);
   } else {
     out["k_part"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first}, strides, owner);
     out["v_part"] = export_array(r->second, r->dtype, r->device, {rows, slots, heads, second}, strides, owner);
@@ -32,15 +55,18 @@ void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out
 
 // A layer of fp8 index keys (indexer_record.hpp), whose K and V rows are no token's bytes: "pages"
 // [pages, P * (W + W / 32)] uint8 as SGLang's index buffer (and vLLM's [blocks, P, W + W / 32] tensor,
-// flattened), and in it "codes" [pages, P, W] uint8 (e4m3 bits) and "scales" [pages, P, W / 128] fp32.
+// flattened), and in it "key" [pages, P, W] uint8 (e4m3 bits) and "key_scales" [pages, P, W / 128] fp32.
 void index_key_views(const LayerView& v, nb::handle owner, nb::dict& out) {
   const size_t pages = size_t(v.rows_or_pages), P = size_t(v.seq_or_slots), width = 2 * size_t(v.head_dim);
   const size_t tiles = width / size_t(kIndexerTile), page_bytes = size_t(v.strides.row_or_page);
   out["pages"] = export_array(v.k, DType::indexer_f8, v.device, {pages, page_bytes}, {int64_t(page_bytes), 1}, owner);
-  out["codes"] = export_array(v.k, DType::indexer_f8, v.device, {pages, P, width},
-                              {int64_t(page_bytes), int64_t(width), 1}, owner);
-  out["scales"] = export_array(static_cast<const char*>(v.k) + P * width, DType::f32, v.device, {pages, P, tiles},
-                               {int64_t(page_bytes / 4), int64_t(tiles), 1}, owner);
+  // The key part and its scales, also by their part names ("key", "key_scales").
+  for (const char* name : {"key", "codes"})  // an array a name: a DLPack capsule is consumed once
+    out[name] = export_array(v.k, DType::indexer_f8, v.device, {pages, P, width}, {int64_t(page_bytes), int64_t(width), 1},
+                             owner);
+  for (const char* name : {"key_scales", "scales"})
+    out[name] = export_array(static_cast<const char*>(v.k) + P * width, DType::f32, v.device, {pages, P, tiles},
+                             {int64_t(page_bytes / 4), int64_t(tiles), 1}, owner);
 }
 
 nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {

@@ -244,10 +244,43 @@ def test_records_lie_in_the_pool_as_vllms_mla_tensor():
         assert torch.equal(pool[slot // page, slot % page], latent[t, 0])
     # The views engines hand their kernels are that memory: the record as vLLM's tensor (and FlashMLA's,
     # with its one head), its parts as FlashInfer's ckv_cache and kpe_cache.
-    view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if key in ("record", "ckv", "kpe")}
+    # The parts also go by their names in the record, "latent" and "rope".
+    view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if not isinstance(a, str)}
     assert view["record"].data_ptr() == start and torch.equal(view["record"][:, :, 0], pool)
-    assert view["ckv"].data_ptr() == start and torch.equal(view["ckv"], pool[..., :d.mla[0]])
-    assert torch.equal(view["kpe"], pool[..., d.mla[0]:])
+    for latent_view, rope_view in (("ckv", "kpe"), ("latent", "rope")):
+        assert view[latent_view].data_ptr() == start and torch.equal(view[latent_view], pool[..., :d.mla[0]])
+        assert torch.equal(view[rope_view], pool[..., d.mla[0]:])
+
+
+def test_flashmla_fp8_records_parts_are_views_by_name():
+    # FlashMLA's fp8 record as its kv_cache_format defines it, read from the record's bytes by that
+    # definition alone: R e4m3 codes, then an fp32 power-of-two scale per 128 of them, then P bf16 RoPE
+    # values. The views by part name ("latent", "latent_scales", "rope") are those bytes.
+    d = kvforge.describe("flashmla_paged.tiny_mla_tiles.flashmla_fp8_in_bf16")
+    (rank, rope), page, tiles = d.mla, d.page_size, d.mla[0] // 128
+    cache = kvforge.create(d.name, pages=3)
+    g = torch.Generator().manual_seed(11)
+    latent = (torch.randn(40, 1, rank + rope, generator=g) * 3).to(torch.bfloat16)
+    slots = torch.randperm(3 * page, generator=g)[:40]
+    cache.append_latent(1, latent, slots=slots)
+    view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if not isinstance(a, str)}
+    assert view["latent"].dtype == torch.uint8 and view["latent"].shape == (3, page, rank)  # e4m3 bits, as SGLang's fp8
+    assert view["latent_scales"].shape == (3, page, tiles) and view["rope"].shape == (3, page, rope)
+    for t, slot in enumerate(slots.tolist()):
+        where = (slot // page, slot % page)
+        record = view["record"][where][0]  # this token's bytes
+        assert record.numel() == rank + 4 * tiles + 2 * rope
+        codes, scales = record[:rank], record[rank:rank + 4 * tiles].view(torch.float32)
+        rope_values = record[rank + 4 * tiles:].view(torch.bfloat16)
+        assert torch.equal(view["latent"][where], codes) and torch.equal(view["latent_scales"][where], scales)
+        assert torch.equal(view["rope"][where], rope_values)
+        # What they hold: the RoPE part as given, and the latent within e4m3's half step (3 mantissa bits) of
+        # each value under its tile's scale, a power of two.
+        assert torch.equal(rope_values, latent[t, 0, rank:])
+        assert bool((torch.frexp(scales).mantissa == 0.5).all())
+        decoded = codes.view(torch.float8_e4m3fn).float().view(tiles, 128) * scales.view(tiles, 1)
+        want = latent[t, 0, :rank].float().view(tiles, 128)
+        assert ((decoded - want).abs() <= want.abs() / 16 + scales.view(tiles, 1) * 2.0 ** -10).all(), t
 
 
 def test_refusals_name_the_argument():

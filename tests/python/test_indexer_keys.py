@@ -3,7 +3,7 @@
   - appended keys lie in the layer's pages as vLLM's indexer_k_quant_and_cache writes them, checked by
     that kernel's formula written here in torch (torch's own float8_e4m3fn cast for the codes): a page's
     64 keys' codes, then their fp32 power-of-two scales; the views "pages" (SGLang's buffer), "codes" and
-    "scales" are that memory, and a gather returns code * scale;
+    "scales" (also "key" and "key_scales") are that memory, and a gather returns code * scale;
   - the keys of transformers' own DeepseekV32 (a tiny random config made here, index_head_dim 128) read
     back within e4m3's bound, beside FlashMLA's fp8 records in a companion cache over the same pages;
   - and the same model generates through kvforge.hf with index_keys="fp8" the tokens of a transformers
@@ -50,8 +50,9 @@ def test_keys_lie_where_vllm_writes_them_and_read_back_as_code_times_scale():
     view = {name: torch.from_dlpack(a) for name, a in cache.view(1).items() if name != "dtype"}
     want = vllm_page_bytes(keys, slots, 3)
     assert torch.equal(view["pages"], want)
-    assert torch.equal(view["codes"], want[:, :64 * 128].view(3, 64, 128))
-    assert torch.equal(view["scales"], want[:, 64 * 128:].contiguous().view(torch.float32).view(3, 64, 1))
+    for codes, scales in (("codes", "scales"), ("key", "key_scales")):  # the latter, the part's own names
+        assert torch.equal(view[codes], want[:, :64 * 128].view(3, 64, 128))
+        assert torch.equal(view[scales], want[:, 64 * 128:].contiguous().view(torch.float32).view(3, 64, 1))
     k, v = torch.empty(1, 64, 64, dtype=torch.bfloat16), torch.empty(1, 64, 64, dtype=torch.bfloat16)
     cache.gather(1, k, v, pages=torch.tensor([2], dtype=torch.int32), end=64)
     codes = view["codes"][2].view(torch.float8_e4m3fn).float()
