@@ -5,8 +5,9 @@
 #    configures, generates and compiles), then the tests that pick its variant up (`ctest -R <its name>`),
 #    timed apart.
 # 2. `count` layout specs in all (default 10) dropped in, and tools/test-all run over them: timed whole and
-#    its ctest apart, the objects it compiled counted (newer than the drop), and its tests counted. The build should grow by the new variants (and the registry that lists them), never
-#    by the default matrix's.
+#    its ctest apart, the objects it compiled counted (newer than the drop), and its tests counted. The
+#    build should grow by the new variants (and the registry that lists them), never by the default
+#    matrix's.
 # The specs lie in a scratch folder passed as KVFORGE_EXTRA_SPECS beside tests/user_specs; the build is
 # put back as test-all left it at the end. Each spec is one variant: NHD pages of its own size (3, 4, ...
 # tokens) over the tiny model in fp32, a shape every registry-driven test runs.

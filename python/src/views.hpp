@@ -24,8 +24,8 @@ void flashmla_part_views(const VariantDescriptor& d, const RecordView& r, nb::ha
                              {r.strides.row_or_page / size, r.strides.seq_or_slot / size, 1}, owner);
   };
   part("latent", 0, DType::f8e4m3, R);
-  part("latent_scales", R, DType::f32, tiles);
-  part("rope", R + 4 * tiles, DType::bf16, d.mla_rope_dim);
+  part("latent_scales", flashmla_scales_at(int(R)), DType::f32, tiles);
+  part("rope", flashmla_rope_at(int(R)), DType::bf16, d.mla_rope_dim);
 }
 
 // The record views of a float layout that keeps each head's record whole (kvforge::record_view): "record"

@@ -32,6 +32,7 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds3
 
 import kvforge
 import kvforge.hf
+from conftest import variants_where
 
 TINY_MLA = dict(kv_lora_rank=24, qk_rope_head_dim=8, num_hidden_layers=2, max_position_embeddings=64)  # tiny_mla.yaml
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_attention_heads=4,
@@ -252,11 +253,11 @@ def test_records_lie_in_the_pool_as_vllms_mla_tensor():
         assert torch.equal(view[rope_view], pool[..., d.mla[0]:])
 
 
-def test_flashmla_fp8_records_parts_are_views_by_name():
+@pytest.mark.parametrize("d", variants_where(storage="flashmla_fp8"), ids=lambda d: d.name)
+def test_flashmla_fp8_records_parts_are_views_by_name(d):
     # FlashMLA's fp8 record as its kv_cache_format defines it, read from the record's bytes by that
     # definition alone: R e4m3 codes, then an fp32 power-of-two scale per 128 of them, then P bf16 RoPE
     # values. The views by part name ("latent", "latent_scales", "rope") are those bytes.
-    d = kvforge.describe("flashmla_paged.tiny_mla_tiles.flashmla_fp8_in_bf16")
     (rank, rope), page, tiles = d.mla, d.page_size, d.mla[0] // 128
     cache = kvforge.create(d.name, pages=3)
     g = torch.Generator().manual_seed(11)

@@ -52,8 +52,11 @@ struct flashmla_fp8_byte {
   uint8_t bits;
 };
 constexpr int kFlashMlaTile = 128;  // latent values that share one scale
+// Where a record's parts start: its latent's e4m3 codes at 0, their fp32 scales (one a tile), its bf16 RoPE.
+constexpr int flashmla_scales_at(int kv_lora_rank) { return kv_lora_rank; }
+constexpr int flashmla_rope_at(int kv_lora_rank) { return kv_lora_rank + 4 * (kv_lora_rank / kFlashMlaTile); }
 constexpr int flashmla_record_bytes(int kv_lora_rank, int rope_dim) {
-  return kv_lora_rank + 4 * (kv_lora_rank / kFlashMlaTile) + 2 * rope_dim;
+  return flashmla_rope_at(kv_lora_rank) + 2 * rope_dim;
 }
 // A byte of an fp8 index key (DeepSeek-V3.2's sparse-attention indexer, detail/indexer_record.hpp) in a
 // page as vLLM and SGLang lay it out: the page's tokens' e4m3 codes, then their fp32 scales, one per 128

@@ -26,7 +26,7 @@ template <int L, int R> struct FlashMlaRecord {
   static constexpr int kBytes = flashmla_record_bytes(L, R);
   static constexpr int kHalf = kBytes / 2;  // bytes of each of the two rows that hold a record
   static constexpr int D = (L + R) / 2;     // values of each half of a latent
-  static constexpr int kScalesAt = L, kRopeAt = L + 4 * kTiles;
+  static constexpr int kScalesAt = flashmla_scales_at(L), kRopeAt = flashmla_rope_at(L);
 
   // Value i of the latent whose halves are `first` [D] and `second` [D].
   template <class In> KVF_HD static KVF_INLINE float value(const In* first, const In* second, int i) {
