@@ -259,14 +259,15 @@ def test_flashmla_fp8_records_parts_are_views_by_name(d):
     # definition alone: R e4m3 codes, then an fp32 power-of-two scale per 128 of them, then P bf16 RoPE
     # values. The views by part name ("latent", "latent_scales", "rope") are those bytes.
     (rank, rope), page, tiles = d.mla, d.page_size, d.mla[0] // 128
-    cache = kvforge.create(d.name, pages=3)
+    pages = -(-40 // page) + 1  # 40 tokens and room to spare, whatever the page size
+    cache = kvforge.create(d.name, pages=pages)
     g = torch.Generator().manual_seed(11)
     latent = (torch.randn(40, 1, rank + rope, generator=g) * 3).to(torch.bfloat16)
-    slots = torch.randperm(3 * page, generator=g)[:40]
-    cache.append_latent(1, latent, slots=slots)
-    view = {key: torch.from_dlpack(a) for key, a in cache.view(1).items() if not isinstance(a, str)}
-    assert view["latent"].dtype == torch.uint8 and view["latent"].shape == (3, page, rank)  # e4m3 bits, as SGLang's fp8
-    assert view["latent_scales"].shape == (3, page, tiles) and view["rope"].shape == (3, page, rope)
+    slots = torch.randperm(pages * page, generator=g)[:40]
+    cache.append_latent(d.layers - 1, latent, slots=slots)  # the last layer: a model of one has it too
+    view = {key: torch.from_dlpack(a) for key, a in cache.view(d.layers - 1).items() if not isinstance(a, str)}
+    assert view["latent"].dtype == torch.uint8 and view["latent"].shape == (pages, page, rank)  # e4m3 bits, as SGLang's fp8
+    assert view["latent_scales"].shape == (pages, page, tiles) and view["rope"].shape == (pages, page, rope)
     for t, slot in enumerate(slots.tolist()):
         where = (slot // page, slot % page)
         record = view["record"][where][0]  # this token's bytes
