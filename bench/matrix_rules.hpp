@@ -51,7 +51,7 @@ inline std::vector<const kvforge::VariantEntry*> timed_variants(const kvforge::R
     const kvforge::VariantDescriptor& d = *e.descriptor;
     if (d.is_hybrid() || kvforge::dtype_size(d.input) != 2 || !(d.storage == kvforge::DType::bf16 || d.storage != d.input))
       continue;
-    const std::string key = std::string(d.layout) + "/" + std::string(kvforge::dtype_name(d.storage)) + "/" +
+    const std::string key = std::string(d.layout) + "/" + std::string(d.storage_name()) + "/" +
                             std::string(kvforge::dtype_name(d.input));
     auto [at, fresh] = chosen.emplace(key, &e);
     if (!fresh && rank(d) > rank(*at->second->descriptor)) at->second = &e;

@@ -144,8 +144,8 @@ std::string torch_version() { return KVFORGE_TORCH_VERSION; }
 std::vector<TorchForm> torch_forms(const PeerSetup& setup) {
   const VariantDescriptor& d = setup.cache->descriptor();
   // A lazy step stages and commits every layer; its eager twin stands for it beside torch.
-  // FlashMLA's records have no torch form either: their bytes are codes, scales and bf16 values.
-  if (d.update == UpdateMode::lazy || d.is_hybrid() || d.addressing == Addressing::ring || d.flashmla_records()) return {};
+  // Records of named parts have no torch form either: their bytes are codes, scales and values.
+  if (d.update == UpdateMode::lazy || d.is_hybrid() || d.addressing == Addressing::ring || d.coded_records()) return {};
   if (setup.gather) return {d.paged() ? TorchForm::index_select : TorchForm::slice_copy};
   // The torch form quantizes per tensor, token or head; group scales and 4-bit codes have no form here.
   if (d.quant == Quant::per_group || dtype_values(d.storage) > 1) return {};

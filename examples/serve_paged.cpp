@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
     // group scales are normal e4m3 values).
     const DType storage = e.descriptor->storage;
     const double round_up = kvforge::scale_round_up(e.descriptor->scale);
-    const double allowed = e.descriptor->flashmla_records() || e.descriptor->indexer_records()
-                               ? 8.5 / 16 + 0.07  // e4m3 codes (and FlashMLA's bf16 RoPE values)
+    const double allowed = e.descriptor->coded_records()  // each part within its own bound
+                               ? e.descriptor->record_format->error_bound(8.5f, 8.5f) + 0.07
                            : !e.descriptor->quantized()        ? 0.0
                            : storage == DType::i8     ? 8.5 / 127 * round_up + 0.07
                            : storage == DType::i4     ? 0.5 * 8.5 / 7 * round_up + 0.07

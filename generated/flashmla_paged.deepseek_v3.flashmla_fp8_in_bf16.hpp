@@ -13,7 +13,7 @@ struct flashmla_paged__deepseek_v3__flashmla_fp8_in_bf16_traits {
   static constexpr const char* name = "flashmla_paged.deepseek_v3.flashmla_fp8_in_bf16";
   static constexpr const char* layout = "flashmla_paged";
   static constexpr const char* model = "deepseek_v3";
-  using storage_t = kvforge::flashmla_fp8_byte;
+  using storage_t = kvforge::record_byte;
   using input_t = kvforge::bf16;
   static constexpr int layers = 61;
   static constexpr int heads = 1;
@@ -27,6 +27,15 @@ struct flashmla_paged__deepseek_v3__flashmla_fp8_in_bf16_traits {
   // An MLA model: a token's latent record (kv_lora_rank values, then the RoPE part) is K then V of one head.
   static constexpr int mla_kv_lora_rank = 512;
   static constexpr int mla_rope_dim = 64;
+  // The record format flashmla_fp8 (flashmla_paged's records, placed by records.py): a head's
+  // record of 576 values in 656 bytes.
+  static constexpr const char* record_name = "flashmla_fp8";
+  static constexpr int record_values = 576;
+  static constexpr int record_bytes = 656;
+  static constexpr int record_tail_bytes = 0;
+  static constexpr kvforge::RecordPart record_parts[] = {
+      {"latent", 0, 512, kvforge::DType::f8e4m3, 0, 128, kvforge::DType::f32, 512, false, kvforge::ScaleRounding::pow2_up, 0.0f, true},
+      {"rope", 512, 64, kvforge::DType::bf16, 528, 0, kvforge::DType::f32, 0, false, kvforge::ScaleRounding::exact, 0.0f, true}};
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim};

@@ -13,7 +13,7 @@ struct vllm_indexer__tiny_indexer__indexer_fp8_in_bf16_traits {
   static constexpr const char* name = "vllm_indexer.tiny_indexer.indexer_fp8_in_bf16";
   static constexpr const char* layout = "vllm_indexer";
   static constexpr const char* model = "tiny_indexer";
-  using storage_t = kvforge::indexer_fp8_byte;
+  using storage_t = kvforge::record_byte;
   using input_t = kvforge::bf16;
   static constexpr int layers = 2;
   static constexpr int heads = 1;
@@ -24,6 +24,14 @@ struct vllm_indexer__tiny_indexer__indexer_fp8_in_bf16_traits {
   static constexpr int64_t cpu_chunk_items = 0;
   static constexpr int64_t cuda_block_threads = 256;
   static constexpr int64_t cuda_items_per_thread = 1;
+  // The record format indexer_fp8 (vllm_indexer's records, placed by records.py): a head's
+  // record of 128 values in 128 bytes, and 4 bytes of scales after the page's records.
+  static constexpr const char* record_name = "indexer_fp8";
+  static constexpr int record_values = 128;
+  static constexpr int record_bytes = 128;
+  static constexpr int record_tail_bytes = 4;
+  static constexpr kvforge::RecordPart record_parts[] = {
+      {"key", 0, 128, kvforge::DType::f8e4m3, 0, 128, kvforge::DType::f32, 0, true, kvforge::ScaleRounding::pow2_up, 0.0001f, false}};
   static constexpr kvforge::Addressing addressing = kvforge::Addressing::paged;
   static constexpr kvforge::UpdateMode update = kvforge::UpdateMode::eager;
   static constexpr kvforge::Axis axes[] = {kvforge::Axis::page, kvforge::Axis::slot, kvforge::Axis::kv, kvforge::Axis::head, kvforge::Axis::dim};

@@ -71,6 +71,7 @@ LAYERS = (
 # none).
 LAYER_OF_HEADER = {
     "vocab.hpp": "base", "dtype.hpp": "base", "tensor.hpp": "base", "descriptor.hpp": "base", "quant.hpp": "base",
+    "record_format.hpp": "base",
     "detail/qualifiers.hpp": "base", "transport.hpp": "ranks", "cache_ops.hpp": "caches",
     "detail/cache_impl.hpp": "caches", "detail/typed_cache.hpp": "caches", "detail/typed_cache_writes.hpp": "caches",
     "detail/typed_cache_gather.hpp": "caches", "detail/typed_cache_upkeep.hpp": "caches", "kv_events.hpp": "sequences",

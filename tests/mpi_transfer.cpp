@@ -19,7 +19,7 @@
 // bf16, so the receiver checks what it holds against plain loops over those coordinates.
 #include <map>
 
-#include "flashmla_reference.hpp"
+#include "part_record_reference.hpp"
 #include "mpi_harness.hpp"
 
 namespace mpitest {
@@ -107,14 +107,13 @@ void dtypes(MpiTransport& t) {
       // FlashMLA record, what the reference encoder (tests/flashmla_reference.hpp) makes of its latent.
       std::map<std::pair<int, int64_t>, kvtest::RefRecord> records;
       check_receiver(side, 0, 0, tokens, a + " -> " + b, [&](int layer, int head, int64_t p, int x, int kv) {
-        if (d.flashmla_records()) {
+        if (d.coded_records()) {
           auto it = records.find({layer, p});
           if (it == records.end()) {
             std::vector<float> latent;
             for (int side_kv = 0; side_kv < 2; ++side_kv)
               for (int i = 0; i < d.head_dim; ++i) latent.push_back(value(request, layer, 0, p, i, side_kv));
-            it = records.emplace(std::make_pair(layer, p),
-                                 kvtest::ref_flashmla_record(latent, d.mla_kv_lora_rank, d.mla_rope_dim, d.input)).first;
+            it = records.emplace(std::make_pair(layer, p), kvtest::ref_record(d, latent)).first;
           }
           return it->second.gathered[size_t(kv) * d.head_dim + x];
         }

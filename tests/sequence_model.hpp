@@ -18,8 +18,7 @@
 #include <set>
 #include <string>
 
-#include "flashmla_reference.hpp"
-#include "indexer_reference.hpp"
+#include "part_record_reference.hpp"
 #include "quant_reference.hpp"
 
 namespace kvtest {
@@ -407,14 +406,18 @@ class SequenceModel {
     std::vector<float>& known = expected_[{token_hash(tokens, pos), kv}];
     if (known.empty()) {
       std::vector<float> x = token_values(tokens, pos, kv);
-      if (d_.flashmla_records() || d_.indexer_records()) {  // a record codes K's and V's values together
-        std::vector<float> latent = token_values(tokens, pos, 0), v = token_values(tokens, pos, 1);
-        latent.insert(latent.end(), v.begin(), v.end());
-        const RefRecord r = d_.indexer_records() ? ref_index_key(latent, d_.input)
-                                                 : ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
-        for (int side = 0; side < 2; ++side)
-          expected_[{token_hash(tokens, pos), side}].assign(r.gathered.begin() + side * d_.head_dim,
-                                                            r.gathered.begin() + (side + 1) * d_.head_dim);
+      if (d_.coded_records()) {  // a record codes a head's K and V values together
+        const std::vector<float> k = token_values(tokens, pos, 0), v = token_values(tokens, pos, 1);
+        const size_t D = size_t(d_.head_dim);
+        for (int side = 0; side < 2; ++side) expected_[{token_hash(tokens, pos), side}].resize(k.size());
+        for (size_t h = 0; h < size_t(d_.heads); ++h) {
+          std::vector<float> record(k.begin() + h * D, k.begin() + (h + 1) * D);
+          record.insert(record.end(), v.begin() + h * D, v.begin() + (h + 1) * D);
+          const RefRecord r = ref_record(d_, record);
+          for (int side = 0; side < 2; ++side)
+            std::copy(r.gathered.begin() + side * D, r.gathered.begin() + (side + 1) * D,
+                      expected_[{token_hash(tokens, pos), side}].begin() + h * D);
+        }
       } else {
         known = d_.quantized() ? ref_quantize(d_, x, 1.0f).gathered : std::move(x);
       }

@@ -1,4 +1,4 @@
-// Block-scaled codecs (block_quant.hpp) and FlashMLA's 656-byte record (flashmla_record.hpp; its reference
+// Block-scaled codecs (block_quant.hpp) and FlashMLA's 656-byte record (part_record.hpp's codec over its format; its reference
 // encoder is flashmla_reference.hpp's), each against a reference written from the format's definition:
 // value tables, nearest-value searches with ties to the even code, powers of two found by doubling. Every e2m1 code and every bf16 input, every ue8m0
 // code, every e4m3 scale, and groups at the scale edges (zeros, subnormals, 2^127, inf, NaN).
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "flashmla_reference.hpp"
-#include "kvforge/detail/flashmla_record.hpp"
+#include "record_traits.hpp"
 
 namespace kvforge::detail {
 namespace {
@@ -254,18 +254,19 @@ TEST(Int4, SymmetricAndAsymmetricCodesMatchTheDefinition) {
 }
 
 TEST(FlashMlaRecord, ByteExactAgainstTheDescribedFormatAndBackWithinItsBound) {
-  static_assert(kFlashMlaRecordBytes == 656, "FlashMLA's record is 656 bytes");
+  using Record = PartRecord<kvtest::FlashMlaTraits<512, 64>>;  // DeepSeek-V3's
+  static_assert(Record::kBytes == 656, "FlashMLA's record is 656 bytes");
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float spread : {1.0f, 1e-3f, 300.0f, 0.0f}) {
     std::vector<float> latent(576);
     for (int i = 0; i < 576; ++i) latent[size_t(i)] = normal(rng) * spread * (i < 128 ? 1e-4f : 1.0f);
     uint8_t record[656];
-    encode_flashmla_record(latent.data(), record);
+    Record::encode(latent.data(), latent.data() + Record::D, record, record + Record::kSplit, nullptr, 0, 1);
     const std::vector<uint8_t> want = kvtest::ref_flashmla_record(latent, 512, 64, DType::f32).bytes;
     ASSERT_EQ(0, std::memcmp(record, want.data(), 656)) << "spread " << spread;
     float back[576];
-    decode_flashmla_record(record, back);
+    Record::decode(record, record + Record::kSplit, nullptr, back, back + Record::D, 0, 1);
     for (int i = 0; i < 576; ++i) {
       float scale = 1.0f;
       if (i < 512) std::memcpy(&scale, record + 512 + 4 * (i / 128), 4);
@@ -281,7 +282,7 @@ TEST(FlashMlaRecord, ByteExactAgainstTheDescribedFormatAndBackWithinItsBound) {
 // values and bytes, run here lane by lane; and the CPU's, whole on one lane. Both give the reference's
 // bytes and read them back as the one-lane form does, for a tile that crosses from K's half into V's.
 TEST(FlashMlaRecord, LaneSplitAndWholeFormsGiveTheSameBytesAndValues) {
-  using Record = FlashMlaRecord<256, 32>;  // tiny_mla_tiles: halves of 144 values, 164 bytes
+  using Record = PartRecord<kvtest::FlashMlaTraits<256, 32>>;  // tiny_mla_tiles: halves of 144 values, 164 bytes
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> latent(288);
@@ -290,15 +291,15 @@ TEST(FlashMlaRecord, LaneSplitAndWholeFormsGiveTheSameBytesAndValues) {
   const float* k = latent.data();
   const float* v = latent.data() + Record::D;
   std::vector<uint8_t> split(size_t(Record::kBytes), 0xee), whole(size_t(Record::kBytes), 0xee);
-  for (int lane = 0; lane < 32; ++lane) Record::encode(k, v, split.data(), split.data() + Record::kHalf, lane, 32);
-  Record::encode_whole(k, v, whole.data(), whole.data() + Record::kHalf);
+  for (int lane = 0; lane < 32; ++lane) Record::encode(k, v, split.data(), split.data() + Record::kSplit, nullptr, lane, 32);
+  Record::encode_whole(k, v, whole.data(), whole.data() + Record::kSplit, nullptr);
   ASSERT_EQ(split, want);
   ASSERT_EQ(whole, want);
   std::vector<float> one(288), lanes(288, -1.0f), at_once(288, -1.0f);
-  Record::decode(want.data(), want.data() + Record::kHalf, one.data(), one.data() + Record::D, 0, 1);
+  Record::decode(want.data(), want.data() + Record::kSplit, nullptr, one.data(), one.data() + Record::D, 0, 1);
   for (int lane = 0; lane < 32; ++lane)
-    Record::decode(want.data(), want.data() + Record::kHalf, lanes.data(), lanes.data() + Record::D, lane, 32);
-  Record::decode_whole(want.data(), want.data() + Record::kHalf, at_once.data(), at_once.data() + Record::D);
+    Record::decode(want.data(), want.data() + Record::kSplit, nullptr, lanes.data(), lanes.data() + Record::D, lane, 32);
+  Record::decode_whole(want.data(), want.data() + Record::kSplit, nullptr, at_once.data(), at_once.data() + Record::D);
   EXPECT_EQ(lanes, one);
   EXPECT_EQ(at_once, one);
 }

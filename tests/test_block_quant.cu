@@ -1,4 +1,4 @@
-// The block-scaled codecs and FlashMLA's record (block_quant.hpp, flashmla_record.hpp) compiled for the
+// The block-scaled codecs and FlashMLA's record (block_quant.hpp, part_record.hpp) compiled for the
 // device give the host's bytes, for groups at every scale edge test_block_quant.cpp uses and random
 // ones. Built with KVFORGE_CUDA only; without a GPU it skips and says why.
 #include "kvforge/backends/cuda/target.cuh"  // first: the codecs compile for the device
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "kvforge/detail/flashmla_record.hpp"
+#include "record_traits.hpp"
 #include "support.hpp"
 
 namespace {
@@ -31,9 +31,14 @@ __global__ void encode_groups(const float* in, uint8_t* out, int groups) {
   memcpy(o + 42, &s, 4);
 }
 
+using DeepSeekV3Record = detail::PartRecord<kvtest::FlashMlaTraits<512, 64>>;
+
 __global__ void encode_records(const float* in, uint8_t* out, int records) {
   const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (r < records) detail::encode_flashmla_record(in + r * 576, out + r * detail::kFlashMlaRecordBytes);
+  const float* latent = in + r * DeepSeekV3Record::kValues;
+  uint8_t* record = out + r * DeepSeekV3Record::kBytes;
+  if (r < records)
+    DeepSeekV3Record::encode(latent, latent + DeepSeekV3Record::D, record, record + DeepSeekV3Record::kSplit, nullptr, 0, 1);
 }
 
 std::vector<uint8_t> run(void (*kernel)(const float*, uint8_t*, int), const std::vector<float>& in,
@@ -74,11 +79,12 @@ TEST(BlockQuantDevice, CodecsAndTheFlashMlaRecordGiveTheHostsBytes) {
   const int records = 64;
   std::vector<float> latent(size_t(records) * 576);
   for (size_t i = 0; i < latent.size(); ++i) latent[i] = normal(rng) * std::ldexp(1.0f, int(i / 576) % 16 - 8);
-  const std::vector<uint8_t> bytes = run(encode_records, latent, records, detail::kFlashMlaRecordBytes);
+  const std::vector<uint8_t> bytes = run(encode_records, latent, records, DeepSeekV3Record::kBytes);
   for (int r = 0; r < records; ++r) {
-    uint8_t want[detail::kFlashMlaRecordBytes];
-    detail::encode_flashmla_record(latent.data() + r * 576, want);
-    ASSERT_EQ(0, std::memcmp(bytes.data() + r * detail::kFlashMlaRecordBytes, want, detail::kFlashMlaRecordBytes)) << r;
+    uint8_t want[DeepSeekV3Record::kBytes];
+    DeepSeekV3Record::encode(latent.data() + r * 576, latent.data() + r * 576 + DeepSeekV3Record::D, want,
+                             want + DeepSeekV3Record::kSplit, nullptr, 0, 1);
+    ASSERT_EQ(0, std::memcmp(bytes.data() + r * DeepSeekV3Record::kBytes, want, DeepSeekV3Record::kBytes)) << r;
   }
 }
 

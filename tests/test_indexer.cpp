@@ -1,4 +1,4 @@
-// DeepSeek-V3.2's fp8 index keys (`indexer_fp8`, detail/indexer_record.hpp), held to an encoder written
+// DeepSeek-V3.2's fp8 index keys (`indexer_fp8`, vllm_indexer.yaml's record format), held to an encoder written
 // from vLLM's indexer_k_quant_and_cache (indexer_reference.hpp):
 //   - the codec's one-lane form gives its bytes for keys at every scale edge (ref_index_edge_keys), and
 //     its one-lane and lane-split decodes read them back as the encoder's values (test_quant_lanes.cpp
@@ -16,30 +16,28 @@
 #include <vector>
 
 #include "indexer_reference.hpp"
-#include "kvforge/detail/indexer_record.hpp"
+#include "record_traits.hpp"
 #include "kvforge/paired_cache.hpp"
 #include "support.hpp"
 
 namespace kvtest {
 namespace {
 
-using kvforge::detail::IndexerRecord;
-
 TEST(IndexerRecord, EveryFormGivesVllmsBytesAtEachScaleEdgeAndReadsThemBack) {
-  using Key = IndexerRecord<256>;
+  using Key = kvforge::detail::PartRecord<IndexKeyTraits<256>>;
   for (const std::vector<float>& x : ref_index_edge_keys()) {
     const RefRecord want = ref_index_key(x, DType::f32);
     const float *k = x.data(), *v = x.data() + Key::D;
     std::vector<uint8_t> codes(256, 0xee), scales(8, 0xee);
-    Key::encode_whole(k, v, codes.data(), scales.data());
+    Key::encode_whole(k, v, codes.data(), codes.data() + Key::kSplit, scales.data());
     const std::vector<uint8_t> want_codes(want.bytes.begin(), want.bytes.begin() + 256);
     const std::vector<uint8_t> want_scales(want.bytes.begin() + 256, want.bytes.end());
     ASSERT_EQ(codes, want_codes) << "amax " << x[0];
     ASSERT_EQ(scales, want_scales) << "amax " << x[0];
     std::vector<float> whole(256, -1.0f), lanes(256, -1.0f);
-    Key::decode_whole(codes.data(), scales.data(), whole.data(), whole.data() + Key::D);
+    Key::decode_whole(codes.data(), codes.data() + Key::kSplit, scales.data(), whole.data(), whole.data() + Key::D);
     for (int lane = 0; lane < 32; ++lane)
-      Key::decode(codes.data(), scales.data(), lanes.data(), lanes.data() + Key::D, lane, 32);
+      Key::decode(codes.data(), codes.data() + Key::kSplit, scales.data(), lanes.data(), lanes.data() + Key::D, lane, 32);
     ASSERT_EQ(whole, want.gathered);
     ASSERT_EQ(lanes, want.gathered);
   }
@@ -53,7 +51,7 @@ TEST(IndexerRecord, EveryFormGivesVllmsBytesAtEachScaleEdgeAndReadsThemBack) {
 std::vector<Case> indexer_cases() {
   std::vector<Case> out;
   for (const Case& c : all_cases())
-    if (c.entry->descriptor->indexer_records()) out.push_back(c);
+    if (c.entry->descriptor->page_end_scales()) out.push_back(c);
   return out;
 }
 
@@ -114,8 +112,9 @@ TEST(IndexerPages, PairWithFlashMlasPagesAndMoveWithThem) {
   const VariantDescriptor *main = nullptr, *keys = nullptr;
   for (const auto& e : registry().variants()) {
     const VariantDescriptor& d = *e.descriptor;
-    if (d.flashmla_records() && d.page_size == 64 && (!main || d.layers < main->layers)) main = &d;
-    if (d.indexer_records() && d.page_size == 64 && (!keys || d.layers < keys->layers)) keys = &d;
+    const std::string format = d.coded_records() ? d.record_format->name : "";
+    if (format == "flashmla_fp8" && d.page_size == 64 && (!main || d.layers < main->layers)) main = &d;
+    if (format == "indexer_fp8" && d.page_size == 64 && (!keys || d.layers < keys->layers)) keys = &d;
   }
   if (!main || !keys) GTEST_SKIP() << "this build has no FlashMLA record variant or index key variant of pages of 64";
   CacheConfig config;

@@ -4,7 +4,7 @@
 #include <cctype>
 #include <vector>
 
-#include "flashmla_reference.hpp"
+#include "part_record_reference.hpp"
 #include "support.hpp"
 
 namespace kvtest {
@@ -18,8 +18,8 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
   VariantDescriptor small = d;
   small.layers = std::min(d.layers, 3);
   small.heads = std::min(d.heads, 3);
-  // A FlashMLA record keeps its width: its rows are halves of a record of whole 128-value tiles.
-  if (!d.flashmla_records()) small.head_dim = std::min(d.head_dim, 4);
+  // A record format keeps its width: its rows are halves of a record of whole parts and groups.
+  if (!d.coded_records()) small.head_dim = std::min(d.head_dim, 4);
   if (d.quant == Quant::per_group) small.quant_group = 2;  // two groups a row
   small.page_size = d.paged() ? std::min(d.page_size, 5) : 0;
   Capacity cap;
@@ -29,9 +29,9 @@ TEST_P(EveryLayout, AddressesAreInBoundsAndInjective) {
   const Geometry g = make_geometry(small, cap);
   const int64_t units = d.paged() ? cap.pages : cap.rows;
   const int64_t slots = d.paged() ? small.page_size : cap.positions;
-  // 4-bit codes: two values an element; a FlashMLA record: half its bytes a row.
-  const int stored_dim = d.flashmla_records() ? ref_record_bytes(d.mla_kv_lora_rank, d.mla_rope_dim) / 2
-                                              : small.head_dim / dtype_values(d.storage);
+  // 4-bit codes: two values an element; a record format: half its bytes (and page-end scales) a row.
+  const int stored_dim = d.coded_records() ? (ref_place(*d.record_format).record_bytes + ref_place(*d.record_format).tail_bytes) / 2
+                                           : small.head_dim / dtype_values(d.storage);
   const int64_t values = int64_t(small.layers) * 2 * units * slots * small.heads * stored_dim;
   // Dynamic scales: one per (layer, kv, unit, slot), times heads for per_token_head, and times groups
   // of a head's row for per_group.

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "indexer_reference.hpp"
-#include "kvforge/detail/indexer_record.hpp"
+#include "record_traits.hpp"
 #include "kvforge/detail/quant_ops.hpp"
 #include "kvforge/detail/quant_chunks.hpp"
 #include "kvforge/detail/write_ops.hpp"
@@ -405,16 +405,16 @@ TEST(ZeroPointTile, EachTokenOfATileMatchesTheReference) {
   }
 }
 
-// DeepSeek-V3.2's index key coded on a CUDA item's 32 lanes, emulated (IndexerRecord::encode, as the
-// CUDA write calls it): each tile's amax one reduction over them, each lane its own values; vLLM's bytes
+// DeepSeek-V3.2's index key of 256 values (record_traits.hpp) coded on a CUDA item's 32 lanes, emulated
+// (PartRecord::encode, as the CUDA write calls it): each lane its own groups; vLLM's bytes
 // (indexer_reference.hpp) at every scale edge.
 TEST(IndexKeyOnEmulatedLanes, AWarpCodesVllmsBytesAtEachScaleEdge) {
-  using Key = detail::IndexerRecord<256>;
+  using Key = detail::PartRecord<IndexKeyTraits<256>>;
   for (const std::vector<float>& x : ref_index_edge_keys()) {
     const RefRecord want = ref_index_key(x, DType::f32);
     std::vector<uint8_t> codes(256, 0xee), scales(8, 0xee);
     ASSERT_TRUE(EmulatedLanes::run(32, [&](int lane) {
-      Key::encode<EmulatedCudaExec, 32>(x.data(), x.data() + Key::D, codes.data(), scales.data(), lane);
+      Key::encode(x.data(), x.data() + Key::D, codes.data(), codes.data() + Key::kSplit, scales.data(), lane, 32);
     }));
     ASSERT_EQ(codes, std::vector<uint8_t>(want.bytes.begin(), want.bytes.begin() + 256)) << "amax " << x[0];
     ASSERT_EQ(scales, std::vector<uint8_t>(want.bytes.begin() + 256, want.bytes.end())) << "amax " << x[0];

@@ -93,7 +93,7 @@ TEST(GenericFallback, ServesAShapeThatWasNotGeneratedAndRefusesWhatItCannot) {
 TEST(Registry, NamesFollowOneGrammar) {
   for (const auto& e : registry().variants()) {
     const VariantDescriptor& d = *e.descriptor;
-    EXPECT_EQ(variant_name(d.layout, d.model, d.storage, d.input), d.name);
+    EXPECT_EQ(variant_name(d.layout, d.model, d.storage_name(), d.input), d.name);
   }
 }
 

@@ -63,11 +63,10 @@ TEST_P(EveryVariant, BytesPerTokenMatchesAllocation) {
                                 : d.tensor_scaled ? (-group_scale_bytes & 3) + int64_t(2) * d.layers * 4
                                                   : 0;
   EXPECT_EQ(drv.cache_->memory().storage_bytes, tokens * d.bytes_per_token + tensor_scales);
-  // Stored elements of a head's row: half a record's bytes where a token is coded whole (FlashMLA's
-  // record; an index key, 2 * head_dim codes and a 4-byte scale per 128), else its values' elements.
-  const int64_t row = d.flashmla_records()  ? ref_record_bytes(d.mla_kv_lora_rank, d.mla_rope_dim) / 2
-                      : d.indexer_records() ? (2 * d.head_dim + 4 * (2 * d.head_dim / 128)) / 2
-                                            : d.head_dim / dtype_values(d.storage);
+  // Stored elements of a head's row: half a record's bytes and its page-end scales where a token is coded
+  // whole (part_record_reference.hpp's own sums), else its values' elements.
+  const int64_t row = d.coded_records() ? (ref_place(*d.record_format).record_bytes + ref_place(*d.record_format).tail_bytes) / 2
+                                        : d.head_dim / dtype_values(d.storage);
   EXPECT_EQ(d.bytes_per_token, int64_t(2) * d.layers * d.heads * row * dtype_size(d.storage) +
                                    int64_t(2) * d.layers * scales_per_token * dtype_size(d.scale));
   // Runtime overhead: lazy staging is exactly max_staged_tokens input tokens plus their targets per

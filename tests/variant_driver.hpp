@@ -10,8 +10,7 @@
 #include <map>
 #include <set>
 
-#include "flashmla_reference.hpp"
-#include "indexer_reference.hpp"
+#include "part_record_reference.hpp"
 #include "quant_reference.hpp"
 #include "reference.hpp"
 
@@ -136,18 +135,17 @@ class Driver {
       for (int i = 0; i < dim_; ++i) x[size_t(h) * dim_ + i] = Reference::value(id, kv, h, i, heads_, dim_);
     return quantized_[{id, kv}] = ref_quantize(d_, x, tensor_scale(layer, kv));
   }
-  // A record's reference (FlashMLA's, or an fp8 index key's): the token's whole latent or key (K's
-  // values, then V's) encoded at once.
-  const RefRecord& record_token(uint64_t id) {
-    auto it = records_.find(id);
+  // A record format's reference (part_record_reference.hpp): head h's whole record of the token (its K
+  // values, then its V values) encoded at once.
+  const RefRecord& record_token(uint64_t id, int h) {
+    auto it = records_.find({id, h});
     if (it != records_.end()) return it->second;
     std::vector<float> latent(size_t(2) * dim_);
-    for (int i = 0; i < 2 * dim_; ++i) latent[size_t(i)] = Reference::value(id, i / dim_, 0, i % dim_, heads_, dim_);
-    return records_[id] = d_.indexer_records() ? ref_index_key(latent, d_.input)
-                                               : ref_flashmla_record(latent, d_.mla_kv_lora_rank, d_.mla_rope_dim, d_.input);
+    for (int i = 0; i < 2 * dim_; ++i) latent[size_t(i)] = Reference::value(id, i / dim_, h, i % dim_, heads_, dim_);
+    return records_[{id, h}] = ref_record(d_, latent);
   }
   float expected(int layer, uint64_t id, int kv, int h, int x) {
-    if ((d_.flashmla_records() || d_.indexer_records()) && id != 0) return record_token(id).gathered[size_t(kv) * dim_ + x];
+    if (d_.coded_records() && id != 0) return record_token(id, h).gathered[size_t(kv) * dim_ + x];
     if (!d_.quantized() || id == 0) return Reference::value(id, kv, h, x, heads_, dim_);
     return quantized_token(layer, id, kv).gathered[size_t(h) * dim_ + x];
   }
@@ -223,11 +221,10 @@ class Driver {
     const CacheConfig& cfg = cache_->config();
     const int64_t positions = ref_.window ? d_.window : cfg.max_seq_len;
     // Stored elements of a head's row: its values, two a byte for 4-bit codes; a record's half of bytes
-    // (FlashMLA's: K's row the first half, V's the second; an index key's: its page's size only, its
-    // bytes lying where indexer_reference.hpp says).
-    const bool records = d_.flashmla_records() || d_.indexer_records();
-    const int key_width = 2 * dim_;
-    const int half = d_.indexer_records() ? (key_width + key_width / 32) / 2 : ref_record_bytes(d_.mla_kv_lora_rank, d_.mla_rope_dim) / 2;
+    // (K's row the first half, V's the second; with page-end scales its page's size only, its bytes
+    // lying where ref_page_byte says).
+    const bool records = d_.coded_records();
+    const int half = records ? (ref_place(*d_.record_format).record_bytes + ref_place(*d_.record_format).tail_bytes) / 2 : 0;
     const int row = records ? half : dim_ / dtype_values(d_.storage);
     std::vector<int64_t> extent;
     for (int i = 0; i < d_.num_axes; ++i) {
@@ -299,12 +296,12 @@ class Driver {
               scale_at = d_.quant == Quant::per_tensor ? (layer * 2 + kv) * ss : (tensor_index * scales + scale_in) * ss;
             }
             std::string problem;
-            if (d_.indexer_records()) {  // the page starts where its slot 0's record would; vLLM's offsets in it
+            if (d_.page_end_scales()) {  // the page starts where its slot 0's record would; the format's offsets in it
               const int64_t slot = cell % d_.page_size, j = kv * half + x;
-              code_at = code_at - (slot * 2 * half + j) + ref_index_key_byte(d_.page_size, key_width, slot, j);
+              code_at = code_at - (slot * 2 * half + j) + ref_page_byte(*d_.record_format, d_.page_size, slot, j);
             }
             if (records) {
-              const int got = pool[size_t(code_at)], want = record_token(id).bytes[size_t(kv * half + x)];
+              const int got = pool[size_t(code_at)], want = record_token(id, h).bytes[size_t(kv * half + x)];
               if (got != want) problem = "record byte " + std::to_string(got) + ", want " + std::to_string(want);
             } else if (!d_.quantized()) {
               const float got = load_as(d_.storage, pool.data() + code_at);
@@ -404,7 +401,7 @@ class Driver {
   std::vector<std::vector<int32_t>> page_table_;
   Reference ref_;
   std::map<std::pair<uint64_t, int>, RefToken> quantized_;
-  std::map<uint64_t, RefRecord> records_;
+  std::map<std::pair<uint64_t, int>, RefRecord> records_;  // (write id, head)
   uint64_t last_id_ = 0;
   int64_t verify_calls_ = 0;
   struct Pending {

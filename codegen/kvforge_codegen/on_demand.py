@@ -101,9 +101,12 @@ def request(layout: Dict, model: Dict, dtype: str, input_dtype: Optional[str] = 
         if not isinstance(spec.get("name"), str) or not NAME.fullmatch(spec["name"]):
             raise OnDemandError("argument", f"{what}: name {spec.get('name')!r} is not a lower-case identifier "
                                             f"(allowed: letters a-z, digits and _, starting with a letter)", what)
-    if dtype not in vocab.DTYPES:
+    # A storage is a dtype, or a record format the layout defines (its `records`; checked with the spec).
+    records = [r.get("name") for r in layout.get("records") or () if isinstance(r, dict)]
+    storages = list(vocab.DTYPES) + [r for r in records if isinstance(r, str)]
+    if dtype not in storages:
         raise OnDemandError("argument", f"dtype: {dtype!r} is not a storage dtype "
-                                        f"(allowed: {', '.join(vocab.DTYPES)})", "dtype")
+                                        f"(allowed: {', '.join(storages)})", "dtype")
     if input_dtype is not None and input_dtype not in vocab.DTYPES:
         raise OnDemandError("argument", f"input: {input_dtype!r} is not a dtype "
                                         f"(allowed: {', '.join(vocab.DTYPES)})", "input")
@@ -118,7 +121,7 @@ def request(layout: Dict, model: Dict, dtype: str, input_dtype: Optional[str] = 
                 layouts.append(spec_of(f"layout.groups.{group}", member, "layouts", specs))
     for spec in layouts:
         spec["expand"] = [expand]
-        if not vocab.DTYPES[dtype]["quantized"]:
+        if dtype not in vocab.DTYPES or not vocab.DTYPES[dtype]["quantized"]:
             spec.pop("quantization", None)  # a default's settings for its quantized expansions
     return layouts, model, variant_name(layout["name"], model["name"], dtype, input_dtype or dtype)
 

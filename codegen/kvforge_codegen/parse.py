@@ -13,6 +13,7 @@ from .diagnostics import Diagnostics, Loc
 from .spec import (LayerGroup, Tuning, tp_divides, ModelSpec, Expansion, Quantization, LayoutSpec, SpecSet, MODEL_FIELDS, LAYER_GROUP_FIELDS, LAYOUT_FIELDS, STORAGE_FIELDS, EXPANSION_FIELDS)
 from .parse_mla import parse_mla, parse_v_head_dim, refuse_heads_beside_mla, stored_half
 from .parse_quant import parse_quantization
+from .parse_records import parse_records
 from .parse_states import parse_linear_layers
 from .yamlnodes import Entry, Value, load
 
@@ -267,7 +268,7 @@ def _parse_layer_groups(value: Value, layers: int, max_seq_len: int, diags: Diag
     return tuple(groups)
 
 
-def _parse_expansion(value: Value, index: int, diags: Diagnostics) -> Optional[Expansion]:
+def _parse_expansion(value: Value, index: int, diags: Diagnostics, storages: Tuple[str, ...]) -> Optional[Expansion]:
     r = _Reader(diags, value, f"expand[{index}]", EXPANSION_FIELDS)
     if not r.fields:
         return None
@@ -281,7 +282,7 @@ def _parse_expansion(value: Value, index: int, diags: Diagnostics) -> Optional[E
         diags.error(mv.value.loc, f"expand[{index}].models", "expected a non-empty list of model names")
     else:
         models = tuple(i.data for i in mv.value.data)
-    dtypes = r.choice_list("dtypes", tuple(vocab.DTYPES))
+    dtypes = r.choice_list("dtypes", storages)
     input_dtypes = r.choice_list("input_dtypes", vocab.INPUT_DTYPES, required=False)
     if models is None or dtypes is None or (r.has("input_dtypes") and input_dtypes is None):
         return None
@@ -345,8 +346,9 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
     quantization: Optional[Quantization] = None
     if r.has("quantization"):
         quantization = parse_quantization(r.fields["quantization"].value, addressing, axes, diags, _Reader)
+    records = parse_records(r.fields["records"].value, diags, _Reader) if r.has("records") else ()
 
-    expansions = _parse_expand_list(r, diags)
+    expansions = _parse_expand_list(r, diags, tuple(vocab.DTYPES) + tuple(f.name for f in records))
     if quantization is not None and expansions and \
             not any(d in vocab.QUANTIZED_DTYPES for e in expansions for d in e.dtypes):
         diags.error(r.fields["quantization"].key_loc, "quantization", "no expansion stores a quantized dtype, so it applies to nothing",
@@ -354,10 +356,11 @@ def _parse_layout(path: str, display: str, diags: Diagnostics) -> Optional[Layou
     if len(diags.errors) != before:
         return None
     return LayoutSpec(name, addressing, axes, page_size, window, update, quantization, tuple(expansions), doc.loc,
-                      state_axes=state_axes)
+                      state_axes=state_axes, records=records)
 
 
-def _parse_expand_list(r: _Reader, diags: Diagnostics) -> List[Expansion]:
+def _parse_expand_list(r: _Reader, diags: Diagnostics, storages: Tuple[str, ...] = tuple(vocab.DTYPES)) -> List[Expansion]:
+    """The `expand` list; `storages` are the dtypes and the layout's record formats its entries may store."""
     expansions: List[Expansion] = []
     if not r.has("expand"):
         r._missing("expand")
@@ -367,7 +370,7 @@ def _parse_expand_list(r: _Reader, diags: Diagnostics) -> List[Expansion]:
         diags.error(ev.loc, "expand", "expected a non-empty list of {models, dtypes} entries")
         return expansions
     for i, item in enumerate(ev.data):
-        e = _parse_expansion(item, i, diags)
+        e = _parse_expansion(item, i, diags, storages)
         if e is not None:
             expansions.append(e)
     return expansions

@@ -7,6 +7,7 @@ from typing import List, Optional, Tuple
 
 from . import vocab
 from .naming import variant_name, variant_symbol  # noqa: F401  (re-exported: the plan names its variants)
+from .records import PlacedRecord, place_record
 from .spec import LayerGroup, LayoutSpec, ModelSpec, Quantization, SpecSet
 
 
@@ -49,7 +50,13 @@ class Variant:
     @property
     def quantization(self) -> Optional[Quantization]:
         """The layout's quantization, for quantized storage; None for float storage."""
-        return self.layout.quantization if vocab.DTYPES[self.storage]["quantized"] else None
+        return self.layout.quantization if self.record is None and vocab.DTYPES[self.storage]["quantized"] else None
+
+    @property
+    def record(self) -> Optional[PlacedRecord]:
+        """The placed record format, where the storage names one of the layout's; None for a dtype."""
+        fmt = self.layout.record(self.storage)
+        return place_record(fmt, self.model)[0] if fmt is not None else None
 
     @property
     def scales_per_token(self) -> int:
@@ -70,21 +77,18 @@ class Variant:
     @property
     def stored_row(self) -> int:
         """Stored elements of a head's row (C++'s stored_row): head_dim over the values an element holds,
-        or half a record's bytes (FlashMLA's, an fp8 index key's)."""
-        t = vocab.DTYPES[self.storage]
-        if t.get("record") == "flashmla":
-            return flashmla_record_bytes(*self.model.mla) // 2
-        if t.get("record") == "indexer":
-            return indexer_record_bytes(2 * self.model.head_dim) // 2
-        return self.model.head_dim // t.get("values", 1)
+        or half a record format's bytes."""
+        if self.record is not None:
+            return self.record.stored_row
+        return self.model.head_dim // vocab.DTYPES[self.storage].get("values", 1)
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token of one sequence occupies: K and V of every layer and head, and their scales."""
         if self.members:
             return sum(m.bytes_per_token for _, m in self.members)
-        t = vocab.DTYPES[self.storage]
-        values = 2 * self.model.layers * self.model.kv_heads * self.stored_row * t["bytes"]
+        element = 1 if self.record is not None else vocab.DTYPES[self.storage]["bytes"]
+        values = 2 * self.model.layers * self.model.kv_heads * self.stored_row * element
         q = self.quantization
         return values + (self.scales_per_token * vocab.SCALE_ENTRIES[q.scale_entry]["bytes"] if q else 0)
 
@@ -94,16 +98,6 @@ def hybrid_members(specs: SpecSet, layout: LayoutSpec, model: ModelSpec, storage
     layouts = {l.name: l for l in specs.layouts}
     return tuple((model.group(g), Variant(layouts[member], model.for_group(model.group(g)), storage, input_dtype))
                  for g, member in layout.groups)
-
-
-def indexer_record_bytes(width: int) -> int:
-    """An fp8 index key's bytes in its page: its codes, and an fp32 scale per tile of them."""
-    return width + 4 * (width // vocab.INDEXER_TILE)
-
-
-def flashmla_record_bytes(kv_lora_rank: int, rope_dim: int) -> int:
-    """A FlashMLA fp8 record's bytes: the latent's codes, an fp32 scale per tile, the RoPE part in bf16."""
-    return kv_lora_rank + 4 * (kv_lora_rank // vocab.FLASHMLA_TILE) + 2 * rope_dim
 
 
 # ---- the plan ---------------------------------------------------------------------------------------
@@ -130,7 +124,7 @@ def filter_problems(specs: SpecSet, f: Filters) -> List[str]:
     problems = []
     for kind, given, allowed in (("layout", f.layouts, [l.name for l in specs.layouts]),
                                  ("model", f.models, [m.name for m in specs.models]),
-                                 ("dtype", f.dtypes, list(vocab.DTYPES))):
+                                 ("dtype", f.dtypes, list(vocab.DTYPES) + [r.name for l in specs.layouts for r in l.records])):
         for g in given:
             if g not in allowed:
                 problems.append(f"filter {kind}: unknown {kind} {g!r} (allowed: {', '.join(allowed)})")

@@ -166,6 +166,40 @@ class Quantization:
 
 
 @dataclass(frozen=True)
+class RecordScale:
+    """How a coded part of a record is scaled (vocab.RECORD_SCALE_FIELDS)."""
+
+    group: int         # values that share a scale
+    dtype: str         # vocab.RECORD_SCALE_DTYPES
+    rounding: str      # vocab.RECORD_SCALE_ROUNDINGS
+    amax_floor: float  # amax is at least this; 0: an all-zero group gets scale 1
+    nan: str           # vocab.RECORD_NAN_RULES
+    place: str         # vocab.RECORD_SCALE_PLACES
+
+
+@dataclass(frozen=True)
+class RecordPartSpec:
+    """One named part of a token's record: its width (values, or a model field, or `rest`), its dtype,
+    and its scale where it holds codes."""
+
+    name: str
+    width: int | str
+    dtype: str
+    scale: Optional[RecordScale]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """A layout's record format (`records`): a token's record, K then V of a head, as named parts in
+    order. Its name is a storage the layout's expansions can list (plan.py places its bytes per model)."""
+
+    name: str
+    parts: Tuple[RecordPartSpec, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
 class LayoutSpec:
     name: str
     addressing: str
@@ -181,10 +215,16 @@ class LayoutSpec:
     # The order of a state pool of its own for a model with linear layers, outermost first (vocab.STATE_AXES);
     # None: the default, vocab.STATE_AXES.
     state_axes: Optional[Tuple[str, ...]] = None
+    # The record formats the layout defines, each a storage its expansions may name.
+    records: Tuple[RecordFormat, ...] = ()
 
     @property
     def hybrid(self) -> bool:
         return bool(self.groups)
+
+    def record(self, storage: str) -> Optional[RecordFormat]:
+        """The record format `storage` names, or None where it is a dtype."""
+        return next((r for r in self.records if r.name == storage), None)
 
 
 @dataclass(frozen=True)
@@ -203,7 +243,7 @@ LINEAR_FIELDS = ("layers", "states")
 STATE_PART_FIELDS = ("name", "shape", "dtype", "shard_axis", "shard_shapes")
 LAYER_GROUP_FIELDS = ("name", "layers", "sliding_window", "kv_heads")
 LAYOUT_FIELDS = ("name", "addressing", "axes", "page_size", "window", "update", "quantization", "state_axes", "groups",
-                 "expand")
-STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization", "state_axes")
+                 "records", "expand")
+STORAGE_FIELDS = ("addressing", "axes", "page_size", "window", "update", "quantization", "state_axes", "records")
 QUANTIZATION_FIELDS = ("granularity", "scale_dtype", "scales", "group_size", "tensor_scale", "zero_point")
 EXPANSION_FIELDS = ("models", "dtypes", "input_dtypes")

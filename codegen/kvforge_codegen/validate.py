@@ -9,6 +9,7 @@ from . import vocab
 from .diagnostics import Diagnostics, SpecFailure
 from .naming import variant_name
 from .parse import parse_specs
+from .records import record_reasons
 from .spec import LayoutSpec, ModelSpec, SpecSet
 
 
@@ -18,7 +19,9 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
     """Why this combination cannot be built; empty when it can. The checks refuse an expansion that lists
     such a combination, naming these reasons, so the planner only ever sees buildable ones."""
     reasons: List[str] = []
-    if storage not in vocab.DTYPES:
+    if layout.record(storage) is not None:
+        reasons += record_reasons(layout, model, layout.record(storage), input_dtype)
+    elif storage not in vocab.DTYPES:
         reasons.append(f"storage dtype {storage!r} is not supported")
     elif vocab.DTYPES[storage]["quantized"]:
         if input_dtype == storage:
@@ -49,9 +52,7 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
             if codes % scale_bytes:
                 reasons.append(f"a page holds {codes} code bytes, not a multiple of the {scale_bytes}-byte "
                                f"{q.scale_dtype} scales that follow them, so the scales would be misaligned")
-    elif vocab.DTYPES[storage].get("record"):
-        reasons += record_reasons(layout, model, storage, input_dtype)
-    if input_dtype not in vocab.INPUT_DTYPES and input_dtype != storage:
+    if input_dtype not in vocab.INPUT_DTYPES and input_dtype != storage and layout.record(storage) is None:
         reasons.append(f"input dtype {input_dtype!r} is not supported")
     if layout.addressing == "ring":
         if layout.window == "model" and not model.sliding_window:
@@ -60,45 +61,6 @@ def unsupported_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, inpu
             reasons.append(f"window {layout.window} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
     if layout.addressing == "paged" and layout.page_size and layout.page_size > model.max_seq_len:
         reasons.append(f"page_size {layout.page_size} exceeds {model.name}'s max_seq_len {model.max_seq_len}")
-    return reasons
-
-
-def record_reasons(layout: LayoutSpec, model: ModelSpec, storage: str, input_dtype: str) -> List[str]:
-    """Why a record dtype (FlashMLA's fp8 record, an fp8 index key) cannot store this model; empty when
-    it can."""
-    reasons: List[str] = []
-    tile = vocab.FLASHMLA_TILE
-    if input_dtype == storage:
-        reasons.append(f"{storage} storage encodes a float input; give input_dtypes ({', '.join(vocab.INPUT_DTYPES)})")
-    if vocab.DTYPES[storage]["record"] == "indexer":
-        return reasons + indexer_reasons(layout, model, storage)
-    if model.mla is None:
-        reasons.append(f"{storage} stores an MLA latent record, and {model.name} has no mla "
-                       f"(a model with mla: {{kv_lora_rank, qk_rope_head_dim}})")
-    elif model.mla[0] % tile:
-        reasons.append(f"{storage} scales the latent in tiles of {tile}, and {model.name}'s kv_lora_rank "
-                       f"{model.mla[0]} is not a multiple of {tile}")
-    elif sum(model.mla) % 2:
-        reasons.append(f"{storage} holds a record as two halves of bytes, and {model.name}'s record of "
-                       f"{model.mla[0]} + {model.mla[1]} values is odd (FlashMLA's RoPE part is 64)")
-    return reasons
-
-
-def indexer_reasons(layout: LayoutSpec, model: ModelSpec, storage: str) -> List[str]:
-    """An fp8 index key is placed in its page, codes then scales (vLLM's and SGLang's indexer pages): one
-    key a token, in a paged layout whose pages each hold their tokens' records and nothing else."""
-    reasons: List[str] = []
-    tile, width = vocab.INDEXER_TILE, 2 * model.head_dim
-    if model.kv_heads != 1 or model.mla is not None or model.kv_widths is not None:
-        reasons.append(f"{storage} stores one index key a token, a head of K then V; {model.name} is not a model of "
-                       f"kv_heads: 1")
-    elif width % tile:
-        reasons.append(f"{storage} scales a key in tiles of {tile}, and {model.name}'s key of {width} values "
-                       f"(head_dim {model.head_dim}, K then V) is not a multiple of {tile}")
-    inside = tuple(layout.axes[layout.axes.index("page") + 1:]) if "page" in layout.axes else ()
-    if layout.addressing != "paged" or inside != ("slot", "kv", "head", "dim") or layout.update != "eager":
-        reasons.append(f"{storage} places a page's codes, then its scales: it takes a paged, eager layout whose axes "
-                       f"end [page, slot, kv, head, dim]")
     return reasons
 
 

@@ -38,21 +38,36 @@ DTYPES = {
     # that stores them says `zero_point: true`, and its scale entries hold a scale and a zero point.
     "uint4": {"bytes": 1, "values": 2, "cpp": "kvforge::uint4x2", "enum": "u4", "quantized": True,
               "zero_point": True},
-    # FlashMLA's fp8 MLA record (its README): a token's latent as e4m3 codes, an fp32 power-of-two scale
-    # per 128 of them, then the RoPE part in bf16. Its scales are inside the record, so it takes no
-    # quantization block; an element is one byte of it, and K's and V's rows are its two halves.
-    "flashmla_fp8": {"bytes": 1, "cpp": "kvforge::flashmla_fp8_byte", "enum": "flashmla_f8", "quantized": False,
-                     "record": "flashmla"},
-    # DeepSeek-V3.2's indexer keys as vLLM and SGLang page them: a page's tokens' e4m3 codes, then their
-    # fp32 power-of-two scales, one per 128 values. A token's record (K then V of one head) is coded
-    # whole; its bytes are not one run of the page, so K's and V's rows are nominal halves.
-    "indexer_fp8": {"bytes": 1, "cpp": "kvforge::indexer_fp8_byte", "enum": "indexer_f8", "quantized": False,
-                    "record": "indexer"},
 }
-FLASHMLA_TILE = 128  # latent values that share one scale in a FlashMLA record
-INDEXER_TILE = 128   # index key values that share one scale (vLLM's quant_block_size)
 INPUT_DTYPES = ("fp32", "fp16", "bf16")
 QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])
+
+# A layout's record formats (`records`, docs/specs.md "Records of named parts"): a token's record, K then V
+# of a head, as a list of named parts, each of its own width and dtype, codes with their own scales or
+# values as they are. A format's name is a storage its expansions can list beside DTYPES; its variants
+# store the record's bytes (the C++ type kvforge::record_byte), a head's K row its first half of bytes and
+# V's its second.
+# A part's dtype: codes that take scales (each with its largest code), or floats stored as they are.
+RECORD_CODE_DTYPES = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}
+RECORD_FLOAT_DTYPES = ("bf16", "fp16", "fp32")
+RECORD_PART_DTYPES = tuple(RECORD_CODE_DTYPES) + RECORD_FLOAT_DTYPES
+# A part's width: values, or a field of the model (an MLA model's two, a K/V model's K and V widths), or
+# `rest`: what the record's other parts leave.
+RECORD_WIDTHS = ("kv_lora_rank", "qk_rope_head_dim", "head_dim", "v_head_dim", "rest")
+# A coded part's scale: its group (values that share one), its dtype, its rounding (`exact`: amax / the
+# code's largest value; `pow2_up`: the smallest power of two at or above that, as OCP MX and FlashMLA
+# round, which ue8m0 requires), the floor under amax, what a NaN does (`group`: its group's scale is NaN,
+# as MX defines; `value`: only its own code), and where the scales live (in the record after the part's
+# codes, or after the page's records, a token's scales one after another: vLLM's indexer pages).
+RECORD_GROUP_SIZES = (8, 16, 32, 64, 128)
+RECORD_SCALE_DTYPES = ("fp32", "bf16", "ue8m0")
+RECORD_SCALE_ROUNDINGS = ("exact", "pow2_up")
+RECORD_NAN_RULES = ("group", "value")
+RECORD_SCALE_PLACES = ("record", "page_end")
+RECORD_FIELDS = ("name", "parts")
+RECORD_PART_FIELDS = ("name", "width", "dtype", "scale")
+RECORD_SCALE_FIELDS = ("group", "dtype", "rounding", "amax_floor", "nan", "place")
+MAX_RECORD_PARTS = 16
 
 # Quantization: how many values share a scale, the scale's type, and where scales live. per_group
 # shares a scale among `group_size` consecutive values of a head's row (OCP MX: 32).

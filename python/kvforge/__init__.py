@@ -54,7 +54,8 @@ def variants(layout=None, model=None, storage=None, input=None):
     """The registered variants matching every given field, as Descriptors (sorted by name).
 
     layout, model: spec names; storage, input: dtype names (fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2,
-    fp4_e2m1, int4, uint4, flashmla_fp8, indexer_fp8; an input is a float one).
+    fp4_e2m1, int4, uint4, or a record format a layout defines, such as flashmla_fp8 and indexer_fp8;
+    an input is a float one).
     """
     return [describe(name) for name in _variants(layout, model, storage, input)]
 

@@ -183,8 +183,9 @@ def variant(layout, model, dtype, input=None, *, window=None, name=None):
         groups name default layouts (or spec files); the model then needs layer groups of those names.
     model: a default model's name, a model spec file's path, a dict of its fields (`name` optional), or
         an HF PretrainedConfig (kvforge.jit.model_spec reads it).
-    dtype: the storage dtype (fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4, flashmla_fp8,
-        indexer_fp8; docs/specs.md says which layouts and models each takes); input: the dtype appended and
+    dtype: the storage dtype (fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4), or a record
+        format the layout's `records` define (flashmla_fp8, indexer_fp8, a user's; docs/specs.md says which
+        layouts and models each takes); input: the dtype appended and
         gathered (default: dtype; quantized storage needs one). window: a ring layout's window in positions
         (default: the layout's own). name: the layout's name in the variant's (default: the spec's).
     Raises SpecError with every `file:line: field: problem` of the specs, BackendError where no compiler

@@ -23,7 +23,7 @@ NB_MODULE(_native, m) {
 
   m.def("variants", [](std::optional<std::string> layout, std::optional<std::string> model,
                        std::optional<std::string> storage, std::optional<std::string> input) {
-    VariantQuery q{layout.value_or(""), model.value_or(""), dtype_named(storage, "storage"), dtype_named(input, "input")};
+    const VariantQuery q = query_of(layout, model, storage, input);
     std::vector<std::string> names;
     for (const VariantEntry* e : known().select(q)) names.push_back(e->descriptor->name);
     return names;
@@ -41,14 +41,15 @@ NB_MODULE(_native, m) {
      "Loads a shared library of generated variants; returns their names. See docs/on_demand.md.");
   m.def("variant_name", [](const std::string& layout, const std::string& model, const std::string& storage,
                            const std::string& input) {
-    return variant_name(layout, model, *dtype_named(storage, "storage"), *dtype_named(input, "input"));
+    const VariantQuery q = query_of(std::nullopt, std::nullopt, storage, input);
+    return q.record.empty() ? variant_name(layout, model, *q.storage, *q.input) : variant_name(layout, model, q.record, *q.input);
   });
 
   nb::class_<VariantDescriptor>(m, "Descriptor")
       .def_prop_ro("name", [](const VariantDescriptor& d) { return d.name; })
       .def_prop_ro("layout", [](const VariantDescriptor& d) { return d.layout; })
       .def_prop_ro("model", [](const VariantDescriptor& d) { return d.model; })
-      .def_prop_ro("storage", [](const VariantDescriptor& d) { return name(d.storage); })
+      .def_prop_ro("storage", [](const VariantDescriptor& d) { return std::string(d.storage_name()); })
       .def_prop_ro("input", [](const VariantDescriptor& d) { return name(d.input); })
       .def_prop_ro("addressing", [](const VariantDescriptor& d) { return name_of(d.addressing); })
       .def_prop_ro("update", [](const VariantDescriptor& d) { return name_of(d.update); })
@@ -121,6 +122,26 @@ NB_MODULE(_native, m) {
       .def_prop_ro("kv_widths", [](const VariantDescriptor& d) {
         return d.split_widths() ? std::optional<std::pair<int, int>>({d.k_head_dim, d.v_head_dim}) : std::nullopt;
       })
+      // A record format's parts (a layout spec's `records`; docs/specs.md "Records of named parts"), each a
+      // dict of its placement in the record: name, values_at, width, dtype, bytes_at, and a coded part's
+      // group, scale_dtype, scales_at, at_page_end, rounding, amax_floor, nan_group; else None.
+      .def_prop_ro("record_parts", [](const VariantDescriptor& d) -> std::optional<nb::list> {
+        if (!d.record_format) return std::nullopt;
+        nb::list parts;
+        for (int i = 0; i < d.record_format->num_parts; ++i) {
+          const RecordPart& p = d.record_format->parts[i];
+          nb::dict part;
+          part["name"] = p.name, part["values_at"] = p.values_at, part["width"] = p.width;
+          part["dtype"] = name(p.dtype), part["bytes_at"] = p.bytes_at;
+          if (p.scaled()) {
+            part["group"] = p.group, part["scale_dtype"] = name(p.scale_dtype), part["scales_at"] = p.scales_at;
+            part["at_page_end"] = p.at_page_end, part["amax_floor"] = p.amax_floor, part["nan_group"] = p.nan_group;
+            part["rounding"] = p.rounding == ScaleRounding::pow2_up ? "pow2_up" : "exact";
+          }
+          parts.append(part);
+        }
+        return parts;
+      })
       .def("__repr__", [](const VariantDescriptor& d) { return std::string("<kvforge.Descriptor ") + d.name + ">"; });
 
   // Every row of the operations table (cache_ops.hpp), bound by its signature (rows.hpp); then what
@@ -179,8 +200,7 @@ NB_MODULE(_native, m) {
         throw ArgumentError("name", "give a variant name or a query (layout, model, storage, input), not both");
       return known().create(*name, config);
     }
-    VariantQuery q{layout.value_or(""), model.value_or(""), dtype_named(storage, "storage"), dtype_named(input, "input")};
-    return known().create(q, config);
+    return known().create(query_of(layout, model, storage, input), config);
   }, "name"_a = nb::none(), "layout"_a = nb::none(), "model"_a = nb::none(), "storage"_a = nb::none(),
      "input"_a = nb::none(), "device"_a = "cpu", "rows"_a = 1, "max_seq_len"_a = 0, "pages"_a = 0,
      "max_staged_tokens"_a = 0, "stream"_a = 0);

@@ -224,8 +224,7 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     case DType::f4e2m1:                               // two codes a byte; torch views it as float4_e2m1fn_x2
     case DType::i4:
     case DType::u4:
-    case DType::flashmla_f8: return nb::dtype<uint8_t>();  // a record's bytes
-    case DType::indexer_f8: return nb::dtype<uint8_t>();   // a page's bytes of index keys
+    case DType::record: return nb::dtype<uint8_t>();  // a record's bytes
     case DType::bf16_zero: return {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};  // views add [.., 2]
     case DType::f32_zero: return nb::dtype<float>();
   }
@@ -267,8 +266,7 @@ Device device_named(const std::string& name) { return enum_from<Device>(name, kD
 std::optional<DType> dtype_named(const std::optional<std::string>& name, const char* argument) {
   if (!name) return std::nullopt;
   constexpr DType kNamed[] = {DType::f32,    DType::f16,    DType::bf16, DType::i8,
-                              DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4, DType::u4, DType::flashmla_f8,
-                              DType::indexer_f8};
+                              DType::f8e4m3, DType::f8e5m2, DType::f4e2m1, DType::i4, DType::u4};
   std::string allowed;
   for (DType t : kNamed) {
     if (*name == dtype_name(t)) return t;
@@ -278,6 +276,21 @@ std::optional<DType> dtype_named(const std::optional<std::string>& name, const c
 }
 
 std::string name(DType t) { return std::string(dtype_name(t)); }
+
+// A query from Python's names. A storage is a dtype's name, or a record format's (flashmla_fp8, or any
+// a layout spec defines) that a known variant stores.
+VariantQuery query_of(const std::optional<std::string>& layout, const std::optional<std::string>& model,
+                      const std::optional<std::string>& storage, const std::optional<std::string>& input) {
+  VariantQuery q{layout.value_or(""), model.value_or(""), std::nullopt, dtype_named(input, "input")};
+  if (!storage) return q;
+  for (const VariantEntry& e : known().variants())
+    if (e.descriptor->record_format && *storage == e.descriptor->record_format->name) {
+      q.storage = DType::record, q.record = *storage;
+      return q;
+    }
+  q.storage = dtype_named(storage, "storage");
+  return q;
+}
 
 // ---- errors ----
 

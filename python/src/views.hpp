@@ -8,31 +8,40 @@
 namespace kvforge {
 namespace {
 
-// FlashMLA's fp8 record by its parts, each [.., n] over the record's bytes (FlashMLA's
-// kv_cache_format: the latent's R e4m3 codes, then an fp32 scale per 128 of them, then the RoPE part's P
-// bf16 values): "latent" (e4m3 codes as bytes), "latent_scales" and "rope". A part is a tensor of its own
-// type where the record's stride is a whole number of its elements (R a multiple of 128, P even: every
-// FlashMLA record), and absent otherwise.
-void flashmla_part_views(const VariantDescriptor& d, const RecordView& r, nb::handle owner, nb::dict& out) {
-  const size_t rows = size_t(r.rows_or_pages), slots = size_t(r.seq_or_slots);
-  const int64_t R = d.mla_kv_lora_rank, tiles = R / kFlashMlaTile;
-  const char* record = static_cast<const char*>(r.record);
-  auto part = [&](const char* name, int64_t offset, DType dtype, int64_t values) {
+// One part of a record format and its scales as tensors of their own types over the record's bytes:
+// "<part>" [pages or rows, slots or positions, (heads,) width] (fp8 codes as bytes, int8, or the float
+// part's dtype) and "<part>_scales" [.., width / group] (fp32, bf16, or ue8m0 as bytes). `record` is
+// the first token's record, `tail` its page-end scales; the strides are in bytes, each a whole number of
+// the part's elements (records.py places every part so). The heads axis is left out of a record of one
+// head, as FlashMLA's and vLLM's index key views have it.
+void part_views(const RecordFormat& f, const char* record, const char* tail, Device device, size_t rows, size_t slots,
+                size_t heads, const int64_t (&record_strides)[3], const int64_t (&tail_strides)[2], nb::handle owner,
+                nb::dict& out) {
+  auto view = [&](const std::string& name, const char* at, DType dtype, size_t width, const int64_t* strides) {
     const int64_t size = dtype_size(dtype);
-    if (offset % size || r.strides.row_or_page % size || r.strides.seq_or_slot % size) return;
-    out[name] = export_array(record + offset, dtype, r.device, {rows, slots, size_t(values)},
-                             {r.strides.row_or_page / size, r.strides.seq_or_slot / size, 1}, owner);
+    std::vector<size_t> shape{rows, slots};
+    std::vector<int64_t> in_elements{strides[0] / size, strides[1] / size};
+    if (heads > 1) shape.push_back(heads), in_elements.push_back(strides[2] / size);
+    shape.push_back(width), in_elements.push_back(1);
+    out[name.c_str()] = export_array(at, dtype, device, shape, in_elements, owner);
   };
-  part("latent", 0, DType::f8e4m3, R);
-  part("latent_scales", flashmla_scales_at(int(R)), DType::f32, tiles);
-  part("rope", flashmla_rope_at(int(R)), DType::bf16, d.mla_rope_dim);
+  for (int i = 0; i < f.num_parts; ++i) {
+    const RecordPart& p = f.parts[i];
+    view(p.name, record + p.bytes_at, p.dtype, size_t(p.width), record_strides);
+    if (!p.scaled()) continue;
+    const std::string scales = std::string(p.name) + "_scales";
+    if (p.at_page_end)
+      view(scales, tail + p.scales_at, p.scale_dtype, size_t(p.width / p.group), tail_strides);
+    else
+      view(scales, record + p.scales_at, p.scale_dtype, size_t(p.width / p.group), record_strides);
+  }
 }
 
 // The record views of a float layout that keeps each head's record whole (kvforge::record_view): "record"
 // [.., heads, first + second]; an MLA model's "latent" [.., R] and "rope" [.., P] without the heads axis,
 // also named "ckv" and "kpe" (FlashInfer's ckv_cache and kpe_cache; SGLang slices its one buffer so), K
-// and V of other widths' "k_part" [.., heads, K] and "v_part" [.., heads, V]. FlashMLA's fp8 records:
-// "record", its bytes, and its parts by name (flashmla_part_views).
+// and V of other widths' "k_part" [.., heads, K] and "v_part" [.., heads, V]. A record format's records
+// (FlashMLA's fp8 record, a spec's own): "record", its bytes, and its parts by name (part_views).
 void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out) {
   const std::optional<RecordView> r = record_view(cache, layer);
   if (!r) return;
@@ -40,7 +49,11 @@ void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out
   const std::vector<int64_t> strides{r->strides.row_or_page, r->strides.seq_or_slot, r->strides.head, 1};
   const size_t first = size_t(r->first_width), second = size_t(r->second_width);
   out["record"] = export_array(r->record, r->dtype, r->device, {rows, slots, heads, first + second}, strides, owner);
-  if (cache.descriptor().flashmla_records()) return flashmla_part_views(cache.descriptor(), *r, owner, out);
+  if (const RecordFormat* f = cache.descriptor().record_format) {
+    const int64_t none[2] = {0, 0};
+    return part_views(*f, static_cast<const char*>(r->record), nullptr, r->device, rows, slots, heads,
+                      {strides[0], strides[1], strides[2]}, none, owner, out);
+  }
   if (cache.descriptor().mla()) {
     const std::vector<int64_t> token{strides[0], strides[1], 1};
     for (const char* name : {"latent", "ckv"})  // an array a name: a DLPack capsule is consumed once
@@ -53,20 +66,25 @@ void record_views(const Cache& cache, int layer, nb::handle owner, nb::dict& out
   }
 }
 
-// A layer of fp8 index keys (indexer_record.hpp), whose K and V rows are no token's bytes: "pages"
-// [pages, P * (W + W / 32)] uint8 as SGLang's index buffer (and vLLM's [blocks, P, W + W / 32] tensor,
-// flattened), and in it "key" [pages, P, W] uint8 (e4m3 bits) and "key_scales" [pages, P, W / 128] fp32.
-void index_key_views(const LayerView& v, nb::handle owner, nb::dict& out) {
-  const size_t pages = size_t(v.rows_or_pages), P = size_t(v.seq_or_slots), width = 2 * size_t(v.head_dim);
-  const size_t tiles = width / size_t(kIndexerTile), page_bytes = size_t(v.strides.row_or_page);
-  out["pages"] = export_array(v.k, DType::indexer_f8, v.device, {pages, page_bytes}, {int64_t(page_bytes), 1}, owner);
-  // The key part and its scales, also by their part names ("key", "key_scales").
-  for (const char* name : {"key", "codes"})  // an array a name: a DLPack capsule is consumed once
-    out[name] = export_array(v.k, DType::indexer_f8, v.device, {pages, P, width}, {int64_t(page_bytes), int64_t(width), 1},
-                             owner);
-  for (const char* name : {"key_scales", "scales"})
-    out[name] = export_array(static_cast<const char*>(v.k) + P * width, DType::f32, v.device, {pages, P, tiles},
-                             {int64_t(page_bytes / 4), int64_t(tiles), 1}, owner);
+// A layer of a record format whose scales follow each page's records (DeepSeek-V3.2's fp8 index keys),
+// so that its K and V rows are no token's bytes: "pages" [pages, page bytes] uint8, as SGLang's index
+// buffer (and vLLM's [blocks, P, record + scales] tensor, flattened), and in it each part and its scales
+// by name (part_views): an index key's "key" [pages, P, W] (e4m3 bits) and "key_scales" [pages, P,
+// W / 128] fp32. A format of one coded part names them "codes" and "scales" too.
+void page_end_views(const RecordFormat& f, const LayerView& v, nb::handle owner, nb::dict& out) {
+  const size_t pages = size_t(v.rows_or_pages), P = size_t(v.seq_or_slots);
+  const int64_t page_bytes = v.strides.row_or_page;
+  const char* page = static_cast<const char*>(v.k);
+  out["pages"] = export_array(page, DType::record, v.device, {pages, size_t(page_bytes)}, {page_bytes, 1}, owner);
+  part_views(f, page, page + int64_t(P) * f.record_bytes, v.device, pages, P, 1, {page_bytes, f.record_bytes, 0},
+             {page_bytes, f.tail_bytes}, owner, out);
+  if (f.num_parts == 1) {  // an array a name: a DLPack capsule is consumed once, so these are views again
+    nb::dict again;
+    part_views(f, page, page + int64_t(P) * f.record_bytes, v.device, pages, P, 1, {page_bytes, f.record_bytes, 0},
+               {page_bytes, f.tail_bytes}, owner, again);
+    out["codes"] = again[f.parts[0].name];
+    out["scales"] = again[(std::string(f.parts[0].name) + "_scales").c_str()];
+  }
 }
 
 nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
@@ -78,8 +96,8 @@ nb::dict layer_view(const Cache& cache, int layer, nb::handle owner) {
   const std::vector<int64_t> strides{v.strides.row_or_page, v.strides.seq_or_slot, v.strides.head, 1};
   nb::dict out;
   out["dtype"] = name(v.dtype);
-  if (cache.descriptor().indexer_records()) {
-    index_key_views(v, owner, out);
+  if (cache.descriptor().page_end_scales()) {
+    page_end_views(*cache.descriptor().record_format, v, owner, out);
     return out;
   }
   out["k"] = export_array(v.k, v.dtype, v.device, shape, strides, owner);

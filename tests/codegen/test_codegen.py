@@ -59,7 +59,7 @@ class BadSpecMessages(unittest.TestCase):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "colour: blue\n"), [
             "layouts/bad.yaml:9: colour: unknown field "
             "(allowed: name, addressing, axes, page_size, window, update, quantization, state_axes, groups, "
-            "expand)"])
+            "records, expand)"])
 
     def test_duplicate_key(self):
         self.assertEqual(errors_of(GOOD_LAYOUT.format(name="bad") + "update: lazy\n"), [
@@ -77,8 +77,7 @@ class BadSpecMessages(unittest.TestCase):
             "layouts/bad.yaml:4: axes: unknown value 'heads' "
             "(allowed: layer, row, seq, page, slot, kv, head, dim)",
             "layouts/bad.yaml:8: expand[0].dtypes: unknown value 'fp64' "
-            "(allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4, flashmla_fp8, "
-            "indexer_fp8)"])
+            "(allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4)"])
 
     def test_wrong_type(self):
         text = GOOD_LAYOUT.format(name="bad").replace("page_size: 16", "page_size: sixteen")
@@ -164,8 +163,8 @@ class CommandLine(unittest.TestCase):
     def test_unknown_filter_value_is_refused(self):
         r = self.run_codegen("list", "--dtype", "fp64")
         self.assertEqual(r.returncode, 2)
-        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4, flashmla_fp8, "
-                      "indexer_fp8)",
+        self.assertIn("filter dtype: unknown dtype 'fp64' (allowed: fp32, fp16, bf16, int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4, "
+                      "flashmla_fp8, indexer_fp8)",
                       r.stderr)
         self.assertNotIn("Traceback", r.stderr)
 
@@ -257,19 +256,6 @@ class Quantization(unittest.TestCase):
             "layouts/bad.yaml:6: quantization: no expansion stores a quantized dtype, so it applies to nothing "
             "(allowed: int8, fp8_e4m3, fp8_e5m2, fp4_e2m1, int4, uint4 in expand[].dtypes)"])
 
-
-    def test_flashmla_record_needs_an_mla_model_of_whole_tiles_and_a_float_input(self):
-        text = GOOD_LAYOUT.format(name="bad").replace("models: [tiny]", "models: [tiny, tiny_mla, tiny_mla_tiles]")
-        text = text.replace("[bf16]", "[flashmla_fp8]") + "    input_dtypes: [bf16]\n"
-        self.assertEqual(errors_of(text), [
-            "layouts/bad.yaml:7: expand[0]: bad.tiny.flashmla_fp8_in_bf16: flashmla_fp8 stores an MLA latent record, "
-            "and tiny has no mla (a model with mla: {kv_lora_rank, qk_rope_head_dim})",
-            "layouts/bad.yaml:7: expand[0]: bad.tiny_mla.flashmla_fp8_in_bf16: flashmla_fp8 scales the latent in "
-            "tiles of 128, and tiny_mla's kv_lora_rank 24 is not a multiple of 128"])
-        no_input = GOOD_LAYOUT.format(name="bad").replace("[tiny]", "[tiny_mla_tiles]").replace("[bf16]", "[flashmla_fp8]")
-        self.assertEqual(errors_of(no_input), [
-            "layouts/bad.yaml:7: expand[0]: bad.tiny_mla_tiles.flashmla_fp8: flashmla_fp8 storage encodes a float "
-            "input; give input_dtypes (fp32, fp16, bf16)"])
 
 
 HYBRID_LAYOUT = """\

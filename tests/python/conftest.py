@@ -61,6 +61,49 @@ def quantization_bound(descriptor, expected):
     return x.abs() * 2.0 ** -mantissa + ulp + 1e-3
 
 
+def record_bound(descriptor, expected_k, expected_v):
+    """Per-element bounds on |gathered - appended| for a record format's K and V [H, n, D] values, each part
+    by its own definition (descriptor.record_parts): a float part within half its ulp, a coded part within
+    half a step of its grid at the value (e4m3 2^-4, e5m2 2^-3 relative) or of int8's (amax / 127), plus a
+    subnormal step of its group's scale; the group's scale taken as amax / the code's largest, twice that
+    where it rounds up to a power of two. Plus half an ulp of the input dtype."""
+    x = torch.cat([expected_k.float(), expected_v.float()], dim=-1)
+    bound = torch.zeros_like(x)
+    for p in descriptor.record_parts:
+        part = x[..., p["values_at"]:p["values_at"] + p["width"]]
+        if "group" not in p:
+            relative = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11, "fp32": 0.0}[p["dtype"]]
+            bound[..., p["values_at"]:p["values_at"] + p["width"]] = part.abs() * relative
+            continue
+        groups = part.reshape(*part.shape[:-1], -1, p["group"])
+        qmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}[p["dtype"]]
+        scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=p["amax_floor"]) / qmax
+        scale = scale * (2.0 if p["rounding"] == "pow2_up" else 1.0)
+        if p["dtype"] == "int8":
+            step = scale.expand_as(groups) * 0.5
+        else:
+            relative, subnormal = (2.0 ** -4, 2.0 ** -9) if p["dtype"] == "fp8_e4m3" else (2.0 ** -3, 2.0 ** -16)
+            step = groups.abs() * relative + scale * subnormal
+        bound[..., p["values_at"]:p["values_at"] + p["width"]] = step.reshape(part.shape)
+    bound = bound * 1.001 + x.abs() * (2.0 ** -7 if descriptor.input == "bf16" else 2.0 ** -10) + 1e-6
+    D = expected_k.shape[-1]
+    return bound[..., :D], bound[..., D:]
+
+
+def assert_reads_back(descriptor, got_k, got_v, want_k, want_v):
+    """Gathered K and V [H, n, D] against the appended values: exact for float storage, else within the
+    storage's bound (record_bound for a record format, quantization_bound for codes)."""
+    got_k, got_v = got_k.float(), got_v.float()
+    if descriptor.record_parts:
+        k_bound, v_bound = record_bound(descriptor, want_k, want_v)
+        assert ((got_k - want_k).abs() <= k_bound).all() and ((got_v - want_v).abs() <= v_bound).all()
+    elif descriptor.quantized:
+        assert ((got_k - want_k).abs() <= quantization_bound(descriptor, want_k)).all()
+        assert ((got_v - want_v).abs() <= quantization_bound(descriptor, want_v)).all()
+    else:
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
 @pytest.fixture
 def generator():
     return torch.Generator().manual_seed(1234)

@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 import torch
-from conftest import TORCH_DTYPE, quantization_bound, strided_tokens, variants_where
+from conftest import TORCH_DTYPE, assert_reads_back, strided_tokens, variants_where
 
 import kvforge
 
@@ -91,11 +91,7 @@ def test_round_trip_against_logical_reference(d, generator):
         for layer in range(d.layers):
             got_k, got_v = drv.gather(layer, seq, begin, end)
             want_k, want_v = drv.expected(layer, seq, begin, end)
-            if d.quantized:
-                assert ((got_k - want_k).abs() <= quantization_bound(d, want_k)).all()
-                assert ((got_v - want_v).abs() <= quantization_bound(d, want_v)).all()
-            else:
-                assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+            assert_reads_back(d, got_k, got_v, want_k, want_v)
 
 
 def pool_bytes(cache):
@@ -467,11 +463,7 @@ def test_gather_batch_reads_every_sequence_of_a_batch_as_the_reference_holds_it(
         drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :, :, :4], rows=seqs, begin=2, end=6)
     for b, seq in enumerate(seqs):
         want_k, want_v = drv.expected(1, seq, 2, 6)
-        for got, want in ((out[0, b, :, :4].float(), want_k), (out[1, b, :, :4].float(), want_v)):
-            if d.quantized:
-                assert ((got - want).abs() <= quantization_bound(d, want)).all()
-            else:
-                assert torch.equal(got, want)
+        assert_reads_back(d, out[0, b, :, :4], out[1, b, :, :4], want_k, want_v)
     assert (out[:, :, :, 4:] == -7.0).all(), "a position outside the range was written"
     with pytest.raises(kvforge.ShapeError, match="v_out"):
         drv.cache.gather_batch(1, out[0, :, :, :4], out[1, :2, :, :4], rows=seqs, page_table=None, begin=2, end=6)

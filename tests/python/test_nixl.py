@@ -32,7 +32,7 @@ import kvforge.nixl  # before NIXL itself: it sets UCX's modules for this machin
 
 pytest.importorskip("nixl_cu13", reason="NIXL is not installed (tools/setup installs nixl-cu13)")
 
-from conftest import quantization_bound, variants_where  # noqa: E402
+from conftest import assert_reads_back, quantization_bound, variants_where  # noqa: E402
 from kvforge.nixl import Placement  # noqa: E402
 from kvforge.torch_dtypes import TORCH_DTYPES  # noqa: E402
 from nixl_peer import value, where, write_request  # noqa: E402
@@ -186,12 +186,8 @@ def assert_holds(cache, placement, request, rank=0, count=COUNT):
     d = cache.descriptor
     for layer in range(d.layers):
         k, v = gathered(cache, layer, placement, count)
-        for kv, got in ((0, k), (1, v)):
-            want = expect(request, d, rank, layer, kv, count).to(got.dtype)
-            if d.quantized:
-                assert ((got.float() - want.float()).abs() <= quantization_bound(d, want)).all(), d.name
-            else:
-                assert torch.equal(got, want), f"{d.name} layer {layer} {'KV'[kv]}"
+        want_k, want_v = (expect(request, d, rank, layer, kv, count).to(k.dtype) for kv in (0, 1))
+        assert_reads_back(d, k, v, want_k.float(), want_v.float())
 
 
 def target_of(d):

@@ -229,6 +229,7 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
                 assert torch.equal(got, want), f"{d.name} layer {layer}: page {page} is not what a fresh pool's append writes"
     # The sender checks what a receiver asks for before it takes memory: a page size it does not have.
     hnd = next(d for d in targets if plans.page_bytes(published(d)) is not None)
+    place, _ = placement_for(hnd)  # its own pages, not the last loop's variant's
     plan = agent._plan([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, 0, True)
     plan["placement"]["page_bytes"] += 1
     with pytest.raises(kvforge.ArgumentError, match="page_bytes: .* the receiver's"):

@@ -109,12 +109,13 @@ struct RecordView {
   int64_t seq_or_slots = 0;
   int heads = 0;
   int first_width = 0;
-  int second_width = 0;  // 0 for FlashMLA's fp8 records, whose bytes are one part (second is null)
+  int second_width = 0;  // 0 for a record format's records, whose bytes are one part (second is null;
+                         // its parts are the descriptor's record_format)
 };
 class Cache;
 // The view of `layer`, or nothing where the variant keeps no records, its layout splits them (K's and V's
-// halves apart), or it stores codes with scales apart from them (each half with its own). FlashMLA's
-// fp8 records, scales inside, are one part of record bytes.
+// halves apart), or it stores codes with scales apart from them (each half with its own). A record
+// format's records (FlashMLA's fp8 record, a spec's own), scales inside, are one part of record bytes.
 std::optional<RecordView> record_view(const Cache& cache, int layer);
 
 // Every variant implements this interface (TypedCache<Traits> in cache_impl.hpp; the generic path too),

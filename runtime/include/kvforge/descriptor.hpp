@@ -10,6 +10,7 @@
 
 #include "kvforge/dtype.hpp"
 #include "kvforge/quant.hpp"
+#include "kvforge/record_format.hpp"
 #include "kvforge/vocab.hpp"
 
 namespace kvforge {
@@ -88,6 +89,8 @@ struct VariantDescriptor {
   // are one width.
   int k_head_dim = 0;
   int v_head_dim = 0;
+  // A record format's variants (storage DType::record): the parts of each head's record and their bytes.
+  const RecordFormat* record_format = nullptr;
 
   constexpr bool has_axis(Axis a) const {
     for (int i = 0; i < num_axes; ++i)
@@ -125,14 +128,19 @@ struct VariantDescriptor {
   // in the scales, as its values are in the pool (`dim` is every layout's last axis).
   constexpr int scale_groups() const { return quant == Quant::per_group ? head_dim / quant_group : 1; }
   // Stored elements of a head's row in the pool: what its `dim` axis counts (stored_row).
-  constexpr int stored_dim() const { return stored_row(storage, head_dim, mla_kv_lora_rank); }
-  // Whether tokens are FlashMLA's fp8 records, scales inside each (flashmla_record.hpp).
-  constexpr bool flashmla_records() const { return storage == DType::flashmla_f8; }
-  // fp8 index keys (indexer_record.hpp): a page's codes, then its scales; no row of the pool is a token's.
-  constexpr bool indexer_records() const { return storage == DType::indexer_f8; }
+  constexpr int stored_dim() const {
+    return stored_row(storage, head_dim, record_format ? record_format->stored_row() : 0);
+  }
+  // Whether tokens are records of named parts, coded whole (record_format.hpp).
+  constexpr bool coded_records() const { return record_format != nullptr; }
+  // Whether their scales follow the page's records (an fp8 index key's page): no row of the pool is then
+  // a token's whole record.
+  constexpr bool page_end_scales() const { return record_format && record_format->page_end_scales(); }
+  // The name its expansions give the storage: the record format's, or the dtype's.
+  constexpr const char* storage_name() const { return record_format ? record_format->name : dtype_name(storage).data(); }
   // Whether the pool holds values element for element, with no scales (what the physical transfer
-  // format moves): not codes, and not records coded whole (FlashMLA's, index keys).
-  constexpr bool plain_values() const { return !quantized() && !flashmla_records() && !indexer_records(); }
+  // format moves): not codes, and not records coded whole.
+  constexpr bool plain_values() const { return !quantized() && !coded_records(); }
 };
 
 // Bytes one token of one sequence occupies: K and V of every layer and head, and their dynamic scales.
@@ -195,6 +203,16 @@ template <class T> struct mla_traits<T, std::void_t<decltype(T::mla_kv_lora_rank
   static_assert((kv_lora_rank + rope_dim + 1) / 2 == T::head_dim, "an MLA record is the K and V of one head");
 };
 
+// A record format's variant states its parts (variant.hpp.j2); another says nothing.
+template <class T, class = void> struct record_traits {
+  static constexpr const RecordFormat* format = nullptr;
+};
+template <class T> struct record_traits<T, std::void_t<decltype(T::record_parts)>> {
+  static constexpr RecordFormat value{T::record_name, int(std::size(T::record_parts)), T::record_parts,
+                                      T::record_values, T::record_bytes, T::record_tail_bytes};
+  static constexpr const RecordFormat* format = &value;
+};
+
 // A model whose K and V differ in width states both (variant.hpp.j2); another says nothing.
 template <class T, class = void> struct kv_width_traits {
   static constexpr int k_head_dim = 0;
@@ -228,6 +246,7 @@ template <class T> constexpr VariantDescriptor describe_common() {
   d.mla_rope_dim = mla_traits<T>::rope_dim;
   d.k_head_dim = kv_width_traits<T>::k_head_dim;
   d.v_head_dim = kv_width_traits<T>::v_head_dim;
+  d.record_format = record_traits<T>::format;
   return d;
 }
 

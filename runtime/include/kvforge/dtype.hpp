@@ -14,7 +14,9 @@
 namespace kvforge {
 
 enum class DType : uint8_t {
-  f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4, flashmla_f8, indexer_f8, u4, bf16_zero, f32_zero
+  // record: a byte of a token's record of named parts (record_format.hpp). 12 was an fp8 index key's byte
+  // before index keys became a record format; the numbers after it stay as transfers and files wrote them.
+  f32, f16, bf16, i32, i64, i8, f8e4m3, f8e5m2, ue8m0, f4e2m1, i4, record, u4 = 13, bf16_zero, f32_zero
 };
 
 struct fp16 {
@@ -44,28 +46,12 @@ struct int4x2 {  // two's complement, -8..7 (kvforge stores -7..7)
 struct uint4x2 {
   uint8_t bits;
 };
-// A byte of FlashMLA's fp8 MLA record (detail/flashmla_record.hpp): a token's latent as e4m3 codes,
-// an fp32 scale per 128 of them, then the RoPE part in bf16, kv_lora_rank + kv_lora_rank / 32 +
-// 2 * rope bytes in all (656 for DeepSeek-V3). kvforge keeps a record as K then V of one head, so K's
-// row is the record's first half of bytes and V's its second (flashmla_record_bytes).
-struct flashmla_fp8_byte {
+// A byte of a token's record of named parts (record_format.hpp: FlashMLA's fp8 record, DeepSeek-V3.2's
+// fp8 index key, any format a layout spec writes). A head's K row holds the record's first half of bytes
+// and V's its second (RecordFormat::stored_row).
+struct record_byte {
   uint8_t bits;
 };
-constexpr int kFlashMlaTile = 128;  // latent values that share one scale
-// Where a record's parts start: its latent's e4m3 codes at 0, their fp32 scales (one a tile), its bf16 RoPE.
-constexpr int flashmla_scales_at(int kv_lora_rank) { return kv_lora_rank; }
-constexpr int flashmla_rope_at(int kv_lora_rank) { return kv_lora_rank + 4 * (kv_lora_rank / kFlashMlaTile); }
-constexpr int flashmla_record_bytes(int kv_lora_rank, int rope_dim) {
-  return flashmla_rope_at(kv_lora_rank) + 2 * rope_dim;
-}
-// A byte of an fp8 index key (DeepSeek-V3.2's sparse-attention indexer, detail/indexer_record.hpp) in a
-// page as vLLM and SGLang lay it out: the page's tokens' e4m3 codes, then their fp32 scales, one per 128
-// values. kvforge keeps a key as K then V of one head; a page of P keys is P * indexer_record_bytes.
-struct indexer_fp8_byte {
-  uint8_t bits;
-};
-constexpr int kIndexerTile = 128;  // key values that share one scale
-constexpr int indexer_record_bytes(int width) { return width + 4 * (width / kIndexerTile); }
 // The scale entry of a zero-point layout: a group's scale and its zero point (a whole number 0..15 held in
 // the scale's type), side by side, as lmdeploy keeps its `scales_zeros` ([..., 2]). Only a scale, never
 // storage; the entry is one element of the scale buffer, so every size and copy takes it whole.
@@ -98,8 +84,7 @@ constexpr int dtype_size(DType t) {
     case DType::ue8m0: return 1;
     case DType::f4e2m1: return 1;  // two values
     case DType::i4: return 1;      // two values
-    case DType::flashmla_f8: return 1;  // a byte of a record
-    case DType::indexer_f8: return 1;   // a byte of a page of index keys
+    case DType::record: return 1;       // a byte of a record
     case DType::u4: return 1;           // two values
     case DType::bf16_zero: return 4;    // a bf16 scale and a bf16 zero point
     case DType::f32_zero: return 8;     // an fp32 scale and an fp32 zero point
@@ -120,8 +105,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::ue8m0: return "ue8m0";
     case DType::f4e2m1: return "fp4_e2m1";
     case DType::i4: return "int4";
-    case DType::flashmla_f8: return "flashmla_fp8";
-    case DType::indexer_f8: return "indexer_fp8";
+    case DType::record: return "record";
     case DType::u4: return "uint4";
     case DType::bf16_zero: return "bf16_zero";
     case DType::f32_zero: return "fp32_zero";
@@ -141,8 +125,7 @@ template <> struct dtype_of<fp8_e5m2> { static constexpr DType value = DType::f8
 template <> struct dtype_of<ue8m0> { static constexpr DType value = DType::ue8m0; };
 template <> struct dtype_of<fp4_e2m1x2> { static constexpr DType value = DType::f4e2m1; };
 template <> struct dtype_of<int4x2> { static constexpr DType value = DType::i4; };
-template <> struct dtype_of<flashmla_fp8_byte> { static constexpr DType value = DType::flashmla_f8; };
-template <> struct dtype_of<indexer_fp8_byte> { static constexpr DType value = DType::indexer_f8; };
+template <> struct dtype_of<record_byte> { static constexpr DType value = DType::record; };
 template <> struct dtype_of<uint4x2> { static constexpr DType value = DType::u4; };
 template <> struct dtype_of<ScaleZero<bf16>> { static constexpr DType value = DType::bf16_zero; };
 template <> struct dtype_of<ScaleZero<float>> { static constexpr DType value = DType::f32_zero; };
@@ -152,18 +135,15 @@ template <> struct dtype_of<ScaleZero<float>> { static constexpr DType value = D
 constexpr int dtype_values(DType t) { return t == DType::f4e2m1 || t == DType::i4 || t == DType::u4 ? 2 : 1; }
 template <class T> inline constexpr int kValuesPerElement = dtype_values(dtype_of<T>::value);
 
-// Stored elements of one head's row of head_dim values: head_dim / dtype_values, or for FlashMLA's
-// record (an MLA model's one head, head_dim half the latent's values) half the record's bytes. The
-// one formula for a row's width in the pool; `kv_lora_rank` matters to the record only.
-constexpr int stored_row(DType storage, int head_dim, int kv_lora_rank) {
-  return storage == DType::flashmla_f8   ? flashmla_record_bytes(kv_lora_rank, 2 * head_dim - kv_lora_rank) / 2
-         : storage == DType::indexer_f8 ? indexer_record_bytes(2 * head_dim) / 2
-                                         : head_dim / dtype_values(storage);
+// Stored elements of one head's row of head_dim values: head_dim / dtype_values, or for a record format
+// `record_row`, its RecordFormat::stored_row. The one formula for a row's width in the pool.
+constexpr int stored_row(DType storage, int head_dim, int record_row) {
+  return storage == DType::record ? record_row : head_dim / dtype_values(storage);
 }
 
 constexpr bool is_quantized(DType t) {
   return t == DType::i8 || t == DType::f8e4m3 || t == DType::f8e5m2 || t == DType::f4e2m1 || t == DType::i4 ||
-         t == DType::u4 || t == DType::flashmla_f8 || t == DType::indexer_f8;
+         t == DType::u4 || t == DType::record;
 }
 
 KVF_HD KVF_INLINE uint32_t float_bits(float f) {

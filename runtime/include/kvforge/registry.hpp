@@ -22,8 +22,9 @@ struct VariantEntry {
 struct VariantQuery {
   std::string layout;
   std::string model;
-  std::optional<DType> storage;
+  std::optional<DType> storage;  // DType::record: a record format's variants, `record` naming which
   std::optional<DType> input;
+  std::string record;  // a record format's name (flashmla_fp8, ...): its variants only
 };
 
 class Registry {
@@ -57,6 +58,8 @@ class Registry {
 
 // The one spelling of a variant's name, layout.model.dtype, the dtype being `storage` or
 // `storage_in_input` (codegen's plan.variant_name; a test holds the two equal for every variant).
+// `storage` is a dtype's name or a record format's (VariantDescriptor::storage_name).
+std::string variant_name(std::string_view layout, std::string_view model, std::string_view storage, DType input);
 std::string variant_name(std::string_view layout, std::string_view model, DType storage, DType input);
 
 // The registry of this build's generated variants (defined in the generated registry.cpp).

@@ -97,14 +97,14 @@ std::optional<RecordView> record_view(const Cache& cache, int layer) {
   const VariantDescriptor& d = cache.descriptor();
   const LayerView v = cache.view(layer);
   const int64_t size = dtype_size(v.dtype);
-  if (!d.records() || v.quant != Quant::none ||
+  if (!(d.records() || d.coded_records()) || v.quant != Quant::none ||
       static_cast<const char*>(v.v) - static_cast<const char*>(v.k) != int64_t(v.stored_dim) * size)
     return std::nullopt;
   RecordView r;
   r.record = v.k;
   r.dtype = v.dtype, r.device = v.device, r.strides = v.strides;
   r.rows_or_pages = v.rows_or_pages, r.seq_or_slots = v.seq_or_slots, r.heads = v.heads;
-  if (d.flashmla_records()) {  // bytes of mixed types: the record is one part
+  if (d.coded_records()) {  // bytes of mixed types: the record is one part (views name its parts)
     r.first_width = 2 * v.stored_dim;
     return r;
   }

@@ -39,7 +39,7 @@ const VariantEntry& shard_variant(const Registry& registry, std::string_view nam
     for (const VariantEntry* e : registry.select({d.layout, "", d.storage, d.input}))
       if ((e->descriptor->shard_of ? e->descriptor->shard_of : e->descriptor->model) == model)
         degrees.push_back(e->descriptor->name);
-    throw UnknownVariantError(variant_name(d.layout, wanted, d.storage, d.input), degrees);
+    throw UnknownVariantError(variant_name(d.layout, wanted, d.storage_name(), d.input), degrees);
   }
   return *found.front();
 }

@@ -15,7 +15,7 @@ std::string SequenceManager::disk_identity() const {
   const VariantDescriptor& d = cache_.descriptor();
   std::string text = std::string("variant ") + d.name + "; layers " + std::to_string(d.layers) + "; heads " +
                      std::to_string(d.heads) + "; head_dim " + std::to_string(d.head_dim) + "; page_size " +
-                     std::to_string(d.page_size) + "; storage " + std::string(dtype_name(d.storage)) + "; input " +
+                     std::to_string(d.page_size) + "; storage " + std::string(d.storage_name()) + "; input " +
                      std::string(dtype_name(d.input)) + "; quant " + name_of(d.quant) + "; scale " +
                      std::string(dtype_name(d.scale)) + "; group " + std::to_string(d.quant_group) +
                      "; packed_page_bytes " + std::to_string(cache_.packed_page_bytes()) + "; block_hash " +

@@ -53,15 +53,20 @@ std::vector<const VariantEntry*> Registry::select(const VariantQuery& q) const {
     if (!q.model.empty() && q.model != d.model) continue;
     if (q.storage && *q.storage != d.storage) continue;
     if (q.input && *q.input != d.input) continue;
+    if (!q.record.empty() && (!d.record_format || q.record != d.record_format->name)) continue;
     out.push_back(&e);
   }
   return out;
 }
 
-std::string variant_name(std::string_view layout, std::string_view model, DType storage, DType input) {
-  std::string name = std::string(layout) + "." + std::string(model) + "." + std::string(dtype_name(storage));
-  if (input != storage) name += "_in_" + std::string(dtype_name(input));
+std::string variant_name(std::string_view layout, std::string_view model, std::string_view storage, DType input) {
+  std::string name = std::string(layout) + "." + std::string(model) + "." + std::string(storage);
+  if (dtype_name(input) != storage) name += "_in_" + std::string(dtype_name(input));
   return name;
+}
+
+std::string variant_name(std::string_view layout, std::string_view model, DType storage, DType input) {
+  return variant_name(layout, model, dtype_name(storage), input);
 }
 
 std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q) const {
@@ -113,6 +118,7 @@ std::optional<VariantDescriptor> Registry::synthesize(const VariantQuery& q, std
   d.tensor_scaled = false;
   d.scale = DType::f32;
   d.scale_placement = ScalePlacement::separate;
+  d.record_format = nullptr;  // nor records of its parts
   d.bytes_per_token = bytes_per_token(d.layers, d.heads, d.stored_dim(), d.storage, d.quant, d.scale, 1);
   return d;
 }
@@ -136,7 +142,7 @@ std::unique_ptr<Cache> Registry::create(const VariantQuery& q, const CacheConfig
     std::optional<VariantDescriptor> d = synthesize(q, why);
     if (d) why = generic_unsupported_reason(*d, config);
     if (d && why.empty()) {
-      const std::string name = variant_name(d->layout, d->model, d->storage, d->input);
+      const std::string name = variant_name(d->layout, d->model, d->storage_name(), d->input);
       d->name = name.c_str();  // make_generic_cache copies the strings
       return make_generic_cache(*d, config);
     }

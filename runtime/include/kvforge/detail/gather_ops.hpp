@@ -120,22 +120,21 @@ template <class Traits, class Exec> struct GatherOps : QuantOps<Traits, Exec> {
           return;
         }
       }
-      if constexpr (O::kIndexer) {
-        const auto* page = reinterpret_cast<const uint8_t*>(a.pool + element_offset(a.s, a.layer, 0, unit, 0));
-        const uint8_t *codes = O::IndexKey::codes(page, slot), *scales = O::IndexKey::scales(page, O::P, slot);
-        if constexpr (O::kRecordWhole)
-          O::IndexKey::decode_whole(codes, scales, k_out.data, v_out.data);
-        else
-          O::IndexKey::decode(codes, scales, k_out.data, v_out.data, lane, lanes);
-      } else if constexpr (O::kFlashMla) {
-        const auto* record = reinterpret_cast<const uint8_t*>(src);
-        for (int h = 0; h < H; ++h) {
-          if constexpr (O::kRecordWhole)
-            O::Record::decode_whole(record + h * a.s.head, record + a.s.kv + h * a.s.head,
-                                    k_out.data + h * k_out.head_stride, v_out.data + h * v_out.head_stride);
-          else
-            O::Record::decode(record + h * a.s.head, record + a.s.kv + h * a.s.head, k_out.data + h * k_out.head_stride,
-                              v_out.data + h * v_out.head_stride, lane, lanes);
+      if constexpr (O::kRecord) {
+        using R = typename O::Record;
+        if constexpr (R::kTail > 0) {  // one head: the page's records, then their scales
+          const auto* page = reinterpret_cast<const uint8_t*>(a.pool + element_offset(a.s, a.layer, 0, unit, 0));
+          const uint8_t *record = page + slot * R::kBytes, *tail = page + O::P * R::kBytes + slot * R::kTail;
+          if constexpr (O::kRecordWhole) R::decode_whole(record, record + R::kSplit, tail, k_out.data, v_out.data);
+          else R::decode(record, record + R::kSplit, tail, k_out.data, v_out.data, lane, lanes);
+        } else {
+          const auto* record = reinterpret_cast<const uint8_t*>(src);
+          for (int h = 0; h < H; ++h) {
+            const uint8_t *lo = record + h * a.s.head, *hi = record + a.s.kv + h * a.s.head;
+            In *first = k_out.data + h * k_out.head_stride, *second = v_out.data + h * v_out.head_stride;
+            if constexpr (O::kRecordWhole) R::decode_whole(lo, hi, nullptr, first, second);
+            else R::decode(lo, hi, nullptr, first, second, lane, lanes);
+          }
         }
       } else if constexpr (kQuantized) {
         if constexpr (!(kChunkedQuant && kAlignedRows)) {  // the element path

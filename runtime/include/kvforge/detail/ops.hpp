@@ -15,8 +15,7 @@
 #include <type_traits>
 
 #include "kvforge/detail/config.hpp"
-#include "kvforge/detail/flashmla_record.hpp"
-#include "kvforge/detail/indexer_record.hpp"
+#include "kvforge/detail/part_record.hpp"
 #include "kvforge/dtype.hpp"
 #include "kvforge/geometry.hpp"
 #include "kvforge/detail/item_gate.hpp"
@@ -128,23 +127,20 @@ template <class Traits, class Exec> struct Ops {
   // what the pool's rows, copies and pages count, where inputs count D.
   static constexpr int kValues = kValuesPerElement<Store>;
   static_assert(D % kValues == 0 && kGroup % kValues == 0, "packed codes fill whole elements");
-  // FlashMLA's fp8 records (flashmla_record.hpp): a token's K and V rows are the two halves of one
-  // record, which write encodes and gather decodes whole (the tiles of 128 cross from K into V); every
-  // other operation moves its bytes. Its scales are inside the record, so the layout is not `kQuantized`.
-  static constexpr bool kFlashMla = std::is_same_v<Store, flashmla_fp8_byte>;
-  static constexpr int kLatent = kFlashMla ? mla_traits<Traits>::kv_lora_rank : kFlashMlaTile;
-  using Record = FlashMlaRecord<kLatent, kFlashMla ? 2 * D - kLatent : 0>;
-  // An fp8 index key (indexer_record.hpp) is coded whole too, into its page's codes and scales, so its
-  // K and V rows name no bytes of their own: the pool sizes a page by them.
-  static constexpr bool kIndexer = std::is_same_v<Store, indexer_fp8_byte>;
-  using IndexKey = IndexerRecord<kIndexer ? 2 * D : kIndexerTile>;
-  static constexpr int kStoredDim = kFlashMla ? Record::kHalf : kIndexer ? IndexKey::kHalf : D / kValues;
+  // Records of named parts (part_record.hpp: FlashMLA's fp8 record, an fp8 index key, a spec's own): a
+  // head's K and V rows are the two halves of one record, which write encodes and gather decodes whole
+  // (a part or a group may cross from K into V); every other operation moves its bytes. Scales placed at
+  // the page's end follow the page's records, so such a token's K and V rows name no bytes of their own:
+  // the pool sizes a page by them. Scales are the record's, so the layout is not `kQuantized`.
+  static constexpr bool kRecord = std::is_same_v<Store, record_byte>;
+  using Record = PartRecord<std::conditional_t<kRecord, Traits, NoRecordTraits>>;
+  static constexpr int kStoredDim = kRecord ? Record::kRow : D / kValues;
   // Records coded whole on one lane (the CPU), or byte by byte over a warp (CUDA).
   static constexpr bool kRecordWhole = Exec::row_step(2) == 1;
   // Runtime-sized traits run on the CPU, where an item is one lane. A record's item is a warp: a lane a
   // tile of its latent, and its RoPE values spread over all of them.
   static constexpr int kLanes = kRuntime    ? 1
-                                : kFlashMla || kIndexer ? 32
+                                : kRecord    ? 32
                                 : kQuantized ? quant_lanes<kStoredDim>()
                                              : item_lanes<Store, H, D>();
   // An executor that moves 16-byte vectors per lane (CUDA) quantizes a token in chunks of them
@@ -236,7 +232,7 @@ template <class Traits, class Exec> struct Ops {
   // The most tokens one work item of write and gather takes when it walks a tile head by head
   // (Exec::tile_for says how many); executors whose item already spans all heads (CUDA) take 1, and so
   // does a FlashMLA record, which is coded a token at a time.
-  static constexpr int kTile = positions_inside_heads<Traits>() && !kFlashMla && !kIndexer ? Exec::kTileItems : 1;
+  static constexpr int kTile = positions_inside_heads<Traits>() && !kRecord ? Exec::kTileItems : 1;
 
   // The loop order, from both sides' strides: walk a tile of tokens head by head where the pool
   // keeps a head's positions adjacent and so does the other side ([H, T, D] tensors: a gather's output

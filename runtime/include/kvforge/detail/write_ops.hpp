@@ -171,22 +171,20 @@ template <class Traits, class Exec> struct WriteOps : QuantOps<Traits, Exec> {
           return;
         }
       }
-      if constexpr (O::kIndexer) {
-        auto* page = reinterpret_cast<uint8_t*>(a.pool + element_offset(a.s, layer, 0, unit, 0));
-        uint8_t *codes = O::IndexKey::codes(page, slot), *scales = O::IndexKey::scales(page, O::P, slot);
-        if constexpr (O::kRecordWhole)
-          O::IndexKey::encode_whole(k, v, codes, scales);
-        else
-          O::IndexKey::template encode<Exec, O::kTokenLanes>(k, v, codes, scales, lane);
-      } else if constexpr (O::kFlashMla) {
-        auto* record = reinterpret_cast<uint8_t*>(dst);
-        for (int h = 0; h < H; ++h) {
-          if constexpr (O::kRecordWhole)
-            O::Record::encode_whole(k + h * a.k.head_stride, v + h * a.v.head_stride, record + h * a.s.head,
-                                    record + a.s.kv + h * a.s.head);
-          else
-            O::Record::encode(k + h * a.k.head_stride, v + h * a.v.head_stride, record + h * a.s.head,
-                              record + a.s.kv + h * a.s.head, lane, lanes);
+      if constexpr (O::kRecord) {
+        using R = typename O::Record;
+        if constexpr (R::kTail > 0) {  // one head (the spec's check): the page's records, then their scales
+          auto* page = reinterpret_cast<uint8_t*>(a.pool + element_offset(a.s, layer, 0, unit, 0));
+          uint8_t *record = page + slot * R::kBytes, *tail = page + O::P * R::kBytes + slot * R::kTail;
+          if constexpr (O::kRecordWhole) R::encode_whole(k, v, record, record + R::kSplit, tail);
+          else R::encode(k, v, record, record + R::kSplit, tail, lane, lanes);
+        } else {
+          auto* record = reinterpret_cast<uint8_t*>(dst);
+          for (int h = 0; h < H; ++h) {
+            uint8_t *lo = record + h * a.s.head, *hi = record + a.s.kv + h * a.s.head;
+            if constexpr (O::kRecordWhole) R::encode_whole(k + h * a.k.head_stride, v + h * a.v.head_stride, lo, hi, nullptr);
+            else R::encode(k + h * a.k.head_stride, v + h * a.v.head_stride, lo, hi, nullptr, lane, lanes);
+          }
         }
       } else if constexpr (kQuantized) {
         if constexpr (!(kChunkedQuant && kAlignedRows)) {  // the element path
