@@ -147,7 +147,7 @@ TEST(Synthesized, EveryModelFactIsTheModelsAndAnMlaRecordRoundTrips) {
     for (const auto& l : registry().variants()) {
       const VariantDescriptor& layout = *l.descriptor;
       if (layout.is_hybrid() || !layout.paged() || layout.lazy() || std::strcmp(layout.model, model.model) == 0) continue;
-      const VariantQuery q{layout.layout, model.model, DType::f16, DType::f16};
+      const VariantQuery q{layout.layout, model.model, DType::f16, DType::f16, ""};
       if (!registry().select(q).empty()) continue;
       const std::optional<VariantDescriptor> d = registry().synthesize(q);
       ASSERT_TRUE(d) << layout.layout << " x " << model.model;

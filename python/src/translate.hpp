@@ -281,7 +281,7 @@ std::string name(DType t) { return std::string(dtype_name(t)); }
 // a layout spec defines) that a known variant stores.
 VariantQuery query_of(const std::optional<std::string>& layout, const std::optional<std::string>& model,
                       const std::optional<std::string>& storage, const std::optional<std::string>& input) {
-  VariantQuery q{layout.value_or(""), model.value_or(""), std::nullopt, dtype_named(input, "input")};
+  VariantQuery q{layout.value_or(""), model.value_or(""), std::nullopt, dtype_named(input, "input"), ""};
   if (!storage) return q;
   for (const VariantEntry& e : known().variants())
     if (e.descriptor->record_format && *storage == e.descriptor->record_format->name) {

@@ -28,7 +28,7 @@ import kvforge
 import kvforge.hf
 import kvforge._paths
 import kvforge.jit
-from conftest import quantization_bound
+from conftest import assert_reads_back, quantization_bound
 
 VOCAB = 96
 
@@ -70,6 +70,36 @@ def test_a_built_variant_holds_what_was_appended():
             begin = int(slots[t] % d.page_size)
             cache.gather(layer, k_out, v_out, pages=np.array([page_of[t]], np.int32), begin=begin, end=begin + 1)
             assert np.array_equal(k_out[0, 0], held[layer, t][0]) and np.array_equal(v_out[0, 0], held[layer, t][1])
+
+
+# A record format written as a dict alone, on a model no spec names: K in e5m2 under bf16 scales per 16
+# (exact, rounded up to bf16), V in fp16, each head's record whole ([.., head, kv, dim]).
+RECORD_LAYOUT = {"name": "dict_records", "addressing": "paged", "page_size": 16, "axes": ["page", "slot", "head", "kv", "dim"],
+                 "update": "eager", "records": [{"name": "k_e5m2_v_fp16", "parts": [
+                     {"name": "k", "width": "head_dim", "dtype": "fp8_e5m2", "scale": {"group": 16, "dtype": "bf16"}},
+                     {"name": "v", "width": "v_head_dim", "dtype": "fp16"}]}]}
+
+
+def test_a_record_format_written_as_a_dict_is_built_and_holds_each_part_as_its_rule_says():
+    model = {"name": "records9", "layers": 2, "kv_heads": 2, "head_dim": 48, "max_seq_len": 64}
+    d = kvforge.variant(RECORD_LAYOUT, model, "k_e5m2_v_fp16", "bf16")
+    assert (d.storage, [p["name"] for p in d.record_parts]) == ("k_e5m2_v_fp16", ["k", "v"])
+    cache = kvforge.create(d.name, pages=4)
+    generator = torch.Generator().manual_seed(5)
+    k, v = (torch.randn(20, 2, 48, generator=generator).mul(4).to(torch.bfloat16) for _ in range(2))
+    for layer in range(d.layers):
+        cache.append(layer, k, v, slots=torch.arange(20))
+    k_out, v_out = (torch.empty(2, 20, 48, dtype=torch.bfloat16) for _ in range(2))
+    cache.gather(1, k_out, v_out, pages=torch.arange(2, dtype=torch.int32), begin=0, end=20)
+    # V is fp16 values, exact for these bf16 inputs of at most 8 significant bits and small magnitude.
+    assert torch.equal(v_out, v.transpose(0, 1))
+    assert_reads_back(d, k_out, v_out, k.transpose(0, 1).float(), v.transpose(0, 1).float())
+    assert not torch.equal(k_out, k.transpose(0, 1)), "e5m2 codes keep 3 significant bits, bf16 inputs 8"
+    # Refused at file:line where the parts do not fit the model: the widths are the record's.
+    with pytest.raises(kvforge.SpecError, match="the parts' widths add up to"):
+        bad = dict(RECORD_LAYOUT, records=[{"name": "short", "parts": [
+            {"name": "k", "width": 16, "dtype": "fp8_e5m2", "scale": {"group": 16, "dtype": "bf16"}}]}])
+        kvforge.variant(bad, model, "short", "bf16")
 
 
 def test_sizes_at_run_time_serve_ring_and_quantized_layouts():

@@ -32,11 +32,12 @@ const VariantEntry& shard_variant(const Registry& registry, std::string_view nam
   const std::string model = d.shard_of ? d.shard_of : d.model;
   check_degree(d.model_heads, tp, "tp");
   const std::string wanted = tp == 1 ? model : model + "_tp" + std::to_string(tp);
-  VariantQuery q{d.layout, wanted, d.storage, d.input};
+  const std::string record = d.record_format ? d.record_format->name : "";
+  const VariantQuery q{d.layout, wanted, d.storage, d.input, record};
   const std::vector<const VariantEntry*> found = registry.select(q);
   if (found.empty()) {
     std::vector<std::string> degrees;
-    for (const VariantEntry* e : registry.select({d.layout, "", d.storage, d.input}))
+    for (const VariantEntry* e : registry.select({d.layout, "", d.storage, d.input, record}))
       if ((e->descriptor->shard_of ? e->descriptor->shard_of : e->descriptor->model) == model)
         degrees.push_back(e->descriptor->name);
     throw UnknownVariantError(variant_name(d.layout, wanted, d.storage_name(), d.input), degrees);
