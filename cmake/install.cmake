@@ -14,23 +14,19 @@ set(KVFORGE_INSTALL_DATADIR "${CMAKE_INSTALL_DATADIR}/kvforge")
 
 # Where kvforge::variant() (on_demand.hpp) finds the spec compiler, the headers and the runtime to link,
 # in the tree and installed: compile definitions that kvforge::runtime gives its users.
-set(on_demand_link_extra "")
-if(KVFORGE_CUDA)
-  set(on_demand_link_extra "|-L${CUDAToolkit_LIBRARY_DIR}|-lcudart")
-endif()
+# A device backend's runtime library comes with its row's link items (the build-variant's --device).
 target_compile_definitions(kvforge_runtime PUBLIC
   "KVFORGE_ON_DEMAND_PYTHON=\"${Python3_EXECUTABLE}\""
-  "KVFORGE_ON_DEMAND_NVCC=\"${KVFORGE_ON_DEMAND_NVCC}\""
-  "KVFORGE_ON_DEMAND_CUDA_ARCHS=\"${KVFORGE_ON_DEMAND_CUDA_ARCHS}\""
+  "KVFORGE_ON_DEMAND_DEVICE=\"${KVFORGE_ON_DEMAND_DEVICE}\""
   "KVFORGE_ON_DEMAND_CXX=\"${CMAKE_CXX_COMPILER}\""
   "$<BUILD_INTERFACE:KVFORGE_ON_DEMAND_CODEGEN=\"${PROJECT_SOURCE_DIR}/codegen\">"
   "$<BUILD_INTERFACE:KVFORGE_ON_DEMAND_SPECS=\"${PROJECT_SOURCE_DIR}/specs\">"
   "$<BUILD_INTERFACE:KVFORGE_ON_DEMAND_INCLUDE=\"${PROJECT_SOURCE_DIR}/runtime/include\">"
-  "$<BUILD_INTERFACE:KVFORGE_ON_DEMAND_LINK=\"$<TARGET_FILE:kvforge_runtime>${on_demand_link_extra}\">"
+  "$<BUILD_INTERFACE:KVFORGE_ON_DEMAND_LINK=\"$<TARGET_FILE:kvforge_runtime>\">"
   "$<INSTALL_INTERFACE:KVFORGE_ON_DEMAND_CODEGEN=\"$<INSTALL_PREFIX>/${KVFORGE_INSTALL_DATADIR}/codegen\">"
   "$<INSTALL_INTERFACE:KVFORGE_ON_DEMAND_SPECS=\"$<INSTALL_PREFIX>/${KVFORGE_INSTALL_DATADIR}/specs\">"
   "$<INSTALL_INTERFACE:KVFORGE_ON_DEMAND_INCLUDE=\"$<INSTALL_PREFIX>/${CMAKE_INSTALL_INCLUDEDIR}\">"
-  "$<INSTALL_INTERFACE:KVFORGE_ON_DEMAND_LINK=\"$<INSTALL_PREFIX>/${CMAKE_INSTALL_LIBDIR}/${CMAKE_STATIC_LIBRARY_PREFIX}kvforge_runtime${CMAKE_STATIC_LIBRARY_SUFFIX}${on_demand_link_extra}\">")
+  "$<INSTALL_INTERFACE:KVFORGE_ON_DEMAND_LINK=\"$<INSTALL_PREFIX>/${CMAKE_INSTALL_LIBDIR}/${CMAKE_STATIC_LIBRARY_PREFIX}kvforge_runtime${CMAKE_STATIC_LIBRARY_SUFFIX}\">")
 install(TARGETS kvforge_runtime EXPORT kvforgeTargets ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
 # Transfers between processes over MPI, where this build has them (kvforge::mpi).
 set(KVFORGE_HAS_MPI OFF)
@@ -63,7 +59,5 @@ if(KVFORGE_PYTHON)
                      \"INCLUDE = \\\"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_INCLUDEDIR}\\\"\\n\"
                      \"SPECS = \\\"\${CMAKE_INSTALL_PREFIX}/${KVFORGE_INSTALL_DATADIR}/specs\\\"\\n\"
                      \"CXX = \\\"${CMAKE_CXX_COMPILER}\\\"\\n\"
-                     \"NVCC = \\\"${KVFORGE_ON_DEMAND_NVCC}\\\"\\n\"
-                     \"CUDA_ARCHS = \\\"${KVFORGE_ON_DEMAND_CUDA_ARCHS}\\\"\\n\"
-                     \"CUDA_LIB = \\\"${KVFORGE_ON_DEMAND_CUDA_LIB}\\\"\\n\")")
+                     \"DEVICE = \\\"${KVFORGE_ON_DEMAND_DEVICE}\\\"\\n\")")
 endif()

@@ -12,6 +12,10 @@
 - The runtime's folders by job depend one way: each file of runtime/src/<folder>/, and each public or
   detail header (whose folder is its source's, or LAYER_OF_HEADER's), includes only headers of its own
   layer or one before it in LAYERS.
+- Builds on demand name no backend: the on-demand machinery (ON_DEMAND_FILES) holds no device compiler,
+  its flags or its runtime library (DEVICE_TOOLS); those are a backend's row of codegen's vocab.BACKENDS
+  (`on_demand`), where the same pattern must find CUDA's, and the build's CUDA block. So a new backend
+  is its folders, its row and its build block (docs/design.md, "What a contributor edits").
 - The Python package's modules import each other one way: no cycle among python/kvforge/*.py, imports
   inside functions counted too (the package's __init__, its public face, is not one of them).
 """
@@ -28,6 +32,11 @@ SOURCE_SUFFIXES = {".cpp", ".hpp", ".cu", ".cuh", ".py", ".j2", ".cmake", ".sh"}
 CUDA = re.compile(r"__CUDA_ARCH__|__CUDACC__|#include <cuda|__syncthreads|__shfl|__stcg|__ldg|atomicCAS|"
                   r"threadIdx|blockIdx|__device__|__global__|griddepcontrol|__nv_|__float2int")
 CUDA_FOLDERS = ("runtime/include/kvforge/backends/cuda/", "runtime/src/backends/cuda/")
+ON_DEMAND_FILES = ("codegen/kvforge_codegen/on_demand.py", "codegen/kvforge_codegen/__main__.py", "python/kvforge/jit.py",
+                   "runtime/include/kvforge/on_demand.hpp", "runtime/src/variants/on_demand.cpp", "cmake/install.cmake",
+                   "python/CMakeLists.txt")
+DEVICE_TOOLS = re.compile(r"nvcc|cudart|generate-code|-Xcompiler|--extended-lambda|\.cu\b|\bsm_\d|hipcc|amdhip", re.I)
+BACKEND_ROWS = "codegen/kvforge_codegen/vocab.py"
 
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -193,6 +202,14 @@ def main() -> int:
             problems += [f"{path}:{n}: {word}: CUDA outside the CUDA backend's folders" for n, word in hits]
     if not found_in_cuda:
         problems.append(f"no CUDA found in {' or '.join(CUDA_FOLDERS)}: the pattern no longer sees it")
+    for path in ON_DEMAND_FILES + (BACKEND_ROWS,):
+        text = (ROOT / path).read_text(errors="replace")
+        hits = [(n + 1, m.group(0)) for n, line in enumerate(text.splitlines()) for m in [DEVICE_TOOLS.search(line)] if m]
+        if path == BACKEND_ROWS and not hits:
+            problems.append(f"{path}: no device compiler's flags found: the on-demand check has gone blind")
+        elif path != BACKEND_ROWS:
+            problems += [f"{path}:{n}: {word}: a device backend's tool in the on-demand machinery (its row of "
+                         f"{BACKEND_ROWS}'s BACKENDS says it)" for n, word in hits]
     include_root = ROOT / "runtime" / "include"
     for header in sorted((include_root / "kvforge").glob("*.hpp")):
         chain = kernel_includes(str(header.relative_to(include_root)), include_root)

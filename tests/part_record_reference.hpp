@@ -26,10 +26,13 @@ using kvforge::RecordFormat;
 using kvforge::RecordPart;
 using kvforge::ScaleRounding;
 
-// Bytes of one element of a part's codes or values, and of its scales, by the dtypes' definitions.
+// Bytes of one element of a part's codes or values, and of its scales, by the dtypes' definitions; a
+// part's codes in all (4-bit codes two to a byte).
 inline int ref_element_bytes(DType t) {
   return t == DType::f32 ? 4 : t == DType::bf16 || t == DType::f16 ? 2 : 1;
 }
+inline bool ref_nibbles(DType t) { return t == DType::f4e2m1 || t == DType::i4; }
+inline int ref_code_bytes(const RecordPart& p) { return ref_nibbles(p.dtype) ? p.width / 2 : p.width * ref_element_bytes(p.dtype); }
 
 struct RefPlace {
   std::vector<int> bytes_at, scales_at;  // per part; scales_at in the record or in the page-end entry
@@ -40,7 +43,7 @@ inline RefPlace ref_place(const RecordFormat& f) {
   for (int i = 0; i < f.num_parts; ++i) {
     const RecordPart& p = f.parts[i];
     out.bytes_at.push_back(out.record_bytes);
-    out.record_bytes += p.width * ref_element_bytes(p.dtype);
+    out.record_bytes += ref_code_bytes(p);
     const int scales = p.group ? p.width / p.group * ref_element_bytes(p.scale_dtype) : 0;
     int& end = p.at_page_end ? out.tail_bytes : out.record_bytes;
     out.scales_at.push_back(p.group ? end : 0);
@@ -125,7 +128,8 @@ inline RefRecord ref_part_record(const RecordFormat& f, const std::vector<float>
         }
       }
     } else {
-      const float qmax = p.dtype == DType::i8 ? 127.0f : p.dtype == DType::f8e4m3 ? 448.0f : 57344.0f;
+      const float qmax = p.dtype == DType::i8 ? 127.0f : p.dtype == DType::i4 ? 7.0f : p.dtype == DType::f4e2m1 ? 6.0f
+                         : p.dtype == DType::f8e4m3 ? 448.0f : 57344.0f;
       uint8_t* scales = out.bytes.data() + (p.at_page_end ? place.record_bytes : 0) + place.scales_at[size_t(i)];
       for (int g = 0; g < p.width / p.group; ++g) {
         float amax = 0.0f;
@@ -143,10 +147,22 @@ inline RefRecord ref_part_record(const RecordFormat& f, const std::vector<float>
         for (int j = 0; j < p.group; ++j) {
           const int at = g * p.group + j;
           const float q = x[at] / s;
-          const uint8_t code = p.dtype == DType::i8 ? uint8_t(int8_t(std::max(-127.0f, std::min(127.0f, std::nearbyint(q)))))
-                                                    : ref_fp8_nearest(p.dtype, q);
-          bytes[at] = code;
-          back[at] = round_to(input, (p.dtype == DType::i8 ? float(int8_t(code)) : ref_decode(p.dtype, code)) * s);
+          float decoded;
+          if (p.dtype == DType::i8 || p.dtype == DType::i4) {  // the nearest integer, ties to even, saturating
+            const float n = std::max(-qmax, std::min(qmax, std::nearbyint(q)));
+            const uint8_t code = uint8_t(int8_t(n));
+            if (p.dtype == DType::i8) bytes[at] = code;
+            else bytes[at / 2] = uint8_t(bytes[at / 2] | ((code & 0xf) << (4 * (at % 2))));
+            decoded = n;
+          } else if (p.dtype == DType::f4e2m1) {  // the nearest of e2m1's values (ref_encode: ties to the even code)
+            const uint8_t code = ref_encode(DType::f4e2m1, q);
+            bytes[at / 2] = uint8_t(bytes[at / 2] | (code << (4 * (at % 2))));
+            decoded = ref_decode(DType::f4e2m1, code);
+          } else {
+            bytes[at] = ref_fp8_nearest(p.dtype, q);
+            decoded = ref_decode(p.dtype, bytes[at]);
+          }
+          back[at] = round_to(input, decoded * s);
         }
       }
     }

@@ -1,5 +1,5 @@
 // The codec of records of named parts (detail/part_record.hpp) over formats of every option a spec can
-// give (code dtypes e4m3, e5m2 and int8; scales fp32, bf16 and ue8m0; exact and power-of-two rounding; an
+// give (code dtypes e4m3, e5m2, int8, and e2m1 and int4 two to a byte; scales fp32, bf16 and ue8m0; exact and power-of-two rounding; an
 // amax floor; NaN by group or by value; scales in the record or after the page's records; float parts in
 // bf16, fp16 and fp32), against tests/part_record_reference.hpp, which encodes from the rules in words:
 //   - the one-lane form (the CPU's) and the lane-split form (CUDA's, run lane by lane here) give the
@@ -47,6 +47,15 @@ struct PageEndTraits {
   static constexpr RecordPart record_parts[] = {
       {"plain", 0, 32, DType::f32, 0},
       {"codes", 32, 32, DType::f8e4m3, 128, 16, DType::f32, 0, true, ScaleRounding::pow2_up, 1e-4f, false}};
+};
+
+// 4-bit codes, two a byte: e2m1 per 16 under ue8m0 scales (MXFP4's codes and scale, the MX NaN rule), then
+// int4 per 8 under bf16 scales; 48 values, halves of 24, so the e2m1 part's last group crosses into V's half.
+struct NibbleTraits {
+  static constexpr int record_values = 48, record_bytes = 16 + 2 + 8 + 2 * 2, record_tail_bytes = 0;
+  static constexpr RecordPart record_parts[] = {
+      {"codes", 0, 32, DType::f4e2m1, 0, 16, DType::ue8m0, 16, false, ScaleRounding::pow2_up, 0.0f, true},
+      {"ints", 32, 16, DType::i4, 18, 8, DType::bf16, 26, false, ScaleRounding::exact, 0.0f, false}};
 };
 
 // The runtime form of traits, as a descriptor carries it.
@@ -120,6 +129,7 @@ template <class T> void check_format() {
 TEST(PartRecord, IntegerAndE5m2CodesUnderFp32AndUe8m0ScalesGiveTheReferencesBytes) { check_format<CodesTraits>(); }
 TEST(PartRecord, E4m3UnderBf16ScalesWithAFloorBesideFp16GivesTheReferencesBytes) { check_format<LatentTraits>(); }
 TEST(PartRecord, ScalesAfterThePagesRecordsGiveTheReferencesBytes) { check_format<PageEndTraits>(); }
+TEST(PartRecord, FourBitCodesTwoAByteGiveTheReferencesBytes) { check_format<NibbleTraits>(); }
 TEST(PartRecord, TheDefaultFormatsGiveTheirOwnReferencesBytes) {
   // FlashMLA's and the index key's formats, whose references are written from their engines' sources:
   // the generic reference agrees with them, so either holds the codec.

@@ -135,10 +135,10 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--specs", default=os.path.join(REPO, "specs"), help="where default specs are (default: specs/)")
     sp.add_argument("--include", required=True, help="the runtime's include folder")
     sp.add_argument("--compiler", default="c++", help="the C++ compiler (default: c++)")
-    sp.add_argument("--nvcc", default="", help="nvcc, where the runtime has the CUDA backend: the library gets CUDA "
-                                               "kernels too (default: none, CPU only)")
-    sp.add_argument("--cuda-archs", type=_csv, default=("90",), metavar="A,A",
-                    help="the CUDA architectures to compile for, with --nvcc (default: 90)")
+    sp.add_argument("--device", default="", metavar="BACKEND|COMPILER|TARGETS|LIB",
+                    help="where the runtime has a device backend: the library gets its kernels too, compiled by "
+                         "COMPILER for TARGETS (comma-separated) with the flags of its vocab.BACKENDS row, linking "
+                         "its runtime from LIB (default: none, CPU only)")
     sp.add_argument("--cpu-level", type=int, default=vocab.CPU_BASE_LEVEL,
                     choices=(vocab.CPU_BASE_LEVEL,) + vocab.CPU_WIDE_LEVELS,
                     help="the x86-64 level the library's CPU kernels are built for: the level the asking process "
@@ -181,11 +181,11 @@ def _build_variant(args: argparse.Namespace) -> int:
         compiler = on_demand.compiler_identity(args.compiler)
         if compiler is None:
             raise on_demand.no_compiler(args.compiler, wanted)
-        cuda = on_demand.cuda_of(args.nvcc, args.cuda_archs, wanted)
-        key = on_demand.key_of(layouts, model, args.include, compiler, args.link, cuda, args.cpu_level)
+        device = on_demand.device_of(args.device, wanted)
+        key = on_demand.key_of(layouts, model, args.include, compiler, args.link, device, args.cpu_level)
         path, registry_function = on_demand.library(layouts, model, wanted, key, compiler=compiler[0],
-                                                    include=args.include, link=args.link,
-                                                    cuda=cuda and (cuda[0][0], cuda[1]), cpu_level=args.cpu_level)
+                                                    include=args.include, link=args.link, device=device,
+                                                    cpu_level=args.cpu_level)
     except on_demand.OnDemandError as e:
         # First line: the kind and the argument it names; then the message (a spec's: one error a line).
         print(f"{e.kind} {e.argument or '-'}", file=sys.stderr)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import yaml
 
@@ -32,8 +32,6 @@ CODEGEN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # for one machine, so its files are compiled once, at the x86-64 level the asking process runs at (the
 # generator's --one-cpu-level), where the build compiles every level.
 FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-fPIC", "-fopenmp", "-fno-trapping-math")
-# What the build gives a CUDA kernel file (kvforge::runtime's CUDA options, CMake's position-independent code).
-NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "--extended-lambda", "--expt-relaxed-constexpr")
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -151,14 +149,49 @@ def compiler_identity(compiler: str) -> Optional[Tuple[str, str]]:
     return found, (out.stdout.splitlines()[0] if out.stdout else "")
 
 
+class Device(NamedTuple):
+    """A device backend the library gets kernels for too (device_of): its row of vocab.BACKENDS names the
+    flags; the build names the rest."""
+
+    backend: str
+    compiler: Tuple[str, str]  # its compiler's path and identity (compiler_identity)
+    targets: Tuple[str, ...]   # the architectures its kernels are compiled for
+    lib: str                   # the folder of its runtime library
+
+    @property
+    def row(self) -> Dict:
+        return vocab.BACKENDS[self.backend]["on_demand"]
+
+    def link(self) -> List[str]:
+        return [item.format(lib=self.lib) for item in self.row["link"]]
+
+
+def device_of(spec: str, wanted: str) -> Optional[Device]:
+    """The device backend a build gives its on-demand variants, from its "backend|compiler|targets|lib"
+    (CMake's KVFORGE_ON_DEMAND_DEVICE; empty for a CPU-only build), else None."""
+    if not spec:
+        return None
+    fields = spec.split("|")
+    if len(fields) != 4 or fields[0] not in vocab.BACKENDS or "on_demand" not in vocab.BACKENDS[fields[0]]:
+        allowed = ", ".join(b for b, row in vocab.BACKENDS.items() if "on_demand" in row)
+        raise OnDemandError("backend", f"device: {spec!r} is not backend|compiler|targets|lib of a device backend "
+                                       f"(allowed backends: {allowed})")
+    backend, compiler, targets, lib = fields
+    identity = compiler_identity(compiler)
+    if identity is None:
+        raise OnDemandError("backend", f"{backend}: {compiler} was not found, so kvforge cannot build {wanted}'s "
+                                       f"{backend} kernels on demand (this kvforge was built with the {backend} backend)")
+    return Device(backend, identity, tuple(t for t in targets.split(",") if t), lib)
+
+
 def key_of(layouts: List[Dict], model: Dict, include: str, compiler: Tuple[str, str], link: Sequence[str],
-           cuda: Optional[Tuple[Tuple[str, str], Sequence[str]]] = None, cpu_level: int = vocab.CPU_BASE_LEVEL) -> str:
-    """cuda: (nvcc's identity, architectures) where the library gets CUDA kernels too. cpu_level: the x86-64
-    level its CPU kernels are built for."""
+           device: Optional[Device] = None, cpu_level: int = vocab.CPU_BASE_LEVEL) -> str:
+    """device: the device backend whose kernels the library gets too. cpu_level: the x86-64 level its CPU
+    kernels are built for."""
     runtime = [(item, os.path.getmtime(item)) if os.path.isfile(item) else item for item in link]
     return hashlib.sha256(yaml.safe_dump([layouts, model], sort_keys=True).encode() +
                           repr((_digest_of_sources(include), compiler, FLAGS, cpu_level, runtime,
-                                cuda and (cuda, NVCC_FLAGS))).encode()).hexdigest()
+                                device and (device, device.row))).encode()).hexdigest()
 
 
 def _sha256_of(path: str) -> str:
@@ -186,7 +219,7 @@ def _intact(entry: str, key: str) -> bool:
 
 
 def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_function: str, compiler: str,
-           include: str, link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]], cpu_level: int) -> None:
+           include: str, link: Sequence[str], device: Optional[Device], cpu_level: int) -> None:
     """Generates the variant into a scratch folder beside `entry` and compiles it into entry/variants.so."""
     scratch = tempfile.mkdtemp(prefix=f".build-{os.path.basename(entry)}-", dir=os.path.dirname(entry))
     # mkdtemp makes it 0700; an entry is shared like the files in it, as this process's umask says (another
@@ -203,7 +236,7 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
         generated = os.path.join(scratch, "generated")
         env = dict(os.environ, PYTHONPATH=CODEGEN + os.pathsep + os.environ.get("PYTHONPATH", ""))
         command = [sys.executable, "-m", "kvforge_codegen", "generate", "--layouts", os.path.join(scratch, "layouts"),
-                   "--models", os.path.join(scratch, "models"), "--tuning", "--backends", "cpu,cuda" if cuda else "cpu",
+                   "--models", os.path.join(scratch, "models"), "--tuning", "--backends", f"cpu,{device.backend}" if device else "cpu",
                    "--source-root", scratch, "--out", generated, "--registry-function", registry_function, "--one-cpu-level",
                    "--layout", layouts[0]["name"]]  # a hybrid's members only as its members
         out = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -216,16 +249,16 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
         with open(os.path.join(generated, "cpu_unit.cpp"), "w", encoding="utf-8") as f:
             f.writelines(f'#include "{source}"\n' for source in sources)
         sources = ["cpu_unit.cpp"]
-        if cuda:
-            sources += sorted(f for f in os.listdir(generated) if f.endswith(".cu"))
+        suffix = vocab.BACKENDS[device.backend]["file"].format(name="") if device else None
+        if device:
+            sources += sorted(f for f in os.listdir(generated) if f.endswith(suffix))
 
         def compile_one(source: str) -> str:
             obj = os.path.join(scratch, source + ".o")
-            if source.endswith(".cu"):
-                nvcc, archs = cuda
-                codes = [f"--generate-code=arch=compute_{a},code=[compute_{a},sm_{a}]" for a in archs]
-                _run([nvcc, *NVCC_FLAGS, *codes, "-I", generated, "-I", include, "-c", os.path.join(generated, source),
-                      "-o", obj], f"compiling {source}")
+            if device and source.endswith(suffix):  # the device backend's kernels, with its row's flags
+                targets = [device.row["target"].format(target=t) for t in device.targets]
+                _run([device.compiler[0], *device.row["flags"], *targets, "-I", generated, "-I", include, "-c",
+                      os.path.join(generated, source), "-o", obj], f"compiling {source}")
                 return obj
             _run([compiler, *FLAGS, f"-march=x86-64-v{cpu_level}", "-I", generated, "-I", include, "-c",
                   os.path.join(generated, source), "-o", obj], f"compiling {source}")
@@ -234,7 +267,8 @@ def _build(entry: str, layouts: List[Dict], model: Dict, key: str, registry_func
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             objects = list(pool.map(compile_one, sources))
         library = os.path.join(scratch, "variants.so")
-        _run([compiler, "-shared", "-fopenmp", "-o", library, *objects, *link], "linking the variant library")
+        _run([compiler, "-shared", "-fopenmp", "-o", library, *objects, *link, *(device.link() if device else ())],
+             "linking the variant library")
         with open(os.path.join(scratch, "key"), "w", encoding="utf-8") as f:
             f.write(f"{key}\n{_sha256_of(library)}\n")
         _remove(entry)  # whatever holds its name: an entry that did not check out, a file, a link
@@ -289,11 +323,11 @@ builds = 0  # libraries this process built (not found on disk)
 
 
 def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler: str, include: str,
-            link: Sequence[str], cuda: Optional[Tuple[str, Sequence[str]]] = None,
+            link: Sequence[str], device: Optional[Device] = None,
             cpu_level: int = vocab.CPU_BASE_LEVEL) -> Tuple[str, str]:
     """(path of the library that holds `wanted`, its registry function): found in the cache, else built
-    under a file lock, so that two processes asking for one key build it once. cuda: (nvcc, architectures)
-    to give it CUDA kernels too. cpu_level: the x86-64 level of its CPU kernels, the one key_of was given.
+    under a file lock, so that two processes asking for one key build it once. device: the device backend
+    to give it kernels of too (device_of). cpu_level: the x86-64 level of its CPU kernels, the one key_of was given.
     Every failure of the cache folder (unwritable, a file where a folder should be) is an OnDemandError
     naming the path; an entry that does not check out, whatever it is, is rebuilt in its place."""
     registry_function = f"kvforge_on_demand::registry_{key[:16]}"
@@ -307,7 +341,7 @@ def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler
         try:
             if not _intact(entry, key):
                 _sweep(root, key[:32])
-                _build(entry, layouts, model, key, registry_function, compiler, include, link, cuda, cpu_level)
+                _build(entry, layouts, model, key, registry_function, compiler, include, link, device, cpu_level)
                 global builds
                 builds += 1
         finally:
@@ -318,17 +352,6 @@ def library(layouts: List[Dict], model: Dict, wanted: str, key: str, *, compiler
                                        f"chooses another folder; a folder this user may write, or one that already "
                                        f"holds the entry)") from None
     return os.path.join(entry, "variants.so"), registry_function
-
-
-def cuda_of(nvcc: str, archs: Sequence[str], wanted: str) -> Optional[Tuple[Tuple[str, str], Sequence[str]]]:
-    """(nvcc's identity, architectures) where the build has CUDA (an nvcc is named), else None."""
-    if not nvcc:
-        return None
-    identity = compiler_identity(nvcc)
-    if identity is None:
-        raise OnDemandError("backend", f"nvcc: {nvcc} was not found, so kvforge cannot build {wanted}'s CUDA kernels "
-                                       f"on demand (this kvforge was built with the CUDA backend)")
-    return identity, tuple(archs)
 
 
 def no_compiler(compiler: str, wanted: str) -> OnDemandError:

@@ -16,10 +16,10 @@ from typing import Dict, List, Optional, Tuple
 from . import vocab
 from .spec import LayoutSpec, ModelSpec, RecordFormat
 
-PART_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "bf16": 2, "fp16": 2, "fp32": 4}
+PART_BITS = {"fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "fp4_e2m1": 4, "int4": 4, "bf16": 16, "fp16": 16, "fp32": 32}
 SCALE_BYTES = {"fp32": 4, "bf16": 2, "ue8m0": 1}
-CPP_DTYPE = {"fp8_e4m3": "f8e4m3", "fp8_e5m2": "f8e5m2", "int8": "i8", "bf16": "bf16", "fp16": "f16", "fp32": "f32",
-             "ue8m0": "ue8m0"}  # kvforge::DType
+CPP_DTYPE = {"fp8_e4m3": "f8e4m3", "fp8_e5m2": "f8e5m2", "int8": "i8", "fp4_e2m1": "f4e2m1", "int4": "i4", "bf16": "bf16",
+             "fp16": "f16", "fp32": "f32", "ue8m0": "ue8m0"}  # kvforge::DType
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class PlacedPart:
 
     @property
     def code_bytes(self) -> int:
-        return self.width * PART_BYTES[self.dtype]
+        return self.width * PART_BITS[self.dtype] // 8
 
     @property
     def scale_bytes(self) -> int:
@@ -142,7 +142,7 @@ def _alignment_reasons(r: PlacedRecord) -> List[str]:
     reasons: List[str] = []
     widest = 1
     for p in r.parts:
-        size = PART_BYTES[p.dtype]
+        size = max(PART_BITS[p.dtype] // 8, 1)
         widest = max(widest, size)
         if p.bytes_at % size:
             reasons.append(f"part {p.name}'s {p.dtype} values would start at byte {p.bytes_at} of the record, not a "

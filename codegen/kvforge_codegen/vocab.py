@@ -7,9 +7,17 @@ AXES = ("layer", "row", "seq", "page", "slot", "kv", "head", "dim")
 # (DLDeviceType) whose memory it addresses, the first of them the one its arrays export as: kDLCPU 1,
 # kDLCUDA 2, kDLCUDAHost 3 (pinned host memory is host memory). Its C++ entry points, <name>_backend()
 # and <name>_available(), come from its folder runtime/src/backends/<name>/ (vocab.hpp declares them).
+# A device backend's `on_demand` says how a variant built on demand (on_demand.py) gets its kernels: its
+# compiler's flags, the flag for each target architecture ({target}), and what the library links
+# ({lib}: the backend's library folder). The build says which compiler, targets and folder it has
+# (CMake's KVFORGE_ON_DEMAND_DEVICE, "backend|compiler|targets|lib"); the CPU's are the host compiler's.
 BACKENDS = {
     "cpu": {"file": "{name}.cpp", "template": "variant.cpp.j2", "dlpack": (1, 3)},  # also the host-side class
-    "cuda": {"file": "{name}.cu", "template": "variant.cu.j2", "dlpack": (2,)},
+    "cuda": {"file": "{name}.cu", "template": "variant.cu.j2", "dlpack": (2,),
+             "on_demand": {"flags": ("-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "--extended-lambda",
+                                     "--expt-relaxed-constexpr"),
+                           "target": "--generate-code=arch=compute_{target},code=[compute_{target},sm_{target}]",
+                           "link": ("-L{lib}", "-lcudart", "-Wl,-rpath,{lib}")}},
 }
 # x86-64 microarchitecture levels of the CPU kernels. The variant's own file builds them for the base
 # level, which every x86-64 machine kvforge supports runs; each wider level gets a file of its own,
@@ -47,8 +55,9 @@ QUANTIZED_DTYPES = tuple(k for k, v in DTYPES.items() if v["quantized"])
 # values as they are. A format's name is a storage its expansions can list beside DTYPES; its variants
 # store the record's bytes (the C++ type kvforge::record_byte), a head's K row its first half of bytes and
 # V's its second.
-# A part's dtype: codes that take scales (each with its largest code), or floats stored as they are.
-RECORD_CODE_DTYPES = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}
+# A part's dtype: codes that take scales (each with its largest code; fp4_e2m1 and int4 two to a byte,
+# low nibble first), or floats stored as they are.
+RECORD_CODE_DTYPES = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0, "fp4_e2m1": 6.0, "int4": 7.0}
 RECORD_FLOAT_DTYPES = ("bf16", "fp16", "fp32")
 RECORD_PART_DTYPES = tuple(RECORD_CODE_DTYPES) + RECORD_FLOAT_DTYPES
 # A part's width: values, or a field of the model (an MLA model's two, a K/V model's K and V widths), or

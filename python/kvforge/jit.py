@@ -18,7 +18,7 @@ loaded. See docs/on_demand.md.
 import os
 
 from . import _native
-from ._paths import CUDA_ARCHS, CUDA_LIB, CXX, INCLUDE, NVCC, SPECS
+from ._paths import CXX, DEVICE, INCLUDE, SPECS
 from .errors import ArgumentError, BackendError, SpecError, UnsupportedError
 from .specs import import_codegen
 
@@ -204,11 +204,9 @@ def variant(layout, model, dtype, input=None, *, window=None, name=None):
         native = os.path.abspath(_native.__file__)
         # The runtime is the native module's: the library names it, so that its symbols resolve there.
         link = [native, f"-Wl,-rpath,{os.path.dirname(native)}"]
-        cuda = on_demand.cuda_of(NVCC, CUDA_ARCHS.split(","), wanted)  # CUDA kernels too where the runtime has CUDA
-        if cuda:
-            link += [f"-L{CUDA_LIB}", "-lcudart", f"-Wl,-rpath,{CUDA_LIB}"]
+        device = on_demand.device_of(DEVICE, wanted)  # a device backend's kernels too, where the runtime has one
         level = _native.cpu_level()  # the library's CPU kernels: the level this process runs at, only
-        key = on_demand.key_of(layouts, model_spec_, INCLUDE, compiler, link, cuda, level)
+        key = on_demand.key_of(layouts, model_spec_, INCLUDE, compiler, link, device, level)
         if wanted in set(_native.variants()):
             # Registered already: a default asked for by name, or a library loaded before from these very specs.
             if (_defaults(layout, model) and name is None and window is None) or _built.get(wanted) == key:
@@ -216,8 +214,7 @@ def variant(layout, model, dtype, input=None, *, window=None, name=None):
             raise ArgumentError(f"name: {wanted} is registered already, from other specs; give the layout or the "
                                 f"model a name of its own (variant(..., name=...), or the model's `name`)")
         path, registry_function = on_demand.library(layouts, model_spec_, wanted, key, compiler=compiler[0],
-                                                    include=INCLUDE, link=link, cuda=cuda and (cuda[0][0], cuda[1]),
-                                                    cpu_level=level)
+                                                    include=INCLUDE, link=link, device=device, cpu_level=level)
     except on_demand.OnDemandError as e:
         raise _raised(e) from None
     names = _native.load_variants(path, registry_function)

@@ -9,8 +9,8 @@ namespace kvforge {
 namespace {
 
 // One part of a record format and its scales as tensors of their own types over the record's bytes:
-// "<part>" [pages or rows, slots or positions, (heads,) width] (fp8 codes as bytes, int8, or the float
-// part's dtype) and "<part>_scales" [.., width / group] (fp32, bf16, or ue8m0 as bytes). `record` is
+// "<part>" [pages or rows, slots or positions, (heads,) width] (fp8 codes as bytes, int8, 4-bit codes as
+// bytes of two, [.., width / 2], or the float part's dtype) and "<part>_scales" [.., width / group] (fp32, bf16, or ue8m0 as bytes). `record` is
 // the first token's record, `tail` its page-end scales; the strides are in bytes, each a whole number of
 // the part's elements (records.py places every part so). The heads axis is left out of a record of one
 // head, as FlashMLA's and vLLM's index key views have it.
@@ -27,7 +27,7 @@ void part_views(const RecordFormat& f, const char* record, const char* tail, Dev
   };
   for (int i = 0; i < f.num_parts; ++i) {
     const RecordPart& p = f.parts[i];
-    view(p.name, record + p.bytes_at, p.dtype, size_t(p.width), record_strides);
+    view(p.name, record + p.bytes_at, p.dtype, size_t(p.width / dtype_values(p.dtype)), record_strides);
     if (!p.scaled()) continue;
     const std::string scales = std::string(p.name) + "_scales";
     if (p.at_page_end)

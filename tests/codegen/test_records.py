@@ -88,9 +88,9 @@ class RecordSpecs(unittest.TestCase):
             "(allowed: scale: {group, dtype, rounding, amax_floor, nan, place})",
             "layouts/rec.yaml:10: records[0].parts[1].name: a part named a is listed twice",
             "layouts/rec.yaml:10: records[0].parts[1].scale: bf16 values are stored as they are, with no scale "
-            "(allowed: fp8_e4m3, fp8_e5m2, int8)",
+            "(allowed: fp8_e4m3, fp8_e5m2, int8, fp4_e2m1, int4)",
             "layouts/rec.yaml:13: records[1].parts[0].dtype: unknown value 'fp6' "
-            "(allowed: fp8_e4m3, fp8_e5m2, int8, bf16, fp16, fp32)",
+            "(allowed: fp8_e4m3, fp8_e5m2, int8, fp4_e2m1, int4, bf16, fp16, fp32)",
             "layouts/rec.yaml:13: records[1].parts[0].scale.amax_floor: expected a number, got -1 "
             "(allowed: a finite number, 0..1e30)",
             "layouts/rec.yaml:13: records[1].parts[0].scale.colour: unknown field "

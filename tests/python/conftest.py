@@ -64,7 +64,8 @@ def quantization_bound(descriptor, expected):
 def record_bound(descriptor, expected_k, expected_v):
     """Per-element bounds on |gathered - appended| for a record format's K and V [H, n, D] values, each part
     by its own definition (descriptor.record_parts): a float part within half its ulp, a coded part within
-    half a step of its grid at the value (e4m3 2^-4, e5m2 2^-3 relative) or of int8's (amax / 127), plus a
+    half a step of its grid at the value (e4m3 2^-4, e5m2 2^-3, e2m1 1/4 relative) or of int8's and int4's
+    (amax / 127, amax / 7), plus a
     subnormal step of its group's scale; the group's scale taken as amax / the code's largest, twice that
     where it rounds up to a power of two. Plus half an ulp of the input dtype."""
     x = torch.cat([expected_k.float(), expected_v.float()], dim=-1)
@@ -76,11 +77,13 @@ def record_bound(descriptor, expected_k, expected_v):
             bound[..., p["values_at"]:p["values_at"] + p["width"]] = part.abs() * relative
             continue
         groups = part.reshape(*part.shape[:-1], -1, p["group"])
-        qmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}[p["dtype"]]
+        qmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0, "fp4_e2m1": 6.0, "int4": 7.0}[p["dtype"]]
         scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=p["amax_floor"]) / qmax
         scale = scale * (2.0 if p["rounding"] == "pow2_up" else 1.0)
-        if p["dtype"] == "int8":
+        if p["dtype"] in ("int8", "int4"):
             step = scale.expand_as(groups) * 0.5
+        elif p["dtype"] == "fp4_e2m1":  # half of e2m1's widest gap (4 to 6) relative, or its subnormal step
+            step = groups.abs() / 4 + scale * 0.25
         else:
             relative, subnormal = (2.0 ** -4, 2.0 ** -9) if p["dtype"] == "fp8_e4m3" else (2.0 ** -3, 2.0 ** -16)
             step = groups.abs() * relative + scale * subnormal

@@ -183,8 +183,10 @@ def record_dequantize(keys, values, d):
         s = next_power_of_two_up(s) if p["rounding"] == "pow2_up" else s
         s = ROUND_UP[p["scale_dtype"]](s)
         s = torch.where(amax == 0, torch.ones_like(s), s)
-        if p["dtype"] == "int8":
+        if p["dtype"] in ("int8", "int4"):
             codes = torch.clamp(torch.round(groups / s), -qmax, qmax)
+        elif p["dtype"] == "fp4_e2m1":
+            codes = round_to_e2m1(torch.clamp(groups / s, -qmax, qmax))
         else:
             fp8 = torch.float8_e4m3fn if p["dtype"] == "fp8_e4m3" else torch.float8_e5m2
             codes = torch.clamp(groups / s, -qmax, qmax).to(fp8).float()

@@ -13,6 +13,9 @@ from conftest import TORCH_DTYPE, variants_where
 
 RECORDS = variants_where(record_parts=lambda parts: parts is not None, hybrid=False)
 CODES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "int8": torch.int8}
+# 4-bit codes, two a byte, low nibble first: e2m1's values by code (OCP MX), int4's two's complement.
+NIBBLES = {"fp4_e2m1": torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]),
+           "int4": torch.tensor([0.0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1])}
 SCALES = {"fp32": torch.float32, "bf16": torch.bfloat16, "ue8m0": torch.float8_e8m0fnu}
 
 
@@ -23,12 +26,18 @@ def part_values(view, part, heads, tokens):
         if x.dim() == 3:  # one head: no heads axis
             x = x.unsqueeze(-2)
         return x.reshape(-1, heads, width)[:tokens]
-    codes = positions(part["name"], part["width"])
+    packed = part["dtype"] in NIBBLES
+    codes = positions(part["name"], part["width"] // 2 if packed else part["width"])
     if "group" not in part:
         return codes.float()
     groups = part["width"] // part["group"]
     scales = positions(part["name"] + "_scales", groups).view(SCALES[part["scale_dtype"]]).float()
-    values = codes.view(CODES[part["dtype"]]).float().unflatten(-1, (groups, part["group"]))
+    if packed:
+        nibbles = torch.stack([codes & 0xF, codes >> 4], dim=-1).flatten(-2).long()
+        values = NIBBLES[part["dtype"]][nibbles]
+    else:
+        values = codes.view(CODES[part["dtype"]]).float()
+    values = values.unflatten(-1, (groups, part["group"]))
     return (values * scales[..., None]).flatten(-2)
 
 

@@ -37,8 +37,8 @@ struct OnDemandTools {
   std::string specs;              // the default specs (layouts/, models/)
   std::string include;            // the runtime's headers
   std::string compiler;           // the C++ compiler
-  std::string nvcc;               // where the runtime has the CUDA backend: nvcc, for the variant's CUDA kernels
-  std::string cuda_archs;         // with nvcc: the architectures, comma-separated ("90")
+  std::string device;             // where the runtime has a device backend: "backend|compiler|targets|lib", for
+                                  // the variant's kernels of it (its flags: codegen's vocab.BACKENDS row)
   std::vector<std::string> link;  // the runtime archive, and what it needs besides
 
   static OnDemandTools of_this_build();
@@ -70,8 +70,7 @@ inline OnDemandTools OnDemandTools::of_this_build() {
   t.specs = KVFORGE_ON_DEMAND_SPECS;
   t.include = KVFORGE_ON_DEMAND_INCLUDE;
   t.compiler = KVFORGE_ON_DEMAND_CXX;
-  t.nvcc = KVFORGE_ON_DEMAND_NVCC;
-  t.cuda_archs = KVFORGE_ON_DEMAND_CUDA_ARCHS;
+  t.device = KVFORGE_ON_DEMAND_DEVICE;
   const std::string link = KVFORGE_ON_DEMAND_LINK;
   for (size_t at = 0; at <= link.size();) {
     const size_t end = std::min(link.find('|', at), link.size());

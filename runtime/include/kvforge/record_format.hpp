@@ -19,7 +19,7 @@ struct RecordPart {
   const char* name;
   int values_at;  // its first value in the token's record (K then V of a head)
   int width;      // values
-  DType dtype;    // codes (f8e4m3, f8e5m2, i8) or values (bf16, f16, f32)
+  DType dtype;    // codes (f8e4m3, f8e5m2, i8; f4e2m1, i4 two to a byte) or values (bf16, f16, f32)
   int bytes_at;   // its codes' first byte in the record
   int group = 0;  // values that share a scale; 0: values as they are, no scales
   DType scale_dtype = DType::f32;
@@ -40,12 +40,14 @@ struct RecordPart {
       case DType::f8e4m3: return value / 16.0f;
       case DType::f8e5m2: return value / 8.0f;
       case DType::i8: return 0.5f * up * amax / 127.0f;
+      case DType::i4: return 0.5f * up * amax / 7.0f;
+      case DType::f4e2m1: return value / 4.0f + 0.25f * up * amax / 6.0f;  // half of e2m1's gap 4..6, its subnormal step
       case DType::bf16: return value / 256.0f;
       case DType::f16: return value / 2048.0f;
       default: return 0.0f;
     }
   }
-  constexpr int code_bytes() const { return width * dtype_size(dtype); }
+  constexpr int code_bytes() const { return width * dtype_size(dtype) / dtype_values(dtype); }
   constexpr int scale_bytes() const { return scaled() ? width / group * dtype_size(scale_dtype) : 0; }
 };
 

@@ -106,7 +106,7 @@ OnDemandVariant variant(const OnDemandRequest& request, const OnDemandTools& too
   if (!request.input.empty()) argv.insert(argv.end(), {"--input", request.input});
   if (request.window > 0) argv.insert(argv.end(), {"--window", std::to_string(request.window)});
   if (!request.name.empty()) argv.insert(argv.end(), {"--name", request.name});
-  if (!tools.nvcc.empty()) argv.insert(argv.end(), {"--nvcc", tools.nvcc, "--cuda-archs", tools.cuda_archs});
+  if (!tools.device.empty()) argv.insert(argv.end(), {"--device", tools.device});
   for (const std::string& item : tools.link) argv.push_back("--link=" + item);
   // The library's own references to the runtime bind to its own copy, whatever the program exports.
   argv.push_back("--link=-Wl,-Bsymbolic");

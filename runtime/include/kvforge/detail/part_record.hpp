@@ -28,7 +28,8 @@
 
 namespace kvforge::detail {
 
-// A part's codes: the stored byte of a value already divided by its scale, and back.
+// A part's codes: the stored code of a value already divided by its scale, and back. 4-bit codes
+// (kPacked) go two to a byte, value 2i in the low nibble of byte i.
 template <DType T> struct PartCodes;
 template <> struct PartCodes<DType::f8e4m3> {
   static constexpr float qmax = 448.0f;
@@ -45,6 +46,17 @@ template <> struct PartCodes<DType::i8> {
   KVF_HD static KVF_INLINE uint8_t encode(float x) { return uint8_t(Codec<int8_t>::encode(x)); }
   KVF_HD static KVF_INLINE float decode(uint8_t c) { return float(int8_t(c)); }
 };
+template <> struct PartCodes<DType::f4e2m1> {  // e2m1 (MXFP4's codes); NaN is stored as 0, as the cache stores it
+  static constexpr float qmax = 6.0f;
+  KVF_HD static KVF_INLINE uint8_t encode(float x) { return Codec<fp4_e2m1x2>::code(x); }
+  KVF_HD static KVF_INLINE float decode(uint8_t c) { return E2M1::decode(c); }
+};
+template <> struct PartCodes<DType::i4> {  // -7..7 in two's complement nibbles; NaN is stored as 0
+  static constexpr float qmax = 7.0f;
+  KVF_HD static KVF_INLINE uint8_t encode(float x) { return Codec<int4x2>::code(x); }
+  KVF_HD static KVF_INLINE float decode(uint8_t c) { return Codec<int4x2>::decode_nibble(c); }
+};
+template <DType T> inline constexpr bool kPacked = T == DType::f4e2m1 || T == DType::i4;
 
 // A float part's values as stored.
 template <DType T> struct PartFloat;
@@ -116,7 +128,13 @@ template <class Traits> struct PartRecord {
         bool nan;
         const float amax = bits_float(group_amax<p.group>(v + g * p.group, nan));
         const float s = scale_of<I>(amax, nan, scales + g * scale_size);
-        for (int i = 0; i < p.group; ++i) codes[g * p.group + i] = PartCodes<p.dtype>::encode(v[g * p.group + i] / s);
+        if constexpr (kPacked<p.dtype>) {  // a group is even: its values fill whole bytes
+          for (int i = 0; i < p.group; i += 2)
+            codes[(g * p.group + i) / 2] = uint8_t(PartCodes<p.dtype>::encode(v[g * p.group + i] / s) |
+                                                   (PartCodes<p.dtype>::encode(v[g * p.group + i + 1] / s) << 4));
+        } else {
+          for (int i = 0; i < p.group; ++i) codes[g * p.group + i] = PartCodes<p.dtype>::encode(v[g * p.group + i] / s);
+        }
       }
     }
   }
@@ -134,9 +152,15 @@ template <class Traits> struct PartRecord {
       for (int g = 0; g < p.width / p.group; ++g) {
         const float s = stored_scale<I>(scales + g * dtype_size(p.scale_dtype));
         for (int i = 0; i < p.group; ++i)
-          v[g * p.group + i] = from_float<Out>(PartCodes<p.dtype>::decode(codes[g * p.group + i]) * s);
+          v[g * p.group + i] = from_float<Out>(PartCodes<p.dtype>::decode(code_at<p.dtype>(codes, g * p.group + i)) * s);
       }
     }
+  }
+
+  // Code i of a part whose codes start at `codes`.
+  template <DType T> KVF_HD static KVF_INLINE uint8_t code_at(const uint8_t* codes, int i) {
+    if constexpr (kPacked<T>) return nibble(codes, i);
+    else return codes[i];
   }
 
   template <int... I, class F> KVF_HD static KVF_INLINE void each_part(std::integer_sequence<int, I...>, F&& f) {
@@ -208,7 +232,13 @@ template <class Traits> struct PartRecord {
             if constexpr (p.at_page_end) tail[p.scales_at + g * scale_size + j] = stored[j];
             else *byte(lo, hi, p.scales_at + g * scale_size + j) = stored[j];
           }
-          for (int i = 0; i < p.group; ++i) *byte(lo, hi, p.bytes_at + g * p.group + i) = PartCodes<p.dtype>::encode(x[i] / s);
+          if constexpr (kPacked<p.dtype>) {
+            for (int i = 0; i < p.group; i += 2)
+              *byte(lo, hi, p.bytes_at + (g * p.group + i) / 2) =
+                  uint8_t(PartCodes<p.dtype>::encode(x[i] / s) | (PartCodes<p.dtype>::encode(x[i + 1] / s) << 4));
+          } else {
+            for (int i = 0; i < p.group; ++i) *byte(lo, hi, p.bytes_at + g * p.group + i) = PartCodes<p.dtype>::encode(x[i] / s);
+          }
         }
       }
     });
@@ -235,7 +265,9 @@ template <class Traits> struct PartRecord {
           for (int j = 0; j < scale_size; ++j)
             stored[j] = p.at_page_end ? tail[p.scales_at + (i / p.group) * scale_size + j]
                                       : *byte(lo, hi, p.scales_at + (i / p.group) * scale_size + j);
-          v = PartCodes<p.dtype>::decode(*byte(lo, hi, p.bytes_at + i)) * stored_scale<I>(stored);
+          const uint8_t code = kPacked<p.dtype> ? uint8_t((*byte(lo, hi, p.bytes_at + i / 2) >> (4 * (i % 2))) & 0xfu)
+                                                : *byte(lo, hi, p.bytes_at + i);
+          v = PartCodes<p.dtype>::decode(code) * stored_scale<I>(stored);
         }
         const int at = p.values_at + i;
         (at < D ? first[at] : second[at - D]) = from_float<Out>(v);
