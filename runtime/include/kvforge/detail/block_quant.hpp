@@ -1,9 +1,9 @@
 // Block-scaled codecs, one source for both backends: a group of values shares one scale (OCP MX v1.0's
 // MXFP4 and MXFP8, NVIDIA's NVFP4, grouped int4), and 4-bit codes pack two to a byte. docs/quantization.md
 // ("Block-scaled codecs") states the rules in words; tests/test_block_quant.cpp holds these functions to
-// references written from each format's definition. These are whole-group codecs for formats with their
-// own layouts (FlashMLA's fp8 record, flashmla_record.hpp, uses them); the cache kernels store 4-bit
-// codes and group scales through quant.hpp's Codec and per_group granularity.
+// references written from each format's definition. These are whole-group codecs (and group_amax, which
+// the record formats' codec, part_record.hpp, uses too); the cache kernels store 4-bit codes and group
+// scales through quant.hpp's Codec and per_group granularity.
 //
 // Rules shared with quant.hpp: amax is over finite values; a scale is rounded up where it is stored, so
 // that no finite value of its group saturates (a power of two for ue8m0, the next code for e4m3); an
