@@ -168,25 +168,32 @@ template <class Traits> struct PartRecord {
   }
 
   // record halves `first` [D] + `second` [D] -> lo [kSplit], hi [kBytes - kSplit], tail [kTail]: on one
-  // lane, through copies on the stack, whose loops run over contiguous values and vectorize.
+  // lane, through a copy of the values on the stack, whose loops run over contiguous values and vectorize.
   template <class In>
   KVF_HD static KVF_INLINE void encode_whole(const In* first, const In* second, uint8_t* lo, uint8_t* hi, uint8_t* tail) {
     float x[kValues];
     for (int i = 0; i < D; ++i) x[i] = to_float(first[i]);
     for (int i = 0; i < D; ++i) x[D + i] = to_float(second[i]);
-    uint8_t record[kBytes];
-    uint8_t scales[kTail > 0 ? kTail : 1];
-    each_part(std::make_integer_sequence<int, kParts>{}, [&](auto i) { encode_part<decltype(i)::value>(x, record, scales); });
-    std::memcpy(lo, record, kSplit);
-    std::memcpy(hi, record + kSplit, kBytes - kSplit);
-    if constexpr (kTail > 0) std::memcpy(tail, scales, kTail);
+    // The record in place where its halves are one run (a layout that keeps a head's V row after its K
+    // row, and every page-end format), else through a copy on the stack.
+    uint8_t copy[kBytes];
+    uint8_t* record = hi == lo + kSplit ? lo : copy;
+    each_part(std::make_integer_sequence<int, kParts>{}, [&](auto i) { encode_part<decltype(i)::value>(x, record, tail); });
+    if (record == copy) {
+      std::memcpy(lo, copy, kSplit);
+      std::memcpy(hi, copy + kSplit, kBytes - kSplit);
+    }
   }
 
   template <class Out>
   KVF_HD static KVF_INLINE void decode_whole(const uint8_t* lo, const uint8_t* hi, const uint8_t* tail, Out* first, Out* second) {
-    uint8_t record[kBytes];
-    std::memcpy(record, lo, kSplit);
-    std::memcpy(record + kSplit, hi, kBytes - kSplit);
+    uint8_t copy[kBytes];
+    const uint8_t* record = lo;
+    if (hi != lo + kSplit) {  // the halves apart: one run on the stack
+      std::memcpy(copy, lo, kSplit);
+      std::memcpy(copy + kSplit, hi, kBytes - kSplit);
+      record = copy;
+    }
     Out x[kValues];
     each_part(std::make_integer_sequence<int, kParts>{}, [&](auto i) { decode_part<decltype(i)::value>(record, tail, x); });
     std::memcpy(first, x, sizeof(Out) * D);
