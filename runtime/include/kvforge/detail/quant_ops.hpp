@@ -281,12 +281,16 @@ template <class Traits, class Exec> struct QuantOps : Ops<Traits, Exec> {
   }
 
   // Moves a token's dynamic scales (K or V), for copies that keep codes as they are. A packed copy's
-  // scales are dense: head stride kGroups (kPackedScaleHead).
+  // scales are dense: head stride kGroups (kPackedScaleHead). An entry at a time by bytes: a packed
+  // page's scales follow its codes, whose bytes need not be a multiple of a scale's (int8 codes of an
+  // odd row before fp32 scales), so neither side may be read as an aligned Scale.
   static constexpr int64_t kPackedScaleHead = kGroups;
-  KVF_HD static KVF_INLINE void copy_scales(Scale* dst, int64_t dst_head, const Scale* src, int64_t src_head, int lane) {
+  KVF_HD static KVF_INLINE void copy_scales(void* dst, int64_t dst_head, const void* src, int64_t src_head, int lane) {
     if (lane != 0) return;
     for (int h = 0; h < kScaleHeads; ++h)
-      for (int g = 0; g < kGroups; ++g) dst[h * dst_head + g] = src[h * src_head + g];
+      for (int g = 0; g < kGroups; ++g)
+        memcpy(static_cast<unsigned char*>(dst) + (h * dst_head + g) * int64_t(sizeof(Scale)),
+               static_cast<const unsigned char*>(src) + (h * src_head + g) * int64_t(sizeof(Scale)), sizeof(Scale));
   }
 
   // A row of one head decoded with its scales: group g of the row with scale[g] (under `tensor`).

@@ -162,7 +162,7 @@ template <class Traits, class Exec> struct UpkeepOps : QuantOps<Traits, Exec> {
   // page's codes) to or from their place in the pool.
   KVF_HD static KVF_INLINE void move_scales(const MovePagesArgs<Store>& a, unsigned char* packed, int64_t row,
                                             int64_t layer, int64_t kv, int64_t page, int64_t slot, int lane) {
-    Scale* packed_scales = reinterpret_cast<Scale*>(packed + packed_codes_bytes(a.ext, a.layers)) + row * kScalesPerToken;
+    unsigned char* packed_scales = packed + packed_codes_bytes(a.ext, a.layers) + row * kScalesPerToken * int64_t(sizeof(Scale));
     Scale* pooled_scales = scale_at(a.scales, layer, kv, page, slot);
     if (a.to_packed) {
       copy_scales(packed_scales, O::kPackedScaleHead, pooled_scales, a.scales.s.head, lane);
