@@ -220,8 +220,9 @@ INSTANTIATE_TEST_SUITE_P(Tiny, Graphs, testing::ValuesIn(tiny_variants()), varia
 // A ring gather checks its range against the row's length on the device (so that it can be captured):
 // a range that left the window is refused at synchronize(), naming the range.
 // A bad target refuses the whole append on the device, whether its checks ran inside the append's one
-// launch (a decode step's few tokens) or in a launch of their own (more than 256, every index array in
-// it): synchronize() names the argument and the element, and the cache holds the same bytes and
+// launch (a decode step's tokens, up to 256: 8, and 200, whose rows and positions are 400 entries) or in
+// a launch of their own (more than 256, every index array in it): synchronize() names the argument and
+// the element, and the cache holds the same bytes and
 // lengths as before. A good append queued behind the refused one writes nothing either (the status
 // word halts it), and a row layout's bad position (its second index array) is caught as its bad row is.
 TEST(DeviceChecks, CudaBadTargetWritesNothingInOneLaunchOrSeveral) {
@@ -233,7 +234,7 @@ TEST(DeviceChecks, CudaBadTargetWritesNothingInOneLaunchOrSeveral) {
     const std::vector<std::string> bad_arrays =
         d.paged() ? std::vector<std::string>{"targets.slots"} : std::vector<std::string>{"targets.rows", "targets.positions"};
     for (const std::string& bad : bad_arrays)
-      for (int64_t tokens : {int64_t(8), int64_t(300)}) {
+      for (int64_t tokens : {int64_t(8), int64_t(200), int64_t(300)}) {
         SCOPED_TRACE(std::string(d.name) + ", " + std::to_string(tokens) + " tokens, bad " + bad);
         CacheConfig c;
         c.device = Device::cuda;

@@ -47,9 +47,10 @@ struct IndexChecks {
   IndexCheckArgs check[kMaxIndexChecks];
   int count = 0;
   void add(const IndexCheckArgs& a) { check[count++] = a; }
-  int64_t entries() const {
+  // The most entries any one of them checks.
+  int64_t longest() const {
     int64_t n = 0;
-    for (int c = 0; c < count; ++c) n += check[c].count;
+    for (int c = 0; c < count; ++c) n = check[c].count > n ? check[c].count : n;
     return n;
   }
 };

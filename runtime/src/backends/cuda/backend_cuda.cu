@@ -41,8 +41,7 @@ __global__ void check_indices_kernel(IndexChecks checks) {
 }  // namespace
 
 void check_indices_on_device(void* stream, const IndexChecks& checks) {
-  int64_t longest = 0;
-  for (int c = 0; c < checks.count; ++c) longest = checks.check[c].count > longest ? checks.check[c].count : longest;
+  const int64_t longest = checks.longest();
   if (longest <= 0) return;
   const int threads = 256;
   const int64_t blocks = (longest + threads - 1) / threads;

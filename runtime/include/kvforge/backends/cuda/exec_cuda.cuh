@@ -69,9 +69,12 @@ struct CudaExec {
 
   // An item is one token: its lanes already cover all heads, coalesced along head_dim.
   static constexpr int kTileItems = 1;
-  // Index checks of at most this many entries run inside the operation's launch (every block reads
-  // them all: 256 entries are 2 KiB, next to a decode token's 4 KiB or more of K and V per block).
-  // Longer ones, a prefill's, get launches of their own, whose cost the prefill's copy hides.
+  // Index checks whose arrays hold at most this many entries each run inside the operation's launch
+  // (every block reads them all: 256 slots, or 256 rows and 256 positions, are 2 KiB, next to a decode
+  // token's 4 KiB or more of K and V per block). So a decode step of up to 256 tokens is one launch on
+  // every layout; a row layout's once counted its rows and positions together, and took two launches
+  // (and twice the host's enqueue time) past 128 tokens. Longer ones, a prefill's, get launches of
+  // their own, whose cost the prefill's copy hides.
   static constexpr int64_t kFusedCheckEntries = 256;
 
   static CudaExec from(const Launch& l) {
@@ -143,7 +146,7 @@ struct CudaExec {
   template <int Lanes, class Body>
   void run_items(int64_t items, const Body& body, const IndexChecks& checks, bool block_per_item) const {
     static_assert(Lanes >= 1 && Lanes <= tunables::cuda_block_threads.hi, "an item's lanes fit one block");
-    const bool fused = checks.count > 0 && items > 0 && checks.entries() <= kFusedCheckEntries;
+    const bool fused = checks.count > 0 && items > 0 && checks.longest() <= kFusedCheckEntries;
     if (!fused && checks.count > 0) check_indices_on_device(stream, checks);
     if (items <= 0) return;
     int per_block = Lanes >= block_threads || block_per_item ? 1 : block_threads / Lanes;

@@ -20,8 +20,8 @@ __device__ inline void record_index_failure(const IndexCheckArgs& a, int64_t i, 
 
 // Whether any index of `checks` fails, decided by a whole CUDA block: each thread checks a share and
 // every thread gets the answer. Block 0 records a failure, so it is recorded once per launch. Only
-// launches that check themselves call it, whose checks are short (CudaExec::kFusedCheckEntries): 32-bit
-// positions keep the registers a body holds across it to a minimum.
+// launches that check themselves call it, whose checks are short (CudaExec::kFusedCheckEntries an
+// array): 32-bit positions keep the registers a body holds across it to a minimum.
 // The status word, where given, joins the verdict: read after the checks' loads have issued, it is
 // not held, or spilled, across them.
 __device__ inline bool block_refuses(const IndexChecks& checks, const DeviceStatus* status = nullptr) {
