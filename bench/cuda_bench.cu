@@ -63,8 +63,12 @@ namespace {
 struct Record {
   std::string variant, op, check = "not run";
   int64_t n = 0, bytes = 0;
+  bool coded = false;  // stores codes or records, not its input dtype (the quantized goals' rows)
   Timing kvforge, untuned, reference, naive, twin, step, commit;
   double d2d_us = NAN;
+  // A lazy variant's host time per call of its step, enqueued as an engine does: one layer's append
+  // (staging) and the commit.
+  double append_host_us = NAN, commit_host_us = NAN;
 };
 
 // Inputs for `sets` epochs, and a gather's output, on the device.
@@ -158,6 +162,7 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
   const VariantDescriptor& d = *e.descriptor;
   Record rec;
   rec.variant = d.name, rec.op = s.op, rec.n = s.n, rec.bytes = bytes_moved(d, s.op, s.n);
+  rec.coded = d.storage != d.input;
   // Enough epochs that the pool outgrows L2 four times over, at most 16.
   const int64_t per_epoch = int64_t(d.layers) * s.n * layer_token_bytes(d);
   const int epochs = int(std::clamp<int64_t>((4 * l2_bytes + per_epoch - 1) / std::max<int64_t>(per_epoch, 1), 1, 16));
@@ -249,6 +254,22 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
           cache->append(l, tensor(in.k[set], s.n, d.heads), tensor(in.v[set], s.n, d.heads), targets[epoch].targets(d, s.n));
       };
       timer.graph_alone(stage_every_layer, [&](int) { cache->commit(); }, std::min(timer.iterations, 50), rec.commit);
+      // The host's time per call, each call timed by itself (the eager column's host time is a whole
+      // step's: every layer's append and the commit).
+      using clock = std::chrono::steady_clock;
+      const int rounds = std::max(1, std::min(timer.iterations, 50));
+      double append_us = 0, commit_us = 0;
+      for (int i = 0; i < rounds; ++i) {
+        const auto staged = clock::now();
+        stage_every_layer(i);
+        const auto committed = clock::now();
+        cache->commit();
+        append_us += std::chrono::duration<double, std::micro>(committed - staged).count();
+        commit_us += std::chrono::duration<double, std::micro>(clock::now() - committed).count();
+      }
+      cache->synchronize();
+      rec.append_host_us = append_us / (double(rounds) * L);
+      rec.commit_host_us = commit_us / rounds;
     }
   }
   cache->synchronize();

@@ -62,7 +62,10 @@ void write_json(const std::string& path, const DeviceInfo& info, const std::stri
   for (size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];
     out << (i ? ",\n" : "\n") << "    {\"variant\": " << quoted(r.variant) << ", \"op\": " << quoted(r.op) << ", \"n\": " << r.n
-        << ", \"bytes\": " << r.bytes << ", \"check\": " << quoted(r.check) << ", \"d2d_us\": " << number(r.d2d_us)
+        << ", \"bytes\": " << r.bytes << ", \"coded\": " << (r.coded ? "true" : "false")
+        << ", \"check\": " << quoted(r.check) << ", \"d2d_us\": " << number(r.d2d_us)
+        << ", \"lazy_host\": {\"append_us\": " << number(r.append_host_us) << ", \"commit_us\": " << number(r.commit_host_us)
+        << "}"
         << ", \"kvforge\": " << timing_json(r.kvforge) << ", \"untuned\": " << timing_json(r.untuned)
         << ", \"step\": " << timing_json(r.step) << ", \"commit\": " << timing_json(r.commit)
         << ", \"reference\": " << timing_json(r.reference)

@@ -270,11 +270,20 @@ void run_once(Prepared& p, const VariantDescriptor& d, const Shape& s, Impl impl
     const TokenTargets tt = d.paged() ? TokenTargets::paged(IndexView::of(t.slots.data(), p.tokens))
                                       : TokenTargets::row_positions(IndexView::of(t.rows.data(), p.tokens),
                                                                     IndexView::of(t.positions.data(), p.tokens));
+    using clock = std::chrono::steady_clock;
+    const auto staged = clock::now();
     for (int l = 0; l < layers_per_append(d); ++l)
       p.cache->append(layers_per_append(d) == 1 ? layer : l,
                       TensorView::contiguous(p.k.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim),
                       TensorView::contiguous(p.v.data(), d.input, Device::cpu, p.tokens, d.heads, d.head_dim), tt);
+    const auto committed = clock::now();
     p.cache->commit();
+    if (d.update == UpdateMode::lazy) {
+      p.append_seconds += std::chrono::duration<double>(committed - staged).count();
+      p.commit_seconds += std::chrono::duration<double>(clock::now() - committed).count();
+      p.appends += layers_per_append(d);
+      ++p.commits;
+    }
   }
 }
 
@@ -308,11 +317,17 @@ void run_variant(benchmark::State& state, const VariantEntry* e, Shape s, Impl i
   }
   if (impl != Impl::generic) p.cache->set_tuning(impl == Impl::untuned ? Tuning{} : d.tuning);
   p.iteration = 0;
+  p.append_seconds = p.commit_seconds = 0;
+  p.appends = p.commits = 0;
   timed_loop(state, s.mode, [&] { run_once(p, d, s, impl, peer); });
   const int64_t bytes = bytes_moved(d, s.op, s.n);
   state.SetBytesProcessed(state.iterations() * bytes);
   state.counters["bytes_moved"] = double(bytes);
   state.counters["bytes_per_token"] = double(d.bytes_per_token);
+  if (p.commits > 0) {  // a lazy variant's step, per call (its time above is a whole step's)
+    state.counters["append_us"] = 1e6 * p.append_seconds / double(p.appends);
+    state.counters["commit_us"] = 1e6 * p.commit_seconds / double(p.commits);
+  }
 }
 
 // The roofline: a streaming copy of bytes/2 with every core, so that `bytes` cross the bus. In big

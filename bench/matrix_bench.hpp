@@ -51,6 +51,10 @@ struct Prepared {
   int64_t out_slices = 1;
   int64_t tokens = 0;
   int64_t iteration = 0;
+  // A lazy variant's step, call by call: the seconds its appends (one a layer) and its commits took,
+  // and how many of each ran (the counters append_us and commit_us: per call).
+  double append_seconds = 0, commit_seconds = 0;
+  int64_t appends = 0, commits = 0;
   std::map<TorchForm, std::shared_ptr<TorchPeer>> torch;  // PyTorch's forms on the same buffers
 
   PeerSetup peer_setup(const Shape& s) const {

@@ -226,7 +226,36 @@ def cuda_markdown(data):
     if errors:
         out.append("\nNot capturable in a graph:\n")
         out += [f"- `{v}`: {e}" for v, e in errors]
+    out += cuda_goals(cuda_rows(data))
     return "\n".join(out)
+
+
+# The GPU goals (issue 55), each over the rows it names: (goal, the rows it covers, a row's figure, whether
+# the figure meets it). Quantized rows store codes or records; a lazy variant's rows time it per call.
+CUDA_GOALS = [
+    ("every quantized write ≥ 0.8× D2D", lambda r: r.get("coded") and r["op"].startswith("append"),
+     lambda r: r["to_d2d"], lambda x: x >= 0.8),
+    ("every quantized gather ≥ 0.85× D2D", lambda r: r.get("coded") and r["op"] == "gather",
+     lambda r: r["to_d2d"], lambda x: x >= 0.85),
+    ("a lazy variant's append ≤ 10 µs of host time per call", lambda r: True,
+     lambda r: (r.get("lazy_host") or {}).get("append_us"), lambda x: x <= 10),
+]
+
+
+def cuda_goals(rows):
+    out = ["", "Against the goals (each row's figure from this run; `met` counts the rows that meet it):", "",
+           "| goal | rows | range | met |", "|---|---:|---|---:|"]
+    for goal, covers, figure, meets in CUDA_GOALS:
+        xs = [figure(r) for r in rows if r["us"] is not None and covers(r) and figure(r) is not None]
+        span = f"{min(xs):.2f} to {max(xs):.2f}" if xs else "no row"
+        out.append(f"| {goal} | {len(xs)} | {span} | {sum(meets(x) for x in xs)} of {len(xs)} |")
+    lazy = [r for r in rows if (r.get("lazy_host") or {}).get("append_us") is not None]
+    if lazy:
+        out += ["", "A lazy variant's host time per call (its eager `host µs` above is a whole step's):", "",
+                "| op | n | variant | append µs | commit µs |", "|---|---:|---|---:|---:|"]
+        out += [f"| {r['op']} | {r['n']} | `{r['variant']}` | {fmt(r['lazy_host']['append_us'])} | "
+                f"{fmt(r['lazy_host'].get('commit_us'))} |" for r in lazy]
+    return out
 
 
 def cuda_chart(data, path):
