@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Runs a GoogleTest binary's cases so that no case can take the rest with it: each case has a time
 limit, a case over it is named, killed and reported as hung, and the cases after it still run, in a
-fresh process; the whole run stops starting cases at its own deadline. Results go to a JSON-lines file
-as each case ends, so a killed run still leaves everything it found.
+fresh process; the whole run stops starting cases at its own deadline. A case that hangs or crashes
+after other cases of its process is run again by itself, in a fresh process under the same limit, and
+its report names the case before it and the outcome alone: a case that passes alone was wedged by what
+ran before it, not by itself. Results go to a JSON-lines file as each case ends, so a killed run still
+leaves everything it found.
 
     gtest_watch.py BINARY --filter F --case-limit S --deadline S --results FILE [--log FILE] [--summary FILE]
 
@@ -49,11 +52,38 @@ class Watch:
         self.results = open(results, "a", buffering=1)
         self.log = open(log, "a", buffering=1) if log else None
         self.outcome: Dict[str, str] = {}
+        self.detail: Dict[str, str] = {}  # a hung or crashed case: what ran before it, and how it did alone
 
-    def record(self, case: str, outcome: str, seconds: float, note: str = "") -> None:
+    def record(self, case: str, outcome: str, seconds: float, note: str = "", after: Optional[str] = None) -> None:
+        """One case's outcome. For a hang or a crash with `after` (the case before it in its process), the
+        case also runs alone, and the record says how that went."""
+        alone = self.alone(case) if after and outcome in ("hung", "crashed") else None
+        if alone:
+            note += f"; after {after} in the same process; run alone: {alone}"
+            self.detail[case] = f"after `{after}`; alone: {alone}"
         self.outcome[case] = outcome
-        self.results.write(json.dumps({"case": case, "outcome": outcome, "seconds": round(seconds, 3),
-                                       "note": note}) + "\n")
+        self.results.write(json.dumps({"case": case, "outcome": outcome, "seconds": round(seconds, 3), "note": note,
+                                       "after": after, "alone": alone}) + "\n")
+
+    def alone(self, case: str) -> str:
+        """The outcome of `case` by itself in a fresh process, under the case limit (and the deadline)."""
+        limit = min(self.case_limit, self.deadline - time.monotonic())
+        if limit <= 0:
+            return "not run (the run's deadline)"
+        proc = subprocess.Popen([self.binary, "--gtest_filter=" + case, "--gtest_color=no"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            out = proc.communicate(timeout=limit)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            self.kill(proc)
+            proc.stdout.close()
+            return "hung"
+        if self.log:
+            self.log.write(f"gtest_watch: {case} run alone:\n" + out)
+        for line in out.splitlines():
+            if (m := END.match(line)) and m.group(2) == case:
+                return {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}[m.group(1)]
+        return f"crashed (status {proc.returncode})"
 
     def run(self, cases: List[str]) -> None:
         """Runs `cases` in few processes, at most CHUNK cases each (a filter of names stays well under
@@ -85,6 +115,7 @@ class Watch:
         selector = selectors.DefaultSelector()
         selector.register(fd, selectors.EVENT_READ)
         current, started, lines, pending = None, time.monotonic(), [], b""
+        previous = None  # the last case this process finished
         try:
             while True:
                 now = time.monotonic()
@@ -93,7 +124,8 @@ class Watch:
                     self.kill(proc)
                     if current:
                         why = "over the case limit" if now < self.deadline else "at the run's deadline"
-                        self.record(current, "hung", now - started, f"killed {why} ({self.case_limit:.0f} s a case)")
+                        self.record(current, "hung", now - started, f"killed {why} ({self.case_limit:.0f} s a case)",
+                                    after=previous)
                         self.tail(current, lines)
                     return False
                 if not selector.select(timeout=max(0.0, limit - now)):
@@ -103,7 +135,7 @@ class Watch:
                     proc.wait()
                     if current:  # it died inside a case
                         self.record(current, "crashed", time.monotonic() - started,
-                                    f"the process ended with status {proc.returncode} inside this case")
+                                    f"the process ended with status {proc.returncode} inside this case", after=previous)
                         self.tail(current, lines)
                         return False
                     return True
@@ -120,7 +152,7 @@ class Watch:
                         outcome = {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}[m.group(1)]
                         self.record(current, outcome, time.monotonic() - started,
                                     "".join(lines[-12:]) if outcome == "failed" else "")
-                        current = None
+                        previous, current = current, None
         finally:
             selector.close()
             if proc.poll() is None:
@@ -140,7 +172,7 @@ class Watch:
             self.log.write(f"gtest_watch: {case}: {self.outcome[case]}; its last output:\n" + "".join(lines[-12:]))
 
 
-def summary(outcome: Dict[str, str], seconds: float) -> str:
+def summary(outcome: Dict[str, str], seconds: float, detail: Optional[Dict[str, str]] = None) -> str:
     counts: Dict[str, int] = {}
     for o in outcome.values():
         counts[o] = counts.get(o, 0) + 1
@@ -149,7 +181,8 @@ def summary(outcome: Dict[str, str], seconds: float) -> str:
              f"| {len(outcome)} | " + " | ".join(str(counts.get(o, 0)) for o in order) + f" | {seconds:.0f} |"]
     bad = [(c, o) for c, o in outcome.items() if o not in ("passed", "skipped")]
     if bad:
-        lines += ["", "Not passed:"] + [f"- `{c}`: {o}" for c, o in bad[:50]]
+        detail = detail or {}
+        lines += ["", "Not passed:"] + [f"- `{c}`: {o}" + (f" ({detail[c]})" if c in detail else "") for c, o in bad[:50]]
         if len(bad) > 50:
             lines.append(f"- and {len(bad) - 50} more")
     return "\n".join(lines) + "\n"
@@ -169,7 +202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cases = listed(args.binary, args.filter)
     watch = Watch(args.binary, args.case_limit, start + args.deadline, args.results, args.log)
     watch.run(cases)
-    text = summary(watch.outcome, time.monotonic() - start)
+    text = summary(watch.outcome, time.monotonic() - start, watch.detail)
     if args.summary:
         with open(args.summary, "w") as f:
             f.write(text)

@@ -1,7 +1,8 @@
 """tools/gtest_watch.py against a stand-in for a GoogleTest binary (written here, speaking gtest's list and
-run output) whose cases pass, skip, fail, hang, and kill their own process: each outcome is named, a hung
-case is killed at the case limit, the cases after a hang or a crash still run, and the run stops starting
-cases at its deadline."""
+run output) whose cases pass, skip, fail, hang (always, or only after another case of the same process),
+and kill their own process: each outcome is named, a hung case is killed at the case limit, the cases
+after a hang or a crash still run, a case that hung after another is run alone and the report says how it
+went, and the run stops starting cases at its deadline."""
 
 import json
 import os
@@ -32,13 +33,15 @@ FAKE = textwrap.dedent('''\
                 print("  " + n + "  # GetParam() = x")
         sys.exit(0)
     wanted = args["--gtest_filter"].split(":")
+    ran = 0  # cases this process has run
     for c in CASES:
         if c not in wanted:
             continue
         print("[ RUN      ] " + c, flush=True)
         kind = c.split(".")[1]
-        if kind.startswith("Hang"):
+        if kind.startswith("Hang") or (kind.startswith("Wedged") and ran):
             time.sleep(3600)
+        ran += 1
         if kind.startswith("Crash"):
             os._exit(3)
         if kind.startswith("Fail"):
@@ -97,3 +100,24 @@ def test_a_run_where_everything_passes_or_skips_succeeds(tmp_path):
     out, rows, _ = watch(tmp_path, fake(tmp_path, ["A.Pass1", "A.Skip1", "B.Pass2"]), case_limit=5, deadline=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert len(rows) == 3
+
+
+def test_a_case_that_hangs_after_another_is_run_alone_and_the_report_names_both(tmp_path):
+    # Wedged1 hangs only behind another case (a case that left the process wedged); Hang1 hangs anyway.
+    cases = ["A.Pass1", "A.Wedged1", "A.Pass2", "A.Hang1", "A.Pass3"]
+    out, rows, took = watch(tmp_path, fake(tmp_path, cases), case_limit=1.5, deadline=60)
+    assert {c: r["outcome"] for c, r in rows.items()} == {
+        "A.Pass1": "passed", "A.Wedged1": "hung", "A.Pass2": "passed", "A.Hang1": "hung", "A.Pass3": "passed"}
+    assert (rows["A.Wedged1"]["after"], rows["A.Wedged1"]["alone"]) == ("A.Pass1", "passed")
+    assert (rows["A.Hang1"]["after"], rows["A.Hang1"]["alone"]) == ("A.Pass2", "hung")
+    assert rows["A.Pass1"]["alone"] is None
+    summary = (tmp_path / "summary.md").read_text()
+    assert "- `A.Wedged1`: hung (after `A.Pass1`; alone: passed)" in summary, summary
+    assert "- `A.Hang1`: hung (after `A.Pass2`; alone: hung)" in summary, summary
+    assert took < 30 and out.returncode == 1
+
+
+def test_a_case_that_hangs_first_in_its_process_is_not_run_again(tmp_path):
+    out, rows, _ = watch(tmp_path, fake(tmp_path, ["A.Hang1", "A.Pass1"]), case_limit=1.5, deadline=60)
+    assert rows["A.Hang1"]["outcome"] == "hung" and rows["A.Hang1"]["alone"] is None
+    assert rows["A.Pass1"]["outcome"] == "passed"
