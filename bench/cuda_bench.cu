@@ -47,6 +47,7 @@
 
 #include "kvforge/kvforge.hpp"
 #include "matrix_rules.hpp"
+#include "torch_peers.hpp"
 
 using namespace kvforge;
 using namespace kvforge_bench;
@@ -66,6 +67,9 @@ struct Record {
   bool coded = false;  // stores codes or records, not its input dtype (the quantized goals' rows)
   Timing kvforge, untuned, reference, naive, twin, step, commit;
   double d2d_us = NAN;
+  // --torch: each PyTorch form's eager µs per call (torch_peers.hpp), or why there is none.
+  std::vector<std::pair<std::string, double>> torch;
+  std::string torch_note;
   // A lazy variant's host time per call of its step, enqueued as an engine does: one layer's append
   // (staging) and the commit.
   double append_host_us = NAN, commit_host_us = NAN;
@@ -76,6 +80,8 @@ struct Inputs {
   std::vector<DeviceBuffer> k, v;
   DeviceBuffer k_out, v_out;
 };
+
+#include "cuda_torch.cuh"
 
 // Pool bytes (and separate scales) of a cache, on the host.
 std::vector<unsigned char> pool_bytes(const Cache& c) {
@@ -156,9 +162,24 @@ std::string check_against_cpu(const VariantEntry& e, const Shape& timed, cudaStr
 
 PoolStrides pool_strides(const LayerView& v) { return {v.strides.row_or_page, v.strides.seq_or_slot, v.strides.head}; }
 
+// The same bytes as the case moves, device to device: cudaMemcpyAsync of half of them.
+void time_d2d(Record& rec, Timer& timer, DeviceBuffer& d2d_src, DeviceBuffer& d2d_dst) {
+  const int64_t half = rec.bytes / 2, span = std::max<int64_t>(half, d2d_src.bytes / std::max<int64_t>(half, 1) * half);
+  if (half <= 0 || half > d2d_src.bytes) return;
+  Timing t;
+  timer.eager([&](int i) {
+    const int64_t at = (int64_t(i) * half) % span;
+    check(cudaMemcpyAsync(d2d_dst.as<char>() + at, d2d_src.as<char>() + at, size_t(half), cudaMemcpyDeviceToDevice,
+                          timer.stream), "d2d");
+  }, t);
+  rec.d2d_us = t.eager_us;
+}
+
 // Times every implementation of one (variant, shape). `twin`: the bf16 twin of a quantized variant.
+// `torch` (--torch): kvforge's eager calls, the D2D copy and PyTorch's forms of the job on the same
+// buffers (cuda_torch.cuh), nothing else.
 Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s, Timer& timer, DeviceBuffer& d2d_src,
-                DeviceBuffer& d2d_dst, int64_t l2_bytes, bool baselines = true) {
+                DeviceBuffer& d2d_dst, int64_t l2_bytes, bool baselines = true, bool torch = false) {
   const VariantDescriptor& d = *e.descriptor;
   Record rec;
   rec.variant = d.name, rec.op = s.op, rec.n = s.n, rec.bytes = bytes_moved(d, s.op, s.n);
@@ -229,6 +250,13 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
   const int graphs = std::min(timer.iterations, L);
   timer.eager(kvforge_op, rec.kvforge);
   if (!baselines) return rec;
+  if (torch) {
+    cache->synchronize();
+    time_d2d(rec, timer, d2d_src, d2d_dst);
+    time_torch_forms(rec, *cache, s, *p, in, timer);
+    rec.check = "not checked (--torch)";
+    return rec;
+  }
   timer.graph(kvforge_op, graphs, rec.kvforge);
   cache->synchronize();
   if (d.tuning.cuda_block_threads != Tuning{}.cuda_block_threads ||
@@ -273,17 +301,7 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
     }
   }
   cache->synchronize();
-  // The same bytes, device to device.
-  const int64_t half = rec.bytes / 2, span = std::max<int64_t>(half, d2d_src.bytes / half * half);
-  if (half > 0 && half <= d2d_src.bytes) {
-    Timing t;
-    timer.eager([&](int i) {
-      const int64_t at = (int64_t(i) * half) % span;
-      check(cudaMemcpyAsync(d2d_dst.as<char>() + at, d2d_src.as<char>() + at, size_t(half), cudaMemcpyDeviceToDevice,
-                            timer.stream), "d2d");
-    }, t);
-    rec.d2d_us = t.eager_us;
-  }
+  time_d2d(rec, timer, d2d_src, d2d_dst);
   // The from-scratch kernels on the same pool, inputs and targets.
   const LayerView first = cache->view(0);
   const PoolStrides ps = pool_strides(first);
@@ -385,6 +403,9 @@ int main(int argc, char** argv) {
         "  --filter S            only cases whose op/variant/n contains S\n"
         "  --cold                flush L2 before every timed call\n"
         "  --iterations N        timed calls per measurement (default 200)\n"
+        "  --torch               PyTorch's forms of each job (index_put, index_copy, slice_copy, index_select;\n"
+        "                        quantize-then-write) on the same buffers, beside kvforge's eager calls and the\n"
+        "                        D2D copy only (no graphs, references or CPU check)\n"
         "  --json F              output (default cuda_bench.json); render with bench/report.py F\n"
         "  --tune=<model>        measure cuda.block_threads and cuda.items_per_thread, write\n"
         "                        specs/tuning/<model>.yaml's cuda section (also --kvf_tune=<model>)\n"
@@ -405,6 +426,7 @@ int main(int argc, char** argv) {
   const std::string tune_model = flag(argc, argv, "--tune", flag(argc, argv, "--kvf_tune", ""));
   if (!tune_model.empty()) return tune(tune_model, flag(argc, argv, "--tune_out", "specs/tuning"), timer);
   const std::string preset_name = flag(argc, argv, "--preset", "short"), filter = flag(argc, argv, "--filter", "");
+  const bool torch = has(argc, argv, "--torch");
   const auto preset = presets().find(preset_name);
   if (preset == presets().end()) {
     std::fprintf(stderr, "kvforge_cuda_bench: --preset: unknown %s (allowed: short, full)\n", preset_name.c_str());
@@ -429,7 +451,7 @@ int main(int argc, char** argv) {
     for (const Shape& s : d.quantized() ? preset->second.quantized_shapes : preset->second.float_shapes) {
       const std::string key = s.op + "/" + d.name + "/" + std::to_string(s.n);
       if (!filter.empty() && key.find(filter) == std::string::npos) continue;
-      const Record r = run_case(e, twin, s, timer, d2d_src, d2d_dst, info.l2_bytes);
+      const Record r = run_case(e, twin, s, timer, d2d_src, d2d_dst, info.l2_bytes, true, torch);
       records.push_back(r);
       const double us = r.kvforge.eager_us;
       std::printf("| %s | %s | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s |\n", r.variant.c_str(),
@@ -442,6 +464,7 @@ int main(int argc, char** argv) {
   }
   write_json(json, info, preset_name, timer.cold, empty, records);  // also where no case ran
   std::printf("wrote %s\n", json.c_str());
+  if (torch) return 0;  // no check against the CPU ran
   // The state pools of hybrid models (cuda_states.cuh), a table of their own.
   int failures = state_rows(timer, d2d_src, d2d_dst, filter);
   for (const Record& r : records) failures += r.check != "ok" && r.check != "cannot hold the shape";

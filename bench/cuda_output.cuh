@@ -55,6 +55,7 @@ void write_json(const std::string& path, const DeviceInfo& info, const std::stri
                 const std::vector<Record>& records) {
   std::ofstream out(path);
   out << "{\n  \"kind\": \"kvforge_cuda_bench\",\n  \"preset\": " << quoted(preset) << ",\n  \"cold\": " << (cold ? "true" : "false")
+      << ",\n  \"torch_version\": " << quoted(torch_version())
       << ",\n  \"device\": {\"name\": " << quoted(info.name) << ", \"sms\": " << info.sms
       << ", \"sm_clock_mhz\": " << info.sm_clock_mhz << ", \"memory_clock_mhz\": " << info.memory_clock_mhz
       << ", \"l2_bytes\": " << info.l2_bytes << ", \"memory_bytes\": " << info.memory_bytes << "},\n  \"empty_kernel\": "
@@ -69,7 +70,10 @@ void write_json(const std::string& path, const DeviceInfo& info, const std::stri
         << ", \"kvforge\": " << timing_json(r.kvforge) << ", \"untuned\": " << timing_json(r.untuned)
         << ", \"step\": " << timing_json(r.step) << ", \"commit\": " << timing_json(r.commit)
         << ", \"reference\": " << timing_json(r.reference)
-        << ", \"naive\": " << timing_json(r.naive) << ", \"twin\": " << timing_json(r.twin) << "}";
+        << ", \"naive\": " << timing_json(r.naive) << ", \"twin\": " << timing_json(r.twin) << ", \"torch\": {";
+    for (size_t f = 0; f < r.torch.size(); ++f)
+      out << (f ? ", " : "") << quoted(r.torch[f].first) << ": " << number(r.torch[f].second);
+    out << "}, \"torch_note\": " << quoted(r.torch_note) << "}";
   }
   out << "\n  ]\n}\n";
 }

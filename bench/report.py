@@ -226,8 +226,26 @@ def cuda_markdown(data):
     if errors:
         out.append("\nNot capturable in a graph:\n")
         out += [f"- `{v}`: {e}" for v, e in errors]
+    out += cuda_torch(data, cuda_rows(data))
     out += cuda_goals(cuda_rows(data))
     return "\n".join(out)
+
+
+def cuda_torch(data, rows):
+    """kvforge_cuda_bench --torch's table: each PyTorch form's time beside kvforge's eager call."""
+    timed = [r for r in rows if r["us"] is not None and (r.get("torch") or r.get("torch_note"))]
+    if not timed:
+        return []
+    out = ["", f"PyTorch {data.get('torch_version') or '(absent)'} on the same buffers, eager calls on its stream "
+               "(`÷ torch` is torch's time over kvforge's: above 1, kvforge is faster):", "",
+           "| op | n | variant | kvforge µs | ÷ D2D | torch form | torch µs | ÷ torch |", "|---|---:|---|---:|---:|---|---:|---:|"]
+    for r in sorted(timed, key=lambda r: (r["op"], r["n"], r["variant"])):
+        forms = [(f, us) for f, us in (r.get("torch") or {}).items() if us]
+        head = f"| {r['op']} | {r['n']} | `{r['variant']}` | {fmt(r['us'])} | {fmt(r['to_d2d'])} |"
+        out += [f"{head} {f} | {fmt(us)} | {fmt(us / r['us'])} |" for f, us in forms]
+        if r.get("torch_note"):
+            out.append(f"{head} none: {r['torch_note']} | | |")
+    return out
 
 
 # The GPU goals (issue 55), each over the rows it names: (goal, the rows it covers, a row's figure, whether

@@ -27,8 +27,13 @@ at::ScalarType scalar_of(DType t) {
 
 float qmax_of(DType t) { return t == DType::i8 ? 127.0f : t == DType::f8e4m3 ? 448.0f : 57344.0f; }
 
-at::Tensor long_tensor(const std::vector<int64_t>& values) {
-  return at::tensor(at::ArrayRef<int64_t>(values), at::TensorOptions().dtype(at::kLong));
+at::Device device_of(const PeerSetup& setup) {
+  return setup.cache->config().device == Device::cuda ? at::Device(at::kCUDA, at::DeviceIndex(setup.device_index))
+                                                      : at::Device(at::kCPU);
+}
+
+at::Tensor long_tensor(const std::vector<int64_t>& values, at::Device device) {
+  return at::tensor(at::ArrayRef<int64_t>(values), at::TensorOptions().dtype(at::kLong)).to(device);
 }
 
 }  // namespace
@@ -141,7 +146,14 @@ const char* torch_form_name(TorchForm f) {
 
 std::string torch_version() { return KVFORGE_TORCH_VERSION; }
 
+std::string torch_missing(Device device) {
+  if (device == Device::cuda && !at::hasCUDA())
+    return "PyTorch " + torch_version() + " here has no CUDA (libtorch_cuda was not loaded, or sees no device)";
+  return "";
+}
+
 std::vector<TorchForm> torch_forms(const PeerSetup& setup) {
+  if (!torch_missing(setup.cache->config().device).empty()) return {};
   const VariantDescriptor& d = setup.cache->descriptor();
   // A lazy step stages and commits every layer; its eager twin stands for it beside torch.
   // Records of named parts have no torch form either: their bytes are codes, scales and values.
@@ -164,13 +176,14 @@ std::shared_ptr<TorchPeer> make_torch_peer(const PeerSetup& setup, TorchForm for
   bool serves = false;
   for (TorchForm f : torch_forms(setup)) serves = serves || f == form;
   if (!serves) return nullptr;
-  at::set_num_threads(kvforge::cpu_threads());  // as many threads as kvforge's operations use
+  const at::Device device = device_of(setup);
+  if (device.is_cpu()) at::set_num_threads(kvforge::cpu_threads());  // as many threads as kvforge's operations use
   auto p = std::make_shared<TorchPeer>();
   p->form = form;
   p->setup = setup;
   p->d = setup.cache->descriptor();
   const VariantDescriptor& d = p->d;
-  const at::TensorOptions in_opts = at::TensorOptions().dtype(scalar_of(d.input));
+  const at::TensorOptions in_opts = at::TensorOptions().dtype(scalar_of(d.input)).device(device);
   for (int layer = 0; layer < d.layers; ++layer) {
     const LayerView lv = setup.cache->view(layer);
     std::array<at::Tensor, 2> views, flats, scale_views;
@@ -178,12 +191,12 @@ std::shared_ptr<TorchPeer> make_torch_peer(const PeerSetup& setup, TorchForm for
       void* base = const_cast<void*>(kv ? lv.v : lv.k);
       views[size_t(kv)] = at::from_blob(base, {lv.rows_or_pages, lv.seq_or_slots, lv.heads, lv.head_dim},
                                         {lv.strides.row_or_page, lv.strides.seq_or_slot, lv.strides.head, 1},
-                                        at::TensorOptions().dtype(scalar_of(lv.dtype)));
+                                        at::TensorOptions().dtype(scalar_of(lv.dtype)).device(device));
       if (form == TorchForm::index_copy && d.paged())
         flats[size_t(kv)] = views[size_t(kv)].view({lv.rows_or_pages * lv.seq_or_slots, lv.heads, lv.head_dim});
       if (lv.quant != Quant::none) {
         void* sbase = const_cast<void*>(kv ? lv.v_scales : lv.k_scales);
-        const at::TensorOptions so = at::TensorOptions().dtype(scalar_of(lv.scale_dtype));
+        const at::TensorOptions so = at::TensorOptions().dtype(scalar_of(lv.scale_dtype)).device(device);
         const Strides& ss = lv.scale_strides;
         if (lv.quant == Quant::per_tensor) {
           scale_views[size_t(kv)] = at::from_blob(sbase, {}, so);
@@ -214,7 +227,7 @@ std::shared_ptr<TorchPeer> make_torch_peer(const PeerSetup& setup, TorchForm for
         std::vector<int64_t> ids;
         for (int64_t page = t.begin / P; page * P < t.begin + setup.count; ++page)
           ids.push_back(setup.pages[t.row * setup.pages_per_row + page]);
-        st.page_ids = long_tensor(ids);
+        st.page_ids = long_tensor(ids, device);
       }
     } else {
       std::vector<int64_t> unit, slot, position;
@@ -228,14 +241,14 @@ std::shared_ptr<TorchPeer> make_torch_peer(const PeerSetup& setup, TorchForm for
         }
         position.push_back(t.positions[i]);
       }
-      st.unit = long_tensor(unit);
-      st.slot = long_tensor(slot);
-      if (d.paged()) st.flat_slot = long_tensor(t.slots);
+      st.unit = long_tensor(unit, device);
+      st.slot = long_tensor(slot, device);
+      if (d.paged()) st.flat_slot = long_tensor(t.slots, device);
       // One token for each row at one position (decode), or consecutive positions of one row.
       const bool one_per_row = t.rows.size() > 1 && t.rows[0] != t.rows[1];
       st.row = one_per_row ? -1 : t.rows.empty() ? 0 : t.rows[0];
       st.first_position = t.positions.empty() ? 0 : t.positions[0];
-      st.position = one_per_row ? long_tensor({st.first_position}) : long_tensor(position);
+      st.position = one_per_row ? long_tensor({st.first_position}, device) : long_tensor(position, device);
     }
     p->steps.push_back(st);
   }

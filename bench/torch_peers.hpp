@@ -12,7 +12,8 @@
 //
 // Built with PyTorch's C++ API (ATen) when CMake finds the pip-installed torch: the peer runs in the
 // same process, on the very pool and input buffers kvforge's benchmark uses, with no Python in the
-// timed region, so the ratio compares the operations and nothing else. torch_peers_absent.cpp stands
+// timed region, so the ratio compares the operations and nothing else. The same forms serve a CUDA
+// cache (kvforge_cuda_bench --torch), on its device buffers, on torch's current stream. torch_peers_absent.cpp stands
 // in where torch is not installed.
 #pragma once
 
@@ -38,9 +39,11 @@ struct Targets {
   int64_t row = 0, begin = 0;  // gather
 };
 
-// Everything a peer touches, set up once; each step then only runs the op.
+// Everything a peer touches, set up once; each step then only runs the op. Every pointer is on the
+// cache's device but `pages` and the epochs' targets, which are host arrays.
 struct PeerSetup {
   const kvforge::Cache* cache = nullptr;
+  int device_index = 0;  // a CUDA cache's device
   bool gather = false;
   const void* k = nullptr;  // append input, [tokens, H, D]
   const void* v = nullptr;
@@ -57,8 +60,10 @@ struct PeerSetup {
 
 class TorchPeer;
 
-// The forms that can serve this job on this layout (none where torch is absent).
+// The forms that can serve this job on this layout (none where torch is absent, or, for a CUDA
+// cache, where this torch has no CUDA: torch_missing says why).
 std::vector<TorchForm> torch_forms(const PeerSetup& setup);
+std::string torch_missing(kvforge::Device device);
 // Null where the form cannot serve the job.
 std::shared_ptr<TorchPeer> make_torch_peer(const PeerSetup& setup, TorchForm form);
 void run_torch_peer(TorchPeer& peer, int layer, int64_t epoch, int64_t out_slice);
