@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "emulated_lanes.hpp"
 #include "flashmla_reference.hpp"
 #include "record_traits.hpp"
 
@@ -262,7 +263,10 @@ TEST(FlashMlaRecord, ByteExactAgainstTheDescribedFormatAndBackWithinItsBound) {
     std::vector<float> latent(576);
     for (int i = 0; i < 576; ++i) latent[size_t(i)] = normal(rng) * spread * (i < 128 ? 1e-4f : 1.0f);
     uint8_t record[656];
-    Record::encode(latent.data(), latent.data() + Record::D, record, record + Record::kSplit, nullptr, 0, 1);
+    ASSERT_TRUE(kvtest::EmulatedLanes::run(32, [&](int lane) {  // as the CUDA write codes it: a warp
+      Record::encode<kvtest::EmulatedCudaExec, 32>(latent.data(), latent.data() + Record::D, record, record + Record::kSplit,
+                                                   nullptr, lane);
+    }));
     const std::vector<uint8_t> want = kvtest::ref_flashmla_record(latent, 512, 64, DType::f32).bytes;
     ASSERT_EQ(0, std::memcmp(record, want.data(), 656)) << "spread " << spread;
     float back[576];
@@ -278,8 +282,9 @@ TEST(FlashMlaRecord, ByteExactAgainstTheDescribedFormatAndBackWithinItsBound) {
   }
 }
 
-// The forms the cache's kernels code a record in: CUDA's, a warp's lanes each taking their tiles, RoPE
-// values and bytes, run here lane by lane; and the CPU's, whole on one lane. Both give the reference's
+// The forms the cache's kernels code a record in: CUDA's, a warp's lanes in runs of 16 a tile (its amax
+// one reduction over the run), each lane its RoPE values and bytes, on emulated lanes here; and the
+// CPU's, whole on one lane. Both give the reference's
 // bytes and read them back as the one-lane form does, for a tile that crosses from K's half into V's.
 TEST(FlashMlaRecord, LaneSplitAndWholeFormsGiveTheSameBytesAndValues) {
   using Record = PartRecord<kvtest::FlashMlaTraits<256, 32>>;  // tiny_mla_tiles: halves of 144 values, 164 bytes
@@ -291,7 +296,10 @@ TEST(FlashMlaRecord, LaneSplitAndWholeFormsGiveTheSameBytesAndValues) {
   const float* k = latent.data();
   const float* v = latent.data() + Record::D;
   std::vector<uint8_t> split(size_t(Record::kBytes), 0xee), whole(size_t(Record::kBytes), 0xee);
-  for (int lane = 0; lane < 32; ++lane) Record::encode(k, v, split.data(), split.data() + Record::kSplit, nullptr, lane, 32);
+  static_assert(Record::group_lanes<0, 32>() == 16, "two tiles of 128 over a warp: 16 lanes a tile");
+  ASSERT_TRUE(kvtest::EmulatedLanes::run(32, [&](int lane) {
+    Record::encode<kvtest::EmulatedCudaExec, 32>(k, v, split.data(), split.data() + Record::kSplit, nullptr, lane);
+  }));
   Record::encode_whole(k, v, whole.data(), whole.data() + Record::kSplit, nullptr);
   ASSERT_EQ(split, want);
   ASSERT_EQ(whole, want);

@@ -1,7 +1,8 @@
 // The block-scaled codecs and FlashMLA's record (block_quant.hpp, part_record.hpp) compiled for the
 // device give the host's bytes, for groups at every scale edge test_block_quant.cpp uses and random
-// ones. Built with KVFORGE_CUDA only; without a GPU it skips and says why.
-#include "kvforge/backends/cuda/target.cuh"  // first: the codecs compile for the device
+// ones; the record coded on a warp, as the CUDA write codes it, gives the host's one-lane bytes. Built
+// with KVFORGE_CUDA only; without a GPU it skips and says why.
+#include "kvforge/backends/cuda/exec_cuda.cuh"  // first: the codecs compile for the device
 
 #include <cuda_runtime.h>
 
@@ -33,16 +34,20 @@ __global__ void encode_groups(const float* in, uint8_t* out, int groups) {
 
 using DeepSeekV3Record = detail::PartRecord<kvtest::FlashMlaTraits<512, 64>>;
 
+// A record a warp (one block of 32 threads): a run of 8 lanes a group of the latent, its amax one
+// shuffle reduction over them, and the RoPE values a lane at a time.
 __global__ void encode_records(const float* in, uint8_t* out, int records) {
-  const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
+  const int r = int(blockIdx.x);
   const float* latent = in + r * DeepSeekV3Record::kValues;
   uint8_t* record = out + r * DeepSeekV3Record::kBytes;
-  if (r < records)
-    DeepSeekV3Record::encode(latent, latent + DeepSeekV3Record::D, record, record + DeepSeekV3Record::kSplit, nullptr, 0, 1);
+  if (r < records)  // the whole warp, or none of it
+    DeepSeekV3Record::encode<detail::CudaExec, 32>(latent, latent + DeepSeekV3Record::D, record,
+                                                   record + DeepSeekV3Record::kSplit, nullptr, int(threadIdx.x));
 }
 
-std::vector<uint8_t> run(void (*kernel)(const float*, uint8_t*, int), const std::vector<float>& in,
-                                            int items, int out_bytes) {
+// kernel over `items` items, `threads` threads to a block of `per_block` items.
+std::vector<uint8_t> run(void (*kernel)(const float*, uint8_t*, int), const std::vector<float>& in, int items, int out_bytes,
+                         int threads = 128, int per_block = 128) {
   float* din = nullptr;
   uint8_t* dout = nullptr;
   std::vector<uint8_t> out(size_t(items) * size_t(out_bytes));
@@ -50,7 +55,7 @@ std::vector<uint8_t> run(void (*kernel)(const float*, uint8_t*, int), const std:
   EXPECT_EQ(cudaMalloc(&dout, out.size()), cudaSuccess);
   cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice);
   cudaMemset(dout, 0, out.size());
-  kernel<<<(items + 127) / 128, 128>>>(din, dout, items);
+  kernel<<<(items + per_block - 1) / per_block, threads>>>(din, dout, items);
   EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   cudaFree(din), cudaFree(dout);
   return out;
@@ -79,11 +84,11 @@ TEST(BlockQuantDevice, CodecsAndTheFlashMlaRecordGiveTheHostsBytes) {
   const int records = 64;
   std::vector<float> latent(size_t(records) * 576);
   for (size_t i = 0; i < latent.size(); ++i) latent[i] = normal(rng) * std::ldexp(1.0f, int(i / 576) % 16 - 8);
-  const std::vector<uint8_t> bytes = run(encode_records, latent, records, DeepSeekV3Record::kBytes);
+  const std::vector<uint8_t> bytes = run(encode_records, latent, records, DeepSeekV3Record::kBytes, 32, 1);
   for (int r = 0; r < records; ++r) {
     uint8_t want[DeepSeekV3Record::kBytes];
-    DeepSeekV3Record::encode(latent.data() + r * 576, latent.data() + r * 576 + DeepSeekV3Record::D, want,
-                             want + DeepSeekV3Record::kSplit, nullptr, 0, 1);
+    DeepSeekV3Record::encode_whole(latent.data() + r * 576, latent.data() + r * 576 + DeepSeekV3Record::D, want,
+                                   want + DeepSeekV3Record::kSplit, nullptr);
     ASSERT_EQ(0, std::memcmp(bytes.data() + r * DeepSeekV3Record::kBytes, want, DeepSeekV3Record::kBytes)) << r;
   }
 }

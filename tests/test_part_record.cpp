@@ -2,7 +2,8 @@
 // give (code dtypes e4m3, e5m2, int8, and e2m1 and int4 two to a byte; scales fp32, bf16 and ue8m0; exact and power-of-two rounding; an
 // amax floor; NaN by group or by value; scales in the record or after the page's records; float parts in
 // bf16, fp16 and fp32), against tests/part_record_reference.hpp, which encodes from the rules in words:
-//   - the one-lane form (the CPU's) and the lane-split form (CUDA's, run lane by lane here) give the
+//   - the one-lane form (the CPU's) and the lane-split form (CUDA's, on emulated lanes: a warp's 32, and
+//     4 and 1, where a run of lanes shares a group, a lane takes a group, or takes them all) give the
 //     reference's bytes, for records whose parts and groups cross from K's half into V's;
 //   - both decodes read them back as the reference says, in fp32 and in bf16;
 //   - groups at the scale edges: zeros, below the floor, amax exactly at a power of two times qmax and
@@ -15,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "emulated_lanes.hpp"
 #include "part_record_reference.hpp"
 #include "record_traits.hpp"
 
@@ -82,6 +84,19 @@ std::vector<std::vector<float>> edge_records(int n, uint32_t seed) {
   return out;
 }
 
+// The lane form on `Lanes` emulated lanes of a CUDA item gives the one-lane form's bytes (lo, hi, tail).
+template <class Codec, int Lanes>
+void check_lane_form(const float* k, const float* v, const std::vector<uint8_t>& lo, const std::vector<uint8_t>& hi,
+                     const std::vector<uint8_t>& tail) {
+  std::vector<uint8_t> lanes_lo(lo.size(), 0xee), lanes_hi(hi.size(), 0xee), lanes_tail(tail.size(), 0xee);
+  ASSERT_TRUE(EmulatedLanes::run(Lanes, [&](int lane) {
+    Codec::template encode<EmulatedCudaExec, Lanes>(k, v, lanes_lo.data(), lanes_hi.data(), lanes_tail.data(), lane);
+  })) << Lanes << " lanes diverged";
+  EXPECT_EQ(lanes_lo, lo) << Lanes << " lanes";
+  EXPECT_EQ(lanes_hi, hi) << Lanes << " lanes";
+  EXPECT_EQ(lanes_tail, tail) << Lanes << " lanes";
+}
+
 template <class T> void check_format() {
   using Codec = PartRecord<T>;
   const RecordFormat f = format_of<T>();
@@ -90,7 +105,9 @@ template <class T> void check_format() {
   ASSERT_EQ(place.tail_bytes, Codec::kTail);
   for (int i = 0; i < f.num_parts; ++i) {
     ASSERT_EQ(place.bytes_at[size_t(i)], f.parts[i].bytes_at) << f.parts[i].name;
-    if (f.parts[i].group) ASSERT_EQ(place.scales_at[size_t(i)], f.parts[i].scales_at) << f.parts[i].name;
+    if (f.parts[i].group) {
+      ASSERT_EQ(place.scales_at[size_t(i)], f.parts[i].scales_at) << f.parts[i].name;
+    }
   }
   for (const std::vector<float>& x : edge_records(Codec::kValues, 7)) {
     const RefRecord want = ref_part_record(f, x, DType::f32);
@@ -104,13 +121,13 @@ template <class T> void check_format() {
     std::vector<uint8_t> got(lo);
     got.insert(got.end(), hi.begin(), hi.end());
     ASSERT_EQ(got, want_record) << "one lane, spread " << x[1];
-    if (Codec::kTail > 0) ASSERT_EQ(std::vector<uint8_t>(tail.begin(), tail.begin() + Codec::kTail), want_tail);
-    std::vector<uint8_t> lanes_lo(lo.size(), 0xee), lanes_hi(hi.size(), 0xee), lanes_tail(tail.size(), 0xee);
-    for (int lane = 0; lane < 32; ++lane)
-      Codec::encode(k, v, lanes_lo.data(), lanes_hi.data(), lanes_tail.data(), lane, 32);
-    ASSERT_EQ(lanes_lo, lo) << "lanes";
-    ASSERT_EQ(lanes_hi, hi) << "lanes";
-    ASSERT_EQ(lanes_tail, tail) << "lanes";
+    if (Codec::kTail > 0) {
+      ASSERT_EQ(std::vector<uint8_t>(tail.begin(), tail.begin() + Codec::kTail), want_tail);
+    }
+    check_lane_form<Codec, 32>(k, v, lo, hi, tail);  // a CUDA item's warp
+    check_lane_form<Codec, 4>(k, v, lo, hi, tail);
+    check_lane_form<Codec, 1>(k, v, lo, hi, tail);
+    if (::testing::Test::HasFailure()) return;
     std::vector<float> whole(x.size(), -1.0f), split(x.size(), -1.0f);
     Codec::decode_whole(lo.data(), hi.data(), tail.data(), whole.data(), whole.data() + Codec::D);
     for (int lane = 0; lane < 32; ++lane)
@@ -123,6 +140,22 @@ template <class T> void check_format() {
     Codec::decode_whole(lo.data(), hi.data(), tail.data(), narrow.data(), narrow.data() + Codec::D);
     const RefRecord want_bf16 = ref_part_record(f, x, DType::bf16);
     for (size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(same_float(to_float(narrow[i]), want_bf16.gathered[i])) << i;
+  }
+  // A NaN and infinities inside groups, off the first lane of any run: the lane form's reductions carry
+  // them to the whole run and give the one-lane form's bytes (the reference takes finite values only;
+  // ANanTakesItsGroupOrOnlyItselfAsThePartSays holds the one-lane form to the NaN rules).
+  for (int at : {3, Codec::kValues / 2 + 5, Codec::kValues - 2}) {
+    std::vector<float> x(size_t(Codec::kValues));
+    for (int i = 0; i < Codec::kValues; ++i) x[size_t(i)] = float((i * 29) % 23 - 11) / 4.0f;
+    x[size_t(at)] = NAN;
+    x[size_t((at + 7) % Codec::kValues)] = INFINITY;
+    x[size_t((at + 13) % Codec::kValues)] = -INFINITY;
+    std::vector<uint8_t> lo(size_t(Codec::kSplit), 0xee), hi(size_t(Codec::kBytes - Codec::kSplit), 0xee);
+    std::vector<uint8_t> tail(size_t(Codec::kTail > 0 ? Codec::kTail : 1), 0xee);
+    Codec::encode_whole(x.data(), x.data() + Codec::D, lo.data(), hi.data(), tail.data());
+    SCOPED_TRACE("a NaN at value " + std::to_string(at));
+    check_lane_form<Codec, 32>(x.data(), x.data() + Codec::D, lo, hi, tail);
+    check_lane_form<Codec, 4>(x.data(), x.data() + Codec::D, lo, hi, tail);
   }
 }
 

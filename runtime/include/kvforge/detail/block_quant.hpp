@@ -27,18 +27,26 @@ KVF_HD KVF_INLINE void put_nibble(uint8_t* packed, int i, uint8_t code) {
   b = uint8_t((i & 1) ? (b & 0x0fu) | (code << 4) : (b & 0xf0u) | (code & 0xfu));
 }
 
-// The amax bits of a group and whether it holds a NaN: one whose magnitude bits pass infinity's. Two
-// integer maxima, so that the loop vectorizes (a flag or'ed with `v != v` kept it scalar).
-template <int G, class In> KVF_HD KVF_INLINE uint32_t group_amax(const In* x, bool& nan) {
-  uint32_t m = 0, raw = 0;
-  for (int i = 0; i < G; ++i) {
-    const float v = to_float(x[i]);
+// A group's amax as two integer maxima, so that a loop of them vectorizes (a flag or'ed with `v != v`
+// kept it scalar), and so that lanes holding parts of a group combine theirs by two maxima too: `amax`
+// of the finite values' magnitude bits, `raw` of every value's; the group holds a NaN where raw passes
+// infinity's bits.
+struct AmaxBits {
+  uint32_t amax = 0, raw = 0;
+  KVF_HD KVF_INLINE void fold(float v) {
     const uint32_t a = float_bits(v) & 0x7fffffffu, b = magnitude_bits(v);
     raw = raw > a ? raw : a;
-    m = m > b ? m : b;
+    amax = amax > b ? amax : b;
   }
-  nan = raw > 0x7f800000u;
-  return m;
+  KVF_HD KVF_INLINE bool nan() const { return raw > 0x7f800000u; }
+};
+
+// The amax bits of a group and whether it holds a NaN.
+template <int G, class In> KVF_HD KVF_INLINE uint32_t group_amax(const In* x, bool& nan) {
+  AmaxBits m;
+  for (int i = 0; i < G; ++i) m.fold(to_float(x[i]));
+  nan = m.nan();
+  return m.amax;
 }
 
 // MXFP4: G values (32 in MX) as e2m1 codes with a ue8m0 scale. packed: G / 2 bytes.

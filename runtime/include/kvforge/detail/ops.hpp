@@ -137,8 +137,8 @@ template <class Traits, class Exec> struct Ops {
   static constexpr int kStoredDim = kRecord ? Record::kRow : D / kValues;
   // Records coded whole on one lane (the CPU), or byte by byte over a warp (CUDA).
   static constexpr bool kRecordWhole = Exec::row_step(2) == 1;
-  // Runtime-sized traits run on the CPU, where an item is one lane. A record's item is a warp: a lane a
-  // tile of its latent, and its RoPE values spread over all of them.
+  // Runtime-sized traits run on the CPU, where an item is one lane. A record's item is a warp: a coded
+  // part's groups each over a run of its lanes (PartRecord::group_lanes), its float values over all.
   static constexpr int kLanes = kRuntime    ? 1
                                 : kRecord    ? 32
                                 : kQuantized ? quant_lanes<kStoredDim>()

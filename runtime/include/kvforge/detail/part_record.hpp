@@ -209,42 +209,75 @@ template <class Traits> struct PartRecord {
     return j < kSplit ? lo + j : hi + (j - kSplit);
   }
 
-  // The same bytes on lane `lane` of `lanes` (a CUDA item's): each lane codes groups lane, lane + lanes,
-  // ... of every coded part and values lane, lane + lanes, ... of every float part; each byte is one
-  // lane's.
-  template <class In>
-  KVF_HD static KVF_INLINE void encode(const In* first, const In* second, uint8_t* lo, uint8_t* hi, uint8_t* tail, int lane,
-                                       int lanes) {
+  // Lanes that share one group of part I in the lane form, of an item's Lanes: one where the part has
+  // a group for every lane, else as many as spread its groups over the item (a power of two, each lane
+  // with a value, or a pair of 4-bit codes, at least): the index key's one group of 128 takes a warp's
+  // 32 lanes, 4 values each, where one lane coded it whole while 31 waited; FlashMLA's 4 groups of its
+  // latent 8 lanes each.
+  template <int I, int Lanes> static constexpr int group_lanes() {
+    constexpr RecordPart p = kPart<I>;
+    constexpr int groups = p.width / p.group, units = kPacked<p.dtype> ? p.group / 2 : p.group;
+    int s = 1;
+    while (s * 2 * groups <= Lanes && s * 2 <= units && s * 2 <= 32) s *= 2;
+    return s;
+  }
+
+  // The same bytes on lane `lane` of an item's Lanes lanes (CUDA's; Exec::lane_max reduces across them,
+  // so every lane must call this). A float part's values lane, lane + Lanes, ... are the lane's; a coded
+  // part's groups go to runs of group_lanes() lanes, whose amax (and NaN) is one reduction over the run,
+  // each lane then coding its share of the group's values and the run's first lane storing its scale.
+  // Each byte is one lane's.
+  template <class Exec, int Lanes, class In>
+  KVF_HD static KVF_INLINE void encode(const In* first, const In* second, uint8_t* lo, uint8_t* hi, uint8_t* tail, int lane) {
     each_part(std::make_integer_sequence<int, kParts>{}, [&](auto index) {
       constexpr int I = decltype(index)::value;
       constexpr RecordPart p = kPart<I>;
       if constexpr (!p.scaled()) {
         using F = typename PartFloat<p.dtype>::type;
-        for (int i = lane; i < p.width; i += lanes) {
+        for (int i = lane; i < p.width; i += Lanes) {
           const F f = from_float<F>(value(first, second, p.values_at + i));
           uint8_t b[sizeof(F)];
           std::memcpy(b, &f, sizeof(F));
           for (int j = 0; j < int(sizeof(F)); ++j) *byte(lo, hi, p.bytes_at + i * int(sizeof(F)) + j) = b[j];
         }
       } else {
-        constexpr int scale_size = dtype_size(p.scale_dtype);
-        for (int g = lane; g < p.width / p.group; g += lanes) {
-          float x[p.group];
-          for (int i = 0; i < p.group; ++i) x[i] = value(first, second, p.values_at + g * p.group + i);
-          bool nan;
-          const float amax = bits_float(group_amax<p.group>(x, nan));
-          uint8_t stored[scale_size];
-          const float s = scale_of<I>(amax, nan, stored);
-          for (int j = 0; j < scale_size; ++j) {
-            if constexpr (p.at_page_end) tail[p.scales_at + g * scale_size + j] = stored[j];
-            else *byte(lo, hi, p.scales_at + g * scale_size + j) = stored[j];
+        constexpr int S = group_lanes<I, Lanes>(), groups = p.width / p.group, scale_size = dtype_size(p.scale_dtype);
+        // A lane's values of its group: value sub + S j (a 4-bit part: the pair 2 (sub + S j), + 1).
+        constexpr int kStep = kPacked<p.dtype> ? 2 : 1, kMine = (p.group / kStep + S - 1) / S;
+        // Every lane takes the same turns, so that each reduction is the whole item's.
+        for (int base = 0; base < groups * S; base += Lanes) {
+          const int g = (base + lane) / S, sub = (base + lane) % S;
+          const bool mine = g < groups;
+          // The lane's values are read twice, for the amax and for the codes, rather than held: held, 16 a
+          // lane of FlashMLA's latent took 64 registers (ptxas), half the threads an SM holds at 32.
+          auto mine_at = [&](int j, int e) {
+            const int i = (sub + S * j) * kStep + e;
+            return mine && i < p.group ? value(first, second, p.values_at + g * p.group + i) : 0.0f;
+          };
+          AmaxBits m;
+          for (int j = 0; j < kMine; ++j)
+            for (int e = 0; e < kStep; ++e) m.fold(mine_at(j, e));
+          if constexpr (S > 1) {
+            m.amax = Exec::template lane_max<Lanes, S>(m.amax);
+            m.raw = Exec::template lane_max<Lanes, S>(m.raw);
           }
-          if constexpr (kPacked<p.dtype>) {
-            for (int i = 0; i < p.group; i += 2)
-              *byte(lo, hi, p.bytes_at + (g * p.group + i) / 2) =
-                  uint8_t(PartCodes<p.dtype>::encode(x[i] / s) | (PartCodes<p.dtype>::encode(x[i + 1] / s) << 4));
-          } else {
-            for (int i = 0; i < p.group; ++i) *byte(lo, hi, p.bytes_at + g * p.group + i) = PartCodes<p.dtype>::encode(x[i] / s);
+          if (!mine) continue;
+          uint8_t stored[scale_size];
+          const float s = scale_of<I>(bits_float(m.amax), m.nan(), stored);
+          if (sub == 0)
+            for (int j = 0; j < scale_size; ++j) {
+              if constexpr (p.at_page_end) tail[p.scales_at + g * scale_size + j] = stored[j];
+              else *byte(lo, hi, p.scales_at + g * scale_size + j) = stored[j];
+            }
+          for (int j = 0; j < kMine; ++j) {
+            const int unit = sub + S * j;
+            if (unit * kStep >= p.group) break;
+            if constexpr (kPacked<p.dtype>) {
+              *byte(lo, hi, p.bytes_at + (g * p.group) / 2 + unit) =
+                  uint8_t(PartCodes<p.dtype>::encode(mine_at(j, 0) / s) | (PartCodes<p.dtype>::encode(mine_at(j, 1) / s) << 4));
+            } else {
+              *byte(lo, hi, p.bytes_at + g * p.group + unit) = PartCodes<p.dtype>::encode(mine_at(j, 0) / s);
+            }
           }
         }
       }

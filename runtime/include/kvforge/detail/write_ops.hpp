@@ -177,13 +177,14 @@ template <class Traits, class Exec> struct WriteOps : QuantOps<Traits, Exec> {
           auto* page = reinterpret_cast<uint8_t*>(a.pool + element_offset(a.s, layer, 0, unit, 0));
           uint8_t *record = page + slot * R::kBytes, *tail = page + O::P * R::kBytes + slot * R::kTail;
           if constexpr (O::kRecordWhole) R::encode_whole(k, v, record, record + R::kSplit, tail);
-          else R::encode(k, v, record, record + R::kSplit, tail, lane, lanes);
+          else R::template encode<Exec, O::kTokenLanes>(k, v, record, record + R::kSplit, tail, lane);
         } else {
           auto* record = reinterpret_cast<uint8_t*>(dst);
           for (int h = 0; h < H; ++h) {
             uint8_t *lo = record + h * a.s.head, *hi = record + a.s.kv + h * a.s.head;
             if constexpr (O::kRecordWhole) R::encode_whole(k + h * a.k.head_stride, v + h * a.v.head_stride, lo, hi, nullptr);
-            else R::encode(k + h * a.k.head_stride, v + h * a.v.head_stride, lo, hi, nullptr, lane, lanes);
+            else R::template encode<Exec, O::kTokenLanes>(k + h * a.k.head_stride, v + h * a.v.head_stride, lo, hi, nullptr,
+                                                          lane);
           }
         }
       } else if constexpr (kQuantized) {
