@@ -64,7 +64,7 @@ namespace {
 struct Record {
   std::string variant, op, check = "not run";
   int64_t n = 0, bytes = 0;
-  bool coded = false;  // stores codes or records, not its input dtype (the quantized goals' rows)
+  bool coded = false;  // stores scaled codes or coded records (the quantized goals' rows)
   Timing kvforge, untuned, reference, naive, twin, step, commit;
   double d2d_us = NAN;
   // --torch: each PyTorch form's eager µs per call (torch_peers.hpp), or why there is none.
@@ -183,7 +183,7 @@ Record run_case(const VariantEntry& e, const VariantEntry* twin, const Shape& s,
   const VariantDescriptor& d = *e.descriptor;
   Record rec;
   rec.variant = d.name, rec.op = s.op, rec.n = s.n, rec.bytes = bytes_moved(d, s.op, s.n);
-  rec.coded = d.storage != d.input;
+  rec.coded = d.quantized() || d.coded_records();
   // Enough epochs that the pool outgrows L2 four times over, at most 16.
   const int64_t per_epoch = int64_t(d.layers) * s.n * layer_token_bytes(d);
   const int epochs = int(std::clamp<int64_t>((4 * l2_bytes + per_epoch - 1) / std::max<int64_t>(per_epoch, 1), 1, 16));
