@@ -61,7 +61,7 @@ std::vector<uint8_t> run(void (*kernel)(const float*, uint8_t*, int), const std:
   return out;
 }
 
-TEST(BlockQuantDevice, CodecsAndTheFlashMlaRecordGiveTheHostsBytes) {
+TEST(BlockQuantDevice, CudaCodecsAndTheFlashMlaRecordGiveTheHostsBytes) {
   KVTEST_REQUIRE_DEVICE(Device::cuda);
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
