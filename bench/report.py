@@ -214,7 +214,8 @@ def cuda_markdown(data):
            "| op | n | variant | eager µs | graph µs | host µs | step µs | commit µs | GB/s | ÷ D2D | ÷ reference | "
            "÷ naive | ÷ bf16 twin | tuned ÷ default | check |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in sorted(cuda_rows(data), key=lambda r: (r["op"], r["n"], r["variant"])):
+    rows = cuda_rows(data)
+    for r in sorted(rows, key=lambda r: (r["op"], r["n"], r["variant"])):
         if r["us"] is None:
             out.append(f"| {r['op']} | {r['n']} | `{r['variant']}` | | | | | | | | | | | | {r['check']} |")
             continue
@@ -226,8 +227,8 @@ def cuda_markdown(data):
     if errors:
         out.append("\nNot capturable in a graph:\n")
         out += [f"- `{v}`: {e}" for v, e in errors]
-    out += cuda_torch(data, cuda_rows(data))
-    out += cuda_goals(cuda_rows(data))
+    out += cuda_torch(data, rows)
+    out += cuda_goals(rows)
     return "\n".join(out)
 
 

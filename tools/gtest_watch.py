@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 RUN = re.compile(r"^\[ RUN      \] (\S+)")
 CHUNK = 200  # cases a process, at most
 END = re.compile(r"^\[ +(OK|FAILED|SKIPPED) +\] (\S+)")
+OUTCOME = {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}  # END's word -> the outcome recorded
 
 
 def listed(binary: str, gtest_filter: str) -> List[str]:
@@ -82,7 +83,7 @@ class Watch:
             self.log.write(f"gtest_watch: {case} run alone:\n" + out)
         for line in out.splitlines():
             if (m := END.match(line)) and m.group(2) == case:
-                return {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}[m.group(1)]
+                return OUTCOME[m.group(1)]
         return f"crashed (status {proc.returncode})"
 
     def run(self, cases: List[str]) -> None:
@@ -149,7 +150,7 @@ class Watch:
                     if m := RUN.match(line):
                         current, started, lines = m.group(1), time.monotonic(), [line]
                     elif (m := END.match(line)) and m.group(2) == current:
-                        outcome = {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}[m.group(1)]
+                        outcome = OUTCOME[m.group(1)]
                         self.record(current, outcome, time.monotonic() - started,
                                     "".join(lines[-12:]) if outcome == "failed" else "")
                         previous, current = current, None
