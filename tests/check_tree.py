@@ -83,7 +83,8 @@ LAYER_OF_HEADER = {
     "record_format.hpp": "base",
     "detail/qualifiers.hpp": "base", "transport.hpp": "ranks", "cache_ops.hpp": "caches",
     "detail/cache_impl.hpp": "caches", "detail/typed_cache.hpp": "caches", "detail/typed_cache_writes.hpp": "caches",
-    "detail/typed_cache_gather.hpp": "caches", "detail/typed_cache_upkeep.hpp": "caches", "kv_events.hpp": "sequences",
+    "detail/typed_cache_gather.hpp": "caches", "detail/typed_cache_upkeep.hpp": "caches",
+    "detail/typed_cache_attend.hpp": "caches", "attend.hpp": "caches", "kv_events.hpp": "sequences",
     "memory.hpp": "sequences", "hybrid.hpp": "sequences", "kvforge.hpp": None,
 }
 

@@ -39,6 +39,8 @@ struct SerialExec {
   static constexpr bool kChunkedQuant = false;
   static constexpr bool kHoldsTokens = false;
   static constexpr int64_t kScannedRingTokens = 0;
+  static constexpr int kAttendRows = kvforge::detail::kAttendRowsCpu;  // the host plans the CPU's tiles
+  static constexpr int kAttendBlock = 5;  // blocks that end inside a page
 
   static constexpr int row_begin(int /*lane*/) { return 0; }
   static constexpr int row_step(int /*lanes*/) { return 1; }

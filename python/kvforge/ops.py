@@ -5,6 +5,7 @@
     k_all, v_all = tc.gather(layer, 0, n, pages=p)  # torch.ops.kvforge.gather -> [H, n, D] each
     tc.commit()                                     # torch.ops.kvforge.commit
     tc.copy_blocks(pairs)                           # torch.ops.kvforge.copy_blocks
+    out, lse = tc.attend(layer, q, query_start, lengths, page_table=table)  # torch.ops.kvforge.attend
     tc.append_record(layer, rec, slots=slots)       # K and V of other widths, or an MLA latent:
     rec_all = tc.gather_record(layer, 0, n, pages=p)  # -> [H, n, W]; append_latent, gather_latent alike
 
@@ -15,6 +16,9 @@ python/src/rows.hpp), with the row's own argument names:
     tensors_out  (layer, row, pages, begin, end) -> <tensors>        reads [begin, end) of a sequence
     whole        () -> ()                                            acts on the whole cache
     indices      (<index array>) -> ()                               e.g. copy_blocks' page pairs
+    attend       (layer, q, query_start, lengths, ...) -> (out, lse) attention over the layer in place
+Integers are SymInt in every schema, so a compiled decode loop does not specialize on a length, a
+position or a layer: one graph serves every step.
 A new row marked `torch` of one of these families is a new op with no edit here.
 
 Each op takes the cache's `version`, a 0-d int64 tensor that every write increments, and names it
@@ -64,6 +68,10 @@ class TorchCache:
         # part), else the stored K and V, which the record calls then refuse.
         parts = d.kv_widths or d.mla
         self.record_width = sum(parts) if parts else 2 * d.head_dim
+        # attend's query and output widths: an MLA latent and its RoPE part in, the latent out (the
+        # absorbed form); K's and V's widths; else head_dim.
+        self.key_width = sum(d.mla) if d.mla else d.kv_widths[0] if d.kv_widths else d.head_dim
+        self.value_width = d.mla[0] if d.mla else d.kv_widths[1] if d.kv_widths else d.head_dim
         self.device = torch.device(cache.config["device"])
         _caches[self.handle] = self
 
@@ -82,7 +90,7 @@ def _cache(handle: str) -> TorchCache:
 def _tensors_in(name, arguments):
     """A write of T tokens: (layer, <tensors>, targets) -> the op and TorchCache's method."""
     tensors = arguments[1:-1]
-    schema = ("(Tensor(a0!) version, str cache, int layer, " + "".join(f"Tensor {t}, " for t in tensors) +
+    schema = ("(Tensor(a0!) version, str cache, SymInt layer, " + "".join(f"Tensor {t}, " for t in tensors) +
               ", ".join(f"Tensor? {t}" for t in TARGETS) + ") -> ()")
 
     def run(version, cache, layer, *given):
@@ -108,7 +116,7 @@ def _tensors_out(name, arguments):
     if unknown:
         raise ArgumentError(f"kvforge.ops: {name}'s outputs {unknown} have no shape in OUTPUT_SHAPES")
     results = ", ".join("Tensor" for _ in outputs)
-    schema = (f"(Tensor version, str cache, int layer, int row, Tensor? pages, int begin, int end) -> "
+    schema = (f"(Tensor version, str cache, SymInt layer, SymInt row, Tensor? pages, SymInt begin, SymInt end) -> "
               f"{'(' + results + ')' if len(outputs) > 1 else results}")
 
     def shapes(tc, begin, end):
@@ -165,7 +173,41 @@ def _indices(name, arguments):
     return op, method
 
 
-FAMILIES = {"tensors_in": _tensors_in, "tensors_out": _tensors_out, "whole": _whole, "indices": _indices}
+def _attend(name, arguments):
+    """Attention over a layer where it lies: (layer, q, batch arrays, options) -> out [T, QH, Dv] and lse [T, QH]."""
+    schema = ("(Tensor version, str cache, SymInt layer, Tensor q, Tensor query_start, Tensor lengths, "
+              "Tensor? positions, Tensor? rows, Tensor? page_table, SymInt max_pages, float scale, bool causal, "
+              "SymInt window, float softcap, Tensor? sinks, Tensor? begins) -> (Tensor, Tensor)")
+
+    def run(version, cache, layer, q, query_start, lengths, positions, rows, page_table, max_pages, scale, causal,
+            window, softcap, sinks, begins):
+        tc = _cache(cache)
+        out = q.new_empty((q.shape[0], q.shape[1], tc.value_width))
+        lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+        getattr(tc.cache, name)(layer, q, out, query_start, lengths, positions=positions, rows=rows,
+                                page_table=page_table, max_pages=max_pages, lse=lse, scale=scale, causal=causal,
+                                window=window, softcap=softcap, sinks=sinks, begins=begins)
+        return out, lse
+
+    def fake(version, cache, layer, q, query_start, lengths, positions, rows, page_table, max_pages, scale, causal,
+             window, softcap, sinks, begins):
+        tc = _cache(cache)
+        return (q.new_empty((q.shape[0], q.shape[1], tc.value_width)),
+                q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
+
+    op = torch.library.custom_op(f"kvforge::{name}", run, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+
+    def method(self, layer, q, query_start, lengths, positions=None, rows=None, page_table=None, max_pages=0,
+               scale=0.0, causal=True, window=0, softcap=0.0, sinks=None, begins=None):
+        return getattr(torch.ops.kvforge, name)(self.version, self.handle, layer, q, query_start, lengths, positions,
+                                                rows, page_table, max_pages, scale, causal, window, softcap, sinks,
+                                                begins)
+    return op, method
+
+
+FAMILIES = {"tensors_in": _tensors_in, "tensors_out": _tensors_out, "whole": _whole, "indices": _indices,
+            "attend": _attend}
 
 
 def _make_ops():

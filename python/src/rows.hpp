@@ -184,6 +184,70 @@ const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cac
   }, nb::arg(a[0]), nb::arg(out).none(), "row"_a = 0, "pages"_a = nb::none(), "begin"_a = 0, "end"_a);
   return "tensors_out";
 }
+// Attention over a layer in place: attend. The batch's arrays and the options are keyword arguments named
+// as their fields; a page table may be [B, max_pages] (vLLM's block_tables) or flat with max_pages given;
+// lse is [T, q_heads] fp32 and sinks [q_heads] fp32, each optional.
+IndexView page_table_view(nb::handle obj, const char* argument, int64_t& max_pages) {
+  if (obj.is_none()) return IndexView{};
+  const ArrayArg a = array_arg(obj, argument, Access::read);
+  if (a.t.ndim != 2) return index_view(obj, argument);
+  if (a.shape(0) > 1 && a.stride(0) != a.shape(1)) throw ShapeError(argument, "its rows must be contiguous and adjacent");
+  if (a.shape(1) > 1 && a.stride(1) != 1) throw ShapeError(argument, "must be contiguous (stride 1)");
+  max_pages = a.shape(1);
+  return IndexView{a.data(), dtype_of_array(a, argument), device_of_array(a, argument), a.shape(0) * a.shape(1)};
+}
+// A 1-D (sinks: [1, 1, n]) or 2-D (lse: [t, n, 1]) array as the rank-3 view attend checks.
+TensorView widened_view(nb::handle obj, const char* argument, Access access, int rank) {
+  if (obj.is_none()) return TensorView{};
+  const ArrayArg a = array_arg(obj, argument, access);
+  if (a.t.ndim != rank)
+    throw ShapeError(argument, "expected " + std::to_string(rank) + " dimensions, got " + std::to_string(a.t.ndim));
+  TensorView t;
+  t.data = a.data();
+  t.dtype = dtype_of_array(a, argument);
+  t.device = device_of_array(a, argument);
+  if (rank == 1) {
+    t.shape = {1, 1, a.shape(0)};
+    t.stride = {a.shape(0), a.shape(0), a.stride(0)};
+  } else {
+    t.shape = {a.shape(0), a.shape(1), 1};
+    t.stride = {a.stride(0), a.stride(1), 1};
+  }
+  return t;
+}
+const char* bind_family(CacheClass& cls, const char* name, PythonForm, void (Cache::*op)(int, const TensorView&,
+                        const AttendBatch&, const AttendOptions&, const TensorView&, const TensorView&), const Names& a) {
+  const char *q = a[1], *out = a[4], *lse = a[5];
+  const char *starts = field_of(a[2], "query_start"), *lengths = field_of(a[2], "lengths"),
+             *positions = field_of(a[2], "positions"), *rows = field_of(a[2], "rows"), *begins = field_of(a[2], "begins"),
+             *table = field_of(a[2], "page_table"), *sinks = field_of(a[3], "sinks");
+  cls.def(name, [=](Cache& c, int64_t layer, nb::handle qh, nb::handle oh, nb::handle start_h, nb::handle length_h,
+                    nb::handle position_h, nb::handle row_h, nb::handle table_h, int64_t max_pages, nb::handle lse_h,
+                    float scale, bool causal, int window, float softcap, nb::handle sink_h, int64_t max_query_len,
+                    int64_t max_kv_len, nb::handle begin_h) {
+    AttendBatch b;
+    b.query_start = index_view(start_h, starts);
+    b.lengths = index_view(length_h, lengths);
+    b.positions = optional_index(position_h, positions);
+    b.rows = optional_index(row_h, rows);
+    b.begins = optional_index(begin_h, begins);
+    b.max_pages = max_pages;
+    b.page_table = page_table_view(table_h, table, b.max_pages);
+    b.max_query_len = max_query_len;
+    b.max_kv_len = max_kv_len;
+    AttendOptions o;
+    o.scale = scale, o.causal = causal, o.window = window, o.softcap = softcap;
+    o.sinks = widened_view(sink_h, sinks, Access::read, 1);
+    const TensorView qv = tensor_view(qh, q, Access::read), ov = tensor_view(oh, out, Access::written);
+    const TensorView lv = widened_view(lse_h, lse, Access::written, 2);
+    nb::gil_scoped_release unlocked;
+    (c.*op)(layer_arg(c, layer), qv, b, o, ov, lv);
+  }, nb::arg(a[0]), nb::arg(q).none(), nb::arg(out).none(), "query_start"_a, "lengths"_a, "positions"_a = nb::none(),
+     "rows"_a = nb::none(), "page_table"_a = nb::none(), "max_pages"_a = 0, "lse"_a = nb::none(), "scale"_a = 0.0f,
+     "causal"_a = true, "window"_a = 0, "softcap"_a = 0.0f, "sinks"_a = nb::none(), "max_query_len"_a = 0,
+     "max_kv_len"_a = 0, "begins"_a = nb::none());
+  return "attend";
+}
 // A hybrid cache's layer groups: a member cache by index, and where a layer lies.
 const char* bind_family(CacheClass& cls, const char* name, PythonForm, Cache& (Cache::*op)(int), const Names& a) {
   cls.def(name, op, nb::arg(a[0]), nb::rv_policy::reference_internal);

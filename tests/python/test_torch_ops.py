@@ -161,3 +161,54 @@ def test_a_write_given_the_wrong_tensors_names_them():
     with pytest.raises(kvforge.ArgumentError, match="k, v"):
         tc.append(0, torch.zeros(1, d.heads, d.head_dim), slots=torch.zeros(1, dtype=torch.int64))
     assert int(tc.version) == 0  # nothing was written
+
+
+class AttendingDecoder(Decoder):
+    """Decoder with kvforge's attention over the cache in place (torch.ops.kvforge.attend) for the gather and
+    SDPA: x [T, hidden] -> [T, hidden], one sequence."""
+
+    def forward(self, tc, x, start: int, rows, positions, slots, pages):
+        T = x.shape[0]
+        query_start = torch.stack([torch.zeros((), dtype=torch.int32), torch.full((), T, dtype=torch.int32)])
+        lengths = torch.full((1,), start + T, dtype=torch.int32)
+        for layer in range(self.layers):
+            q = self.q[layer](x).view(T, self.q_heads, self.head_dim)
+            k = self.k[layer](x).view(T, self.heads, self.head_dim)
+            v = self.v[layer](x).view(T, self.heads, self.head_dim)
+            tc.append(layer, k, v, rows=rows, positions=positions, slots=slots)
+            if self.lazy:
+                tc.commit()
+            where = dict(page_table=pages.view(1, -1)) if pages is not None else dict(rows=rows[:1])
+            out, _ = tc.attend(layer, q, query_start, lengths, **where)
+            x = x + self.o[layer](out.reshape(T, -1))
+        return x
+
+
+@pytest.mark.parametrize("d", CASES, ids=lambda d: d.name)
+@pytest.mark.parametrize("decoder", [Decoder, AttendingDecoder], ids=["gather", "attend"])
+def test_a_compiled_decode_loop_compiles_once_for_every_step(d, decoder):
+    # torch.compile's default (dynamic=None) specializes on the first step's sizes and makes them symbolic
+    # when they change: the prefill, the first decode, and one graph for every later step, whose length,
+    # position and the ops' integer arguments (SymInt) change each step. An op with an `int` argument
+    # would specialize on it and compile again at every step.
+    torch._dynamo.reset()
+    model = decoder(d).eval()
+    hidden = model.q_heads * d.head_dim
+    steps = [torch.randn(6, hidden)] + [torch.randn(1, hidden) for _ in range(20)]
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(model, backend=counting, fullgraph=True)
+    with torch.no_grad():
+        eager_out, eager_cache = run(d, model, model, steps)
+        compiled_out, compiled_cache = run(d, model, compiled, steps)
+    assert len(graphs) <= 3, f"{len(graphs)} graphs for 1 prefill and 20 decode steps"
+    ops = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert ("kvforge.attend" if decoder is AttendingDecoder else "kvforge.gather") in ops, ops
+    for a, b in zip(eager_out, compiled_out):
+        assert torch.equal(a, b)
+    for a, b in zip(eager_cache, compiled_cache):
+        assert np.array_equal(a, b)

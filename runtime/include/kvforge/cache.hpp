@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "kvforge/attend.hpp"
 #include "kvforge/cache_ops.hpp"
 #include "kvforge/errors.hpp"
 #include "kvforge/geometry.hpp"

@@ -54,6 +54,20 @@
        k_out, v_out: [H, end - begin, D], the input dtype, on the cache's device */                         \
   X(layer, torch, void, gather, (int layer, const GatherRange& range, const TensorView& k_out, const TensorView& v_out), \
     (layer, range, k_out, v_out), )                                                                            \
+  /* Attention over one layer's history where it lies, read in its storage dtype (docs/attention.md):   \
+     out = softmax(scale * q . K^T, masked) . V per query head, K and V of the query head's KV head.      \
+       layer:   [0, L)                                                                                  \
+       q:       [T, QH, Dk], the input dtype, on the cache's device; QH a multiple of H (GQA, MQA; MLA:   \
+                any). Dk: head_dim; MLA's absorbed form mla_kv_lora_rank + mla_rope_dim; else k_head_dim \
+       batch:   attend.hpp's AttendBatch: query_start int32 [B + 1], lengths int32 [B] in [1, capacity], \
+                positions int32 [T] or empty (the newest), rows int32 [B] (contiguous, ring) or           \
+                page_table int32 [B * max_pages] (paged), on the cache's device                           \
+       options: scale, causal, window, softcap, sinks (attend.hpp)                                       \
+       out:     [T, QH, Dv], the input dtype: Dv = head_dim, mla_kv_lora_rank (MLA), or v_head_dim       \
+       lse:     [T, QH, 1] fp32: each row's log-sum-exp (natural log, sinks included), or data = null    \
+     A ring refuses positions that have left its window; nothing is written on a refused call. */        \
+  X(layer, torch, void, attend, (int layer, const TensorView& q, const AttendBatch& batch, const AttendOptions& options, const TensorView& out, const TensorView& lse), \
+    (layer, q, batch, options, out, lse), )                                                                   \
   /* Zeros every layer, scales and row lengths (per-tensor and tensor scales are kept). */                  \
   X(whole, method, void, reset, (), (), )                                                                      \
   /* Zeros one row of every layer; row in [0, rows). Contiguous and ring only (else UnsupportedError). */   \

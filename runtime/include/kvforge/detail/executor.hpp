@@ -54,6 +54,9 @@ struct constants<E, std::enable_if_t<std::is_convertible_v<decltype(E::kTileItem
                                      std::is_same_v<std::remove_cv_t<decltype(E::kHoldsTokens)>, bool> &&
                                      std::is_convertible_v<decltype(E::kScannedRingTokens), int64_t>>>
     : std::true_type {};
+template <class E, class = void> struct attend_tiles : std::false_type {};
+template <class E>
+struct attend_tiles<E, std::enable_if_t<(E::kAttendRows >= 1) && (E::kAttendBlock >= 1)>> : std::true_type {};
 template <class E, class = void> struct tiles : std::bool_constant<E::kTileItems == 1> {};
 template <class E>
 struct tiles<E, std::void_t<decltype(E::tile_for(int64_t{}, 1)),
@@ -77,6 +80,9 @@ template <class Exec> constexpr bool check_executor() {
   static_assert(contract::constants<Exec>::value,
                 "executor: needs constants kTileItems (int), kChunkedQuant and kHoldsTokens (bool), "
                 "kScannedRingTokens (int64_t)");
+  static_assert(contract::attend_tiles<Exec>::value,
+                "executor: needs constants kAttendRows and kAttendBlock (>= 1): the query rows an attend item "
+                "holds and the positions it decodes at once");
   static_assert(contract::tiles<Exec>::value,
                 "executor: kTileItems > 1 (an item walks a tile of tokens) needs static tile_for(items, longest) "
                 "and copy_row(dst, src, count), a whole row copied by one item");

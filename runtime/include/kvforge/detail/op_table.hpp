@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "kvforge/geometry.hpp"
+#include "kvforge/detail/attend/attend_args.hpp"
 #include "kvforge/detail/op_args.hpp"
 #include "kvforge/tensor.hpp"
 #include "kvforge/vocab.hpp"
@@ -27,12 +28,13 @@ struct Launch {
 
 // The kernels every backend's table holds, one row each: X(name, job, argument block). `job` names the
 // struct of the one source whose static `name` is the body (WriteOps in write_ops.hpp, GatherOps in
-// gather_ops.hpp, UpkeepOps in upkeep_ops.hpp); Store and In are the traits' storage and input types.
+// gather_ops.hpp, AttendOps in attend/attend_ops.hpp, UpkeepOps in upkeep_ops.hpp); Store and In are the traits' storage and input types.
 // OpTable's members and make_op_table's entries (upkeep_ops.hpp) both expand it.
 #define KVFORGE_KERNELS(X)                    \
   X(write, WriteOps, WriteArgs<Store, In>)    \
   X(stage, WriteOps, StageArgs<In>)           \
   X(gather, GatherOps, GatherArgs<Store, In>) \
+  X(attend, AttendOps, AttendArgs<Store, In>) \
   X(zero_row, UpkeepOps, ZeroRowArgs<Store>)  \
   X(reorder_layer, UpkeepOps, ReorderArgs<Store>)   \
   X(reorder_lengths, UpkeepOps, ReorderArgs<Store>) \

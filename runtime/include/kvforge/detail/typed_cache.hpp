@@ -121,6 +121,7 @@ template <class Traits> class TypedCache final : public Cache {
   std::vector<int64_t> staged_;
   // Reorder scratch, allocated on first use: one layer's rows.
   Buffer reorder_scratch_, scale_scratch_, length_scratch_;
+  Buffer attend_partial_;  // attend's split partials (typed_cache_attend.hpp), grown as a launch needs
 };
 
 
@@ -283,7 +284,7 @@ template <class Traits> MemoryReport TypedCache<Traits>::memory() const {
   if (desc().scales_in_page())
     m.scale_bytes += pool_.bytes() / geometry_.page_block_bytes * (geometry_.page_block_bytes - geometry_.scale_offset_bytes);
   m.staging_bytes = stage_k_.bytes() + stage_v_.bytes() + stage_targets_.bytes();
-  m.bookkeeping_bytes = row_length_.bytes() + status_.bytes() + reorder_scratch_.bytes() + scale_scratch_.bytes() +
+  m.bookkeeping_bytes = row_length_.bytes() + status_.bytes() + reorder_scratch_.bytes() + scale_scratch_.bytes() + attend_partial_.bytes() +
                         length_scratch_.bytes();
   return m;
 }

@@ -5,6 +5,7 @@
 // make_op_table, which fills a backend's table from both.
 #pragma once
 
+#include "kvforge/detail/attend/attend_ops.hpp"
 #include "kvforge/detail/executor.hpp"
 #include "kvforge/detail/gather_ops.hpp"
 #include "kvforge/detail/write_ops.hpp"

@@ -95,6 +95,11 @@ template <int Level> struct CpuExec {
   // Ring appends of at most this many tokens take row lengths from a scan of their targets in each item
   // (ops.hpp, write): quadratic in tokens, so only where that costs less than a pass of its own.
   static constexpr int64_t kScannedRingTokens = 16;
+  // Attention (attend/attend_ops.hpp): the query rows one item holds (a tile of queries times the query
+  // heads of a KV head: 16 prefill queries of llama3-8b's four, a decode's 4), and the positions decoded
+  // into fp32 at once: 32 rows of 128 K and V values are 32 KiB, an L1 cache.
+  static constexpr int kAttendRows = kAttendRowsCpu;
+  static constexpr int kAttendBlock = 32;
 
   // Row primitives. An item is one thread, which takes each row whole: the loop bounds are constants,
   // so the compiler vectorizes them.

@@ -7,6 +7,11 @@
 #define KVF_TARGET cpu
 #include "kvforge/detail/qualifiers.hpp"  // KVF_HD, KVF_INLINE: the host's
 #define KVF_UNROLL                                         // the host compiler unrolls as it sees fit
+// The loop that follows runs in the level's vectors (OpenMP's simd); _SUM lets it reorder the sum of x,
+// which a float reduction needs before the compiler will vectorize it.
+#define KVF_PRAGMA(x) _Pragma(#x)
+#define KVF_SIMD KVF_PRAGMA(omp simd)
+#define KVF_SIMD_SUM(x) KVF_PRAGMA(omp simd reduction(+ : x))
 // An item's held registers start zeroed: the host compiler cannot see that a store reads only what
 // the load filled (tests run the device's register paths on host lanes).
 #define KVF_HELD_INIT = {}

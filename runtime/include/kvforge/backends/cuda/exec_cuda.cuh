@@ -226,6 +226,10 @@ struct CudaExec {
   // Ring appends of at most this many tokens take row lengths from a scan of their targets in each item
   // (ops.hpp, write), inside their one launch: a decode step's append is then a single kernel.
   static constexpr int64_t kScannedRingTokens = 256;
+  // Attention (attend/attend_ops.hpp) runs an item on one thread here, its tiles in local memory: few
+  // rows and a short block keep that small (an MLA item's 4 x 576 queries, 9 KiB).
+  static constexpr int kAttendRows = kAttendRowsCuda;
+  static constexpr int kAttendBlock = 4;
 
   // Row primitives: an item's lanes stride through each row.
   KVF_HD static constexpr int row_begin(int lane) { return lane; }

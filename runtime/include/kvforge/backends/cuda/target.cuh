@@ -12,6 +12,8 @@
 #define KVF_HD __host__ __device__
 #define KVF_INLINE __forceinline__
 #define KVF_UNROLL _Pragma("unroll")  // arrays indexed by a constant-trip loop stay in registers
+#define KVF_SIMD           // a loop runs on one thread's registers: nothing to vectorize
+#define KVF_SIMD_SUM(x)
 #if defined(__CUDA_ARCH__)
 #define KVF_HELD_INIT  // a store reads only what a load filled: no zeroing instructions
 #else
