@@ -10,7 +10,9 @@ from kvforge (dequantized, for int8 and fp8 storage), appends the new tokens, an
 [batch, heads, cached + new, head_dim] as transformers' own DynamicCache does: every position for a
 full-attention layer, and the last `sliding_window - 1` cached positions plus the new ones for a
 sliding layer. The new tokens join the returned keys and values as computed; they are read back from
-the cache from the next step on.
+the cache from the next step on. With kvforge's own attention (use_kvforge_attention(model), or
+attn_implementation="kvforge"; kvforge._hf_attention), the update appends and gathers nothing, and the
+attention reads every layout where it lies (Cache.attend, docs/attention.md).
 
 Hybrid models (transformers' `linear_attention` and `conv` layer types: Qwen3-Next's gated delta net,
 Mamba-2 in Bamba, Jamba or Nemotron-H, LFM2's short convolutions) keep each linear layer's conv and
@@ -30,15 +32,14 @@ prefix sharing and forks outside `generate`.
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvforge._hf_attention import ATTENTION, kvforge_attention, note_update, use_kvforge_attention  # noqa: F401
+from kvforge._hf_indexer import INDEX_KEY_FORMS, index_variant, update_indexer
 from kvforge._hf_compat import DummyLayer, cache_kwarg  # noqa: F401  (cache_kwarg: kvforge.hf's, for callers)
 from kvforge._hf_states import KvforgeStateLayer, States, probe, probe_kv_heads, probe_record  # noqa: F401
 
 import kvforge
 import kvforge.jit
 from kvforge.torch_dtypes import TORCH_DTYPES
-
-
-INDEX_KEY_FORMS = (None, "fp8")  # KvforgeCache's index_keys: the cache's input dtype, or vLLM's fp8 keys
 
 
 
@@ -67,7 +68,7 @@ class KvforgeLayer(CacheLayerMixin):
 
     def update_indexer(self, indexer_key_states, *args, **kwargs):
         """DeepSeek sparse attention's index keys [batch, new, index_head_dim] -> [batch, cached + new, ...]."""
-        return self.owner._update_indexer(self, indexer_key_states)
+        return update_indexer(self.owner, self, indexer_key_states)
 
     def get_mask_sizes(self, query_length):
         cached = self.owner.past_length()
@@ -122,6 +123,7 @@ class KvforgeCache(Cache):
             raise kvforge.ArgumentError(f"index_keys: {index_keys!r} (allowed: {', '.join(map(repr, INDEX_KEY_FORMS))})")
         self.index_keys = index_keys
         text = config.get_text_config(decoder=True)
+        self._text_config = text  # its attn_implementation says, at each update, whether kvforge attends
         head_dim = kvforge.jit.head_dim_of(text)
         types = kvforge.jit.layer_types(text)
         attention = [i for i, t in enumerate(types) if t in kvforge.jit.ATTENTION_TYPES]
@@ -158,7 +160,7 @@ class KvforgeCache(Cache):
             # A hybrid variant's members each have this many pages, at their own page sizes.
             page_size = min(g["page_size"] for g in d.groups) if d.hybrid else d.page_size
             pages = pages or batch_size * -(-d.max_seq_len // page_size)
-            self.kv = kvforge.create(variant, pages=pages, device=device, companion=self._index_variant(d))
+            self.kv = kvforge.create(variant, pages=pages, device=device, companion=index_variant(self, d))
             if d.hybrid:
                 # A layer whose group keeps a window must attend within it.
                 for layer, w in enumerate(windows):
@@ -188,6 +190,7 @@ class KvforgeCache(Cache):
         self._page_tables = None  # per layer group: this forward's [batch, pages] page lists (paged)
         self._row_targets = None  # (rows, positions) of this forward's tokens (contiguous and ring)
         self._forward = None  # (cached, new) positions of the forward under way
+        self._attend_batch = None  # ((new, window, group), attend's arrays) of the forward under way
         self.tensor_scales = dict(tensor_scales or {})
         for layer, (k_scale, v_scale) in self.tensor_scales.items():
             self.kv.set_tensor_scale(layer, k_scale, v_scale)
@@ -358,11 +361,21 @@ class KvforgeCache(Cache):
         self._slots = [torch.as_tensor(s["slots"], device=self.device) for s in steps]
         self._page_tables = [torch.as_tensor(s["page_table"], device=self.device) for s in steps]
 
+    def attends(self):
+        """Whether the model's attention is kvforge's (ATTENTION): updates then append and never gather."""
+        return getattr(self._text_config, "_attn_implementation", None) == ATTENTION
+
     def _update(self, layer, key_states, value_states):
         """key_states, value_states: [batch, heads, new, head_dim] -> the same over visible + new positions.
         An MLA model's: its latent kv_nope [batch, 1, new, kv_lora_rank] and k_rot [batch, 1, new,
         qk_rope_head_dim], one record a token, which the cache holds as K then V of its one head. A model
         whose V is another width than K (v_head_dim) is held so too, a record of K then V a head."""
+        if self.attends():
+            if self.descriptor.mla:
+                raise kvforge.UnsupportedError(
+                    "attn_implementation: transformers' MLA attention decompresses the latent per head, and kvforge "
+                    "attends the latent itself (Cache.attend's absorbed form); give the model attn_implementation='sdpa'")
+            note_update(self, layer)
         if not (self.descriptor.mla or self.descriptor.kv_widths):
             return self._update_kv(layer, key_states, value_states,
                                    lambda shape, like: (like.new_empty(shape), like.new_empty(shape)))
@@ -376,6 +389,8 @@ class KvforgeCache(Cache):
         # A record of odd width is stored with a zero after it (the spec's head_dim is half of one more).
         joined = torch.nn.functional.pad(torch.cat([key_states, value_states], dim=-1), (0, whole_width % 2))
         self._update_kv(layer, *joined.chunk(2, dim=-1), halves)
+        if self.attends():
+            return key_states, value_states
         whole = record[0].to(key_states.dtype)
         return whole[..., :width], whole[..., width:whole_width]
 
@@ -393,16 +408,19 @@ class KvforgeCache(Cache):
         key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
         if d.paged and index == 0:
             self._begin_step(new)
+        if index == 0:
+            self._attend_batch = None
         if (d.quant == "per_tensor" or d.tensor_scaled) and index not in self.tensor_scales:
             self._calibrate(index, key_states, value_states)
         end = self.past_length()
         begin = layer.visible_from(end)
-        self._forward = (end, new)  # the positions the layer's indexer keys take (_update_indexer)
-        keys, values = outputs((batch, heads, end - begin + new, head_dim), key_states)
+        self._forward = (end, new)  # the positions the layer's indexer keys take (kvforge._hf_indexer.update_indexer)
+        attends = self.attends()  # the model attends through kvforge: nothing to gather
+        keys, values = (None, None) if attends else outputs((batch, heads, end - begin + new, head_dim), key_states)
         group = self.kv.group_of(index) if d.paged else 0
         # The whole batch in one call each way: the cached positions straight into their part of the
         # result (strided output), and the new tokens, [batch * new, heads, head_dim] (a view at decode).
-        if end > begin:
+        if end > begin and not attends:
             if d.paged:
                 self.kv.gather_batch(index, keys[:, :, :end - begin], values[:, :, :end - begin],
                                      page_table=self._page_tables[group], begin=begin, end=end)
@@ -419,58 +437,19 @@ class KvforgeCache(Cache):
                 positions = torch.arange(end, end + new, dtype=torch.int32, device=self.device).repeat(batch)
                 self._row_targets = (rows, positions)
             self.kv.append(index, k_new, v_new, rows=self._row_targets[0], positions=self._row_targets[1])
+        # Staged tokens are held at a commit: once a forward, after its last attention layer, or after every
+        # layer where kvforge attends next (its attention reads what the cache holds, this forward's own).
+        if d.lazy and (attends or index == self.kv_layers - 1):
+            self.kv.commit()
         if index == self.kv_layers - 1:  # the forward's last attention layer: its tokens are now held
-            if d.lazy:
-                self.kv.commit()
             for seq in self.active:
                 self.lengths[seq] = end + new
                 self.pending[seq] = 0
+        if attends:
+            return key_states.to(model_dtype), value_states.to(model_dtype)
         keys[:, :, end - begin:] = key_states
         values[:, :, end - begin:] = value_states
         return keys.to(model_dtype), values.to(model_dtype)
-
-    def _index_variant(self, d):
-        """The indexer keys' variant: one record of index_head_dim values a token held as K then V of one head,
-        in the layout's pages as the cache's input dtype, or (index_keys "fp8") vLLM's fp8 keys in
-        `vllm_indexer`'s; a registered variant of those dimensions, or one built on first use."""
-        if not self.index_width:
-            return None
-        if self.index_width % 2 or d.hybrid:
-            raise kvforge.UnsupportedError(f"config.index_head_dim: {self.index_width} index keys over {d.name} "
-                                           f"(allowed: an even width over a paged, non-hybrid layout)")
-        spec = {"layers": d.layers, "kv_heads": 1, "head_dim": self.index_width // 2, "max_seq_len": d.max_seq_len}
-        layout, storage = (d.layout, d.input) if self.index_keys is None else ("vllm_indexer", "indexer_fp8")
-        if self.index_keys == "fp8" and self.index_width % 128:
-            raise kvforge.UnsupportedError(f"index_keys: 'fp8' keys are scaled per 128 values, and the model's "
-                                           f"index_head_dim is {self.index_width} (allowed: a multiple of 128)")
-        # A registered variant of these dimensions serves as it is (its pages must be the main cache's: the
-        # pair refuses others, naming both); another is built on first use.
-        for e in kvforge.variants(layout=layout, storage=storage, input=d.input):
-            if (e.layers, e.heads, e.head_dim) == (d.layers, 1, spec["head_dim"]) and e.max_seq_len >= d.max_seq_len \
-                    and not (e.hybrid or e.mla or e.kv_widths or e.linear_layers or e.shard_of != e.model):
-                return e.name
-        spec["name"] = kvforge.jit.on_demand.named_by_content(spec, "hf_index_")
-        return kvforge.variant(layout, spec, storage, d.input).name
-
-    def _update_indexer(self, layer, keys):
-        """Index keys [batch, new, width] of this forward's tokens into the companion cache, at the slots the
-        layer's update took; returns every position's, [batch, cached + new, width]."""
-        if not self.index_width:
-            raise kvforge.UnsupportedError(f"update_indexer: {self.descriptor.name}'s model has no indexer keys")
-        batch, new, width = keys.shape
-        if width != self.index_width or batch != len(self.active) or self._forward is None or self._forward[1] != new:
-            raise kvforge.ShapeError(f"indexer_key_states: shape {list(keys.shape)}, expected [{len(self.active)}, "
-                                     f"{new if self._forward is None else self._forward[1]}, {self.index_width}] after the "
-                                     f"layer's update")
-        end, index, companion = self._forward[0], layer.layer_idx, self.kv.companion
-        held = keys.to(self.dtype)
-        out = held.new_empty(batch, end + new, width)
-        # A key is one record of K then V of one head: [batch * new, 1, width / 2] halves in, and the batch's
-        # [batch, 1, end + new, width / 2] halves out, each in one call.
-        companion.append(index, *held.reshape(batch * new, 1, width).chunk(2, dim=-1), slots=self._slots[0])
-        companion.gather_batch(index, *out.view(batch, 1, end + new, width).chunk(2, dim=-1),
-                               page_table=self._page_tables[0], begin=0, end=end + new)
-        return out.to(keys.dtype)
 
     def _calibrate(self, layer, key_states, value_states):
         d = self.descriptor

@@ -199,9 +199,12 @@ class QuantizedReferenceLayer(DynamicLayer):
     """DynamicCache's layer, keeping each token as the quantization rule (or a record format's) would read
     it back."""
 
-    def __init__(self, d, scales, layer, window=None):
+    def __init__(self, d, scales, layer, window=None, reads_its_own_write=False):
         super().__init__()
         self.d, self.scales, self.layer, self.window = d, scales, layer, window
+        # An attention that reads the cache (attn_implementation="kvforge", every serving engine) sees this
+        # step's tokens as stored; transformers' own attends them as they came.
+        self.reads_its_own_write = reads_its_own_write
         self.seen = 0  # tokens ever cached (a sliding layer keeps fewer)
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -217,6 +220,8 @@ class QuantizedReferenceLayer(DynamicLayer):
         else:
             stored_k = quantize_dequantize(key_states, self.d, k_scale)
             stored_v = quantize_dequantize(value_states, self.d, v_scale)
+        if self.reads_its_own_write:
+            keys, values = torch.cat([self.keys, stored_k], -2), torch.cat([self.values, stored_v], -2)
         self.keys = torch.cat([self.keys, stored_k], -2)
         self.values = torch.cat([self.values, stored_v], -2)
         if self.window:  # DynamicSlidingWindowLayer keeps the last window - 1 positions
