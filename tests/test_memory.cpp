@@ -33,6 +33,28 @@ TEST(BlockAllocator, AllocatesAllOrNothingAndCountsReferences) {
   EXPECT_EQ(a.ref_count(again[0]), 1) << "a refused release changes no count";
 }
 
+TEST(BlockAllocator, AGenerationAdvancesWheneverABlockMayComeToHoldAnotherOwnersTokens) {
+  BlockAllocator a(3);
+  auto gen = [&](int32_t b) { return a.generations()[b]; };
+  const int64_t* address = a.generations();
+  const auto first = a.allocate(1);
+  const int32_t b = first[0];
+  const int64_t owned = gen(b);
+  EXPECT_EQ(owned, 1) << "an allocation is a new owner";
+  a.retain(b);
+  a.release({b});
+  EXPECT_EQ(gen(b), owned) << "one owner of a shared block leaving changes neither its bytes nor its generation";
+  a.release({b});
+  EXPECT_EQ(gen(b), owned + 1) << "the last owner leaving frees it";
+  const auto reused = a.allocate(1);
+  ASSERT_EQ(reused[0], b) << "the most recently freed block is reused first";
+  EXPECT_EQ(gen(b), owned + 2) << "a reuse is a new owner";
+  EXPECT_THROW(a.release({b, b}), StateError);
+  EXPECT_EQ(gen(b), owned + 2) << "a refused release changes no generation";
+  EXPECT_EQ(gen(1 - std::min(b, 1)), 0) << "a block never handed out keeps its first generation";
+  EXPECT_EQ(a.generations(), address) << "the counters stay where a registration saw them";
+}
+
 // Every paged variant small enough to drive thousands of operations through (tiny's and any user
 // model of that size): the tests below hold for any page size, head count and head dim.
 std::vector<const VariantEntry*> paged_tiny_variants() {
@@ -42,6 +64,36 @@ std::vector<const VariantEntry*> paged_tiny_variants() {
     if (d.paged() && !d.is_hybrid() && d.bytes_per_token <= 4096 && d.max_seq_len >= 64) out.push_back(&e);
   }
   return out;
+}
+
+TEST(SequenceManager, PagesFreedAndReusedForAnotherRequestChangeGeneration) {
+  // A stale page table names pages whose generations have changed: what kvforge.nixl's pulls check.
+  for (bool prefix_caching : {false, true}) {
+    const VariantEntry* e = paged_tiny_variants().at(0);
+    CacheConfig cfg;
+    cfg.pages = 4;
+    auto cache = e->create(cfg);
+    SequenceManagerOptions o;
+    o.prefix_caching = prefix_caching;
+    SequenceManager m(*cache, o);
+    const int P = e->descriptor->page_size;
+    const int64_t* gen = m.allocator().generations();
+    m.add(1, std::vector<int32_t>(size_t(2 * P), 7));
+    m.step({1});  // its K/V written: a fork may share them
+    const std::vector<int32_t> a = m.pages(1);
+    std::vector<int64_t> published;
+    for (int32_t p : a) published.push_back(gen[p]);
+    m.fork(1, 2);
+    m.free(2);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(gen[a[i]], published[i]) << "a fork and its free share A's bytes";
+    m.free(1);
+    // Another request takes every page: A's pages are evicted from the prefix cache if they sat there.
+    m.add(3, std::vector<int32_t>(size_t(4 * P), 9));
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_GT(gen[a[i]], published[i]) << "page " << a[i] << " holds request 3 now (prefix caching "
+                                         << prefix_caching << ")";
+    m.check_invariants();
+  }
 }
 
 TEST(SequenceManager, BatchMetadataMatchesThePageLists) {

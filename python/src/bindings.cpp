@@ -286,6 +286,12 @@ NB_MODULE(_native, m) {
         out["uploaded_bytes"] = d.uploaded_bytes;
         return out;
       }, "seqs"_a, "indices"_a = false)
+      // The device pages' generations (BlockAllocator::generations): a view of the manager's own counters,
+      // int64 [pages], kept alive by it. kvforge.nixl registers it, so that a pull checks its source's pages.
+      .def_prop_ro("page_generations", [](nb::handle self) {
+        const BlockAllocator& a = nb::cast<const SequenceManager&>(self).allocator();
+        return export_array(a.generations(), DType::i64, Device::cpu, {size_t(a.total())}, {1}, self);
+      })
       .def("range", [](SequenceManager& s, int64_t seq, int64_t begin, int64_t end) {
         return gather_range(s.range(seq, begin, end));
       }, "seq"_a, "begin"_a, "end"_a)

@@ -24,11 +24,18 @@ class BlockAllocator {
   // checked first (unknown, free, or released more often than owned), so an error changes nothing.
   void release(const std::vector<int32_t>& blocks);
   int32_t ref_count(int32_t block) const;
+  // Each block's generation: one more whenever its bytes may come to hold another owner's tokens, at its
+  // last release (freed) and at its allocation (reused). A block shared by one more owner (retain: a
+  // fork, a prefix hit) keeps its generation: its bytes do not change, and a write to a shared block goes
+  // to a copy. Whoever published a block's generation can tell, reading it again, that the block was
+  // freed or reused since (kvforge.nixl checks a pull's pages so). int64 [total()], at a fixed address.
+  const int64_t* generations() const { return generations_.data(); }
 
  private:
   void check_block(const char* argument, int32_t block) const;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
   std::vector<int32_t> refs_;
+  std::vector<int64_t> generations_;
 };
 
 }  // namespace kvforge

@@ -7,6 +7,7 @@ namespace kvforge {
 BlockAllocator::BlockAllocator(int32_t blocks) {
   if (blocks < 0) throw OutOfRangeError("blocks", blocks, 0, INT32_MAX);
   refs_.assign(size_t(blocks), 0);
+  generations_.assign(size_t(blocks), 0);
   free_.reserve(size_t(blocks));
   for (int32_t b = blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 is handed out first
 }
@@ -22,6 +23,7 @@ void BlockAllocator::allocate(int32_t n, std::vector<int32_t>& out) {
     const int32_t b = free_.back();
     free_.pop_back();
     refs_[size_t(b)] = 1;
+    ++generations_[size_t(b)];
     out.push_back(b);
   }
 }
@@ -56,6 +58,7 @@ void BlockAllocator::release(const std::vector<int32_t>& blocks) {
   for (int32_t b : blocks)
     if (refs_[size_t(b)] == 0) {
       refs_[size_t(b)] = -1;  // mark while pushing, so a repeated block is pushed once
+      ++generations_[size_t(b)];
       free_.push_back(b);
     }
   for (int32_t b : blocks)
