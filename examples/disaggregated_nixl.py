@@ -6,7 +6,8 @@ one-sided into another layout and continues generation in HF transformers.
 
 Both processes build the same tiny Llama (random weights, fixed seed: nothing is downloaded). The prefill
 process runs the prompt through kvforge.hf.KvforgeCache, picks the first token, registers its cache with
-a kvforge.nixl Agent and hands the decode process its metadata, page table and first token. The decode
+a kvforge.nixl Agent, with the SequenceManager that allocates its pages, and hands the decode process its
+metadata, its page table with the pages' generations (Agent.placement), and the first token. The decode
 process allocates pages for the prompt, pulls them, and generates the rest. Its tokens are compared with
 one process generating through transformers' own DynamicCache. Exits 1 if they differ.
 """
@@ -47,9 +48,11 @@ def prefill(variant):
         logits = model(ids, cache=cache, use_cache=True).logits
     first = int(logits[0, -1].argmax())
     with kvforge.nixl.Agent("prefill", serve=True) as agent:
-        agent.register("kv", cache.kv)
-        print("ready", json.dumps({"metadata": agent.metadata().hex(), "pages": list(cache.sequence_manager.pages(0)),
-                                   "count": ids.shape[1], "first": first}), flush=True)
+        agent.register("kv", cache.kv, manager=cache.sequence_manager)  # its frees and reuses advance generations
+        published = agent.placement("kv", pages=cache.sequence_manager.pages(0))
+        print("ready", json.dumps({"metadata": agent.metadata().hex(), "pages": published.pages.tolist(),
+                                   "generations": published.generations.tolist(), "count": ids.shape[1],
+                                   "first": first}), flush=True)
         sys.stdin.readline()  # the decode process says when it has pulled
 
 
@@ -66,7 +69,10 @@ def decode(prefill_variant, variant):
     with kvforge.nixl.Agent("decode") as agent:
         peer = agent.connect(bytes.fromhex(handoff["metadata"]))
         agent.register("kv", cache.kv)
-        report = agent.pull([(peer, "kv")], "kv", count, Placement(pages=handoff["pages"]),
+        # Checked: had the prefill side freed and reused a page since it published the table, the pull would
+        # fail with StateError rather than hand over another request's K/V.
+        report = agent.pull([(peer, "kv")], "kv", count,
+                            Placement(pages=handoff["pages"], generations=handoff["generations"]),
                             Placement(pages=manager.pages(0)), notify=b"pulled")
     server.stdin.write("done\n")
     server.stdin.flush()

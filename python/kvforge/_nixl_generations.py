@@ -1,9 +1,10 @@
 """Page generations over NIXL: what lets a pull tell that its sender reused a page after publishing it.
 
 The sender keeps one int64 a page (a row, for a contiguous cache) of each registered cache, registered
-with NIXL beside the cache. Agent.retire(key, pages) bumps them when the sender frees a request's pages,
-before anything else is written there; Agent.placement(key, pages) publishes a request's pages with
-their generations now. A pull given such a Placement READs those generations back after its data READs
+with NIXL beside the cache: the SequenceManager's own page generations where the cache was registered with
+its manager, which every free and reuse of a page advances (BlockAllocator::generations); else the agent's,
+which Agent.retire(key, pages) advances when the sender frees a request's pages. Agent.placement(key,
+pages) publishes a request's pages with their generations now. A pull given such a Placement READs those generations back after its data READs
 have completed: equal, nothing was retired while or before the bytes were read; else the pull is refused
 with StateError and its target positions hold undefined bytes, as after any failed pull.
 """
@@ -17,10 +18,12 @@ import kvforge
 
 
 class Generations:
-    """A sender's generations of one registered cache: int64 [units], in host memory, registered."""
+    """A sender's generations of one registered cache: int64 [units], in host memory, registered. Its own
+    (advanced by retire), or a SequenceManager's page_generations (advanced by its frees and reuses)."""
 
-    def __init__(self, nixl, units):
-        self.values = torch.zeros(units, dtype=torch.int64)
+    def __init__(self, nixl, units, managed=None):  # managed: int64 [units], a SequenceManager's
+        # A view of the manager's counters keeps the manager alive while they are registered.
+        self.values = torch.zeros(units, dtype=torch.int64) if managed is None else managed
         self.registered = nixl.register_memory([self.values])
 
     def describe(self):
@@ -43,12 +46,13 @@ class Generations:
         return self.values[torch.from_numpy(units)].numpy().copy()
 
 
-def check(agent, sources, source, units, deadline):
+def check(agent, sources, source, units, deadline, landed):
     """After a pull's READs: READs every sender's generations of source's `units` (indices into its pages,
     or [0] for its row), one READ a sender, all in flight together, and compares them with
     source.generations. Raises StateError naming the first page retired since, BackendError where a READ
     fails, kvforge.nixl.PullTimeout past the deadline. A READ that fails or times out is handed to the
-    agent's abandoned pulls, its buffer registered and alive until NIXL lets it go (Agent.abandoned)."""
+    agent's abandoned pulls, its buffer registered and alive until NIXL lets it go (Agent.abandoned).
+    landed: what the target holds if the pull fails here, for the error."""
     from ._nixl_wait import PullTimeout
     nixl = agent._nixl
     on = source.pages[units] if source.pages is not None else np.asarray([source.row], dtype=np.int64)
@@ -88,13 +92,13 @@ def check(agent, sources, source, units, deadline):
                 break
             if time.monotonic() >= deadline:
                 abandon(PullTimeout(f"timeout: reading the page generations of {[r[0] for r in reads]} did not "
-                                    f"complete; the target positions hold undefined bytes"))
+                                    f"complete; {landed}"))
             time.sleep(0)
     except (PullTimeout, kvforge.Error):
         raise
     except Exception as e:  # noqa: BLE001  (NIXL's error classes derive from Exception only)
         abandon(kvforge.BackendError(f"nixl: reading the page generations of {[r[0] for r in reads] or sources} "
-                                     f"failed: {type(e).__name__}: {e}; the target positions hold undefined bytes"))
+                                     f"failed: {type(e).__name__}: {e}; {landed}"))
     with agent._lock:
         for _, handle, _, registered in reads:
             handle.release()
@@ -108,5 +112,5 @@ def check(agent, sources, source, units, deadline):
                 f"source.row = {source.row}"
             raise kvforge.StateError(f"source.generations: {where} on {name!r} was retired since it was published "
                                      f"(generation {int(expected[i])} then, {int(got[i])} now): its bytes may be "
-                                     f"another request's, so the pull is refused and the target positions hold "
-                                     f"undefined bytes; pull again from the sender's current placement")
+                                     f"another request's, so the pull is refused and {landed}; pull again from "
+                                     f"the sender's current placement")

@@ -5,6 +5,7 @@ import numpy as np
 
 import kvforge
 
+from . import _nixl_pages as page_pulls
 from . import _nixl_staged as staged_pulls
 from ._nixl_wait import InFlight
 
@@ -17,6 +18,7 @@ class Pull(InFlight):
         nixl, mine = agent._nixl, plan["mine"]
         how = plan.get("how") or ("staged" if plan["staging"] is not None else "direct")
         self.report = {"how": how, "descriptors": 0, "bytes": 0}
+        self.writes_on_finish = plan.get("then") is not None or plan["staging"] is not None
         # NIXL reports a failure by "ERR" or (1.5: a peer gone) by raising: every READ posted is then parked
         # with the agent until NIXL lets it go, staging area and all, and the error is kvforge's, naming the peer.
         self.peers, peer = [], "?"
@@ -64,6 +66,17 @@ class Pull(InFlight):
             staged_pulls.write_decoded(self._agent, plan)
         elif plan["staging"] is not None:
             staged_pulls.write_staged(plan)
+            self._agent._spare.append(plan["area"])
+        self._finished = True
+
+    def _drop(self):
+        plan = self._plan
+        for handle in self._handles:
+            handle.release()
+        self._handles = []
+        if plan.get("then") is not None:
+            page_pulls.give_back(self._agent, plan["area"])
+        elif plan["staging"] is not None:
             self._agent._spare.append(plan["area"])
         self._finished = True
 

@@ -1,11 +1,21 @@
 """KV transfers over NIXL: a decode process pulls a request's KV from a prefill process, one-sided,
 straight into its own layout (docs/transfer.md, "Over NIXL").
 
+    # the prefill side: its cache and the SequenceManager that allocates its pages
+    agent.register("kv", cache, manager=manager)      # the cache's own buffers, no copy
+    published = agent.placement("kv", pages=manager.pages(seq))  # the pages and their generations now
+
+    # the decode side
     agent = kvforge.nixl.Agent("decode-0")
-    agent.register("kv", cache)                       # the cache's own buffers, no copy
+    agent.register("kv", cache)
     peer = agent.connect(prefill_metadata)            # the bytes of the other side's Agent.metadata()
     agent.pull([(peer, "kv")], "kv", count=20,        # positions 0..19 of the request
-               source=kvforge.nixl.Placement(pages=[3, 7]), target=kvforge.nixl.Placement(pages=[0, 1]))
+               source=published, target=kvforge.nixl.Placement(pages=[0, 1]))
+
+A pull checks its source's page generations after its data READs (_nixl_generations.py): a page the
+sender's manager freed or reused since the placement was published fails the pull with StateError, where
+it would have handed over another request's K/V. A source Placement without generations is refused unless
+the pull passes unchecked=True (unsafe: nothing then tells a stale page table from a live one).
 
 Each side publishes, per registered cache, what kvforge knows of it: the variant (layout, model, dtypes,
 heads, head_dim), its tensor-parallel rank, and where each layer's K and V lie: the base addresses and the
@@ -167,14 +177,23 @@ class Agent:
 
     # -- registration and metadata -----------------------------------------------------------------
 
-    def register(self, key, cache, rank=0):
-        """Registers `cache`'s buffers with NIXL under `key`; rank: its tensor-parallel rank (a shard's)."""
+    def register(self, key, cache, rank=0, manager=None):
+        """Registers `cache`'s buffers with NIXL under `key`; rank: its tensor-parallel rank (a shard's).
+
+        manager: the kvforge.SequenceManager that allocates a paged cache's pages. Its page generations,
+        which its frees and reuses advance, are what placement() publishes and a pull checks. Without one
+        the agent keeps generations of its own, which only retire() advances."""
         if key in self._caches:
             raise kvforge.ArgumentError(f"key: {key!r} is registered already")
         description = _describe(cache, rank)
+        managed = None if manager is None else torch.from_dlpack(manager.page_generations)
+        if managed is not None and (not cache.descriptor.paged or len(managed) != description["extent"][0]):
+            raise kvforge.ArgumentError(f"manager: a SequenceManager of this paged cache's {description['extent'][0]} "
+                                        f"pages (got one of {len(managed)} over a {cache.descriptor.addressing} cache)")
         buffers = [torch.from_dlpack(b) for b in cache.buffers()]
         registered = self._nixl.register_memory(buffers)
-        self._generations[key] = generations.Generations(self._nixl, description["extent"][0])
+        self._generations[key] = generations.Generations(
+            self._nixl, description["extent"][0], managed)
         description["generations"] = self._generations[key].describe()
         self._caches[key] = (cache, description, registered)
 
@@ -290,7 +309,8 @@ class Agent:
 
     # -- pulls ---------------------------------------------------------------------------------------
 
-    def pull(self, sources, key, count, source, target, begin=0, timeout=30.0, notify=b"", prepared=None):
+    def pull(self, sources, key, count, source, target, begin=0, timeout=30.0, notify=b"", prepared=None,
+             unchecked=False):
         """Pulls positions [begin, begin + count) of one request into the cache registered as `key`.
 
         sources: [(agent name, key)] for each rank of the sending tensor-parallel group, in rank order.
@@ -298,13 +318,19 @@ class Agent:
         timeout: seconds; then PullTimeout. notify: bytes each sender gets in notifications() when done.
         prepared: None lets the pull ask a serving sender (Agent(serve=True)) to write the request in this
         cache's page order where the bytes do not map one to one; False never asks; True requires it.
+        unchecked: pull a source Placement that carries no generations (refused otherwise). Unsafe: a page
+        the sender freed or reused since would hand over another request's K/V, and nothing would say so.
         Returns a dict: how (direct, prepared, staged, or scratch: codes decoded in a scratch of the sender's
         variant), descriptors and bytes read.
         """
-        return self.start_pull(sources, key, count, source, target, begin, notify, prepared).wait(timeout)
+        return self.start_pull(sources, key, count, source, target, begin, notify, prepared, unchecked).wait(timeout)
 
-    def start_pull(self, sources, key, count, source, target, begin=0, notify=b"", prepared=None):
+    def start_pull(self, sources, key, count, source, target, begin=0, notify=b"", prepared=None, unchecked=False):
         """As pull(), but returns a Pull at once; several may be in flight. Pull.wait(timeout) ends it."""
+        if getattr(source, "generations", None) is None and not unchecked:
+            raise kvforge.ArgumentError("source.generations: the source Placement carries none, so a page its sender "
+                                        "freed or reused since would pass unseen (another request's K/V); pull what "
+                                        "the sender's Agent.placement(key, pages) published, or pass unchecked=True")
         with self._lock:
             self._release_abandoned()
             if getattr(source, "generations", None) is not None:  # refused before anything is read
@@ -316,7 +342,10 @@ class Agent:
             pull = prepared_pull(self, plan, notify) if plan.get("placement") else Pull(self, plan, notify)
         if getattr(source, "generations", None) is not None:
             units = placement_units(self._peers[sources[0][0]][sources[0][1]], source, np.arange(begin, begin + count))
-            pull.after = lambda deadline: generations.check(self, sources, source, units, deadline)
+            pull.after = lambda deadline, landed: generations.check(self, sources, source, units, deadline, landed)
+            reached = placement_units(self._caches[key][1], target, np.arange(begin, begin + count))
+            pull.target_pages = target.pages[reached].tolist() if target.pages is not None else None
+            pull.target_row = target.row
         return pull
 
     def abandoned(self):

@@ -11,6 +11,11 @@ stdout: a line `metadata <hex>`, the agent's metadata. stdin: `notifications` (a
 received so far), `placement <key> <json pages>` (answers `placement <json generations>`, as Agent.placement
 publishes them), `reuse <key> <request> <json pages> <count>` (retires the pages, then writes that request
 there; answers `reused <key>`) or `quit`.
+
+A plan entry with "managed": true is a paged cache registered with the SequenceManager that allocates its pages
+(no requests written up front); for it, `admit <key> <request> <count>` adds a prompt of that many tokens and
+writes the request into the pages the manager gave it (answers `admitted <json pages>`), and `finish <key>
+<request>` frees it the way a serving loop does (answers `finished <key>`). Nothing retires a page by hand.
 """
 
 import json
@@ -113,16 +118,17 @@ def main():
                 pool = kvforge.StatePool([tuple(p) for p in st["record"]], layers=st["layers"], slots=st["slots"])
                 fill_states(pool)
                 agent.register_states(entry["key"], pool)
-            caches.append(pool)
+            caches.append((pool, None))
             continue
         cache = kvforge.create(entry["variant"], **{k: entry[k] for k in ("pages", "rows", "max_staged_tokens")
                                                     if k in entry})
         for layer in range(cache.descriptor.layers if "tensor_scales" in entry else 0):
             cache.set_tensor_scale(layer, *entry["tensor_scales"])
-        for request, placement, count in entry["requests"]:
+        for request, placement, count in entry.get("requests", []):
             write_request(cache, entry.get("rank", 0), request, placement, count)
-        agent.register(entry["key"], cache, rank=entry.get("rank", 0))
-        caches.append(cache)
+        manager = kvforge.SequenceManager(cache) if entry.get("managed") else None
+        agent.register(entry["key"], cache, rank=entry.get("rank", 0), manager=manager)
+        caches.append((cache, manager))
     print("metadata", agent.metadata().hex(), flush=True)
     received = {}
     for line in sys.stdin:
@@ -132,7 +138,7 @@ def main():
             print("notifications", json.dumps(received), flush=True)
         elif line.startswith("reuse "):  # reuse <key> <request> <json pages> <count>: freed, then rewritten
             _, key, request, pages, count = line.split(" ", 4)
-            cache = caches[[e.get("key") for e in plan].index(key)]
+            cache = caches[[e.get("key") for e in plan].index(key)][0]
             agent.retire(key, pages=json.loads(pages))
             write_request(cache, 0, int(request), {"pages": json.loads(pages)}, int(count))
             print("reused", key, flush=True)
@@ -140,6 +146,17 @@ def main():
             _, key, pages = line.split(" ", 2)
             published = agent.placement(key, pages=json.loads(pages))
             print("placement", json.dumps(published.generations.tolist()), flush=True)
+        elif line.startswith("admit "):  # admit <key> <request> <count>: pages from the manager, then written
+            _, key, request, count = line.split()
+            cache, manager = caches[[e.get("key") for e in plan].index(key)]
+            manager.add(int(request), [int(request) * 1000 + t for t in range(int(count))])  # no shared prefix
+            manager.step([int(request)])
+            write_request(cache, 0, int(request), {"pages": manager.pages(int(request))}, int(count))
+            print("admitted", json.dumps(manager.pages(int(request))), flush=True)
+        elif line.startswith("finish "):  # finish <key> <request>: the manager frees it, as a serving loop does
+            _, key, request = line.split()
+            caches[[e.get("key") for e in plan].index(key)][1].free(int(request))
+            print("finished", key, flush=True)
         elif line.strip() == "quit":
             break
     agent.close()

@@ -208,7 +208,7 @@ def test_every_ordered_pair_of_float_layouts(peers):
         agent.register(target.name, cache)
         for index, source in enumerate(LAYOUTS):
             cache.reset()
-            report = agent.pull([("p0", source.name)], target.name, COUNT, source_of(source, index), target_of(target))
+            report = agent.pull([("p0", source.name)], target.name, COUNT, source_of(source, index), target_of(target), unchecked=True)
             assert report["bytes"] == COUNT * target.bytes_per_token
             assert report["how"] == "direct" or source.layout != target.layout, "one layout on both sides: direct"
             assert_holds(cache, target_of(target), index)
@@ -219,7 +219,7 @@ def test_every_ordered_pair_of_float_layouts(peers):
     cache = kvforge.create("vllm_paged_nhd.tiny.bf16", pages=12)
     agent.register("nhd_ascending", cache)
     pages = Placement(pages=[4, 5, 6, 7])
-    report = agent.pull([("p0", "three")], "nhd_ascending", 64, pages, pages)
+    report = agent.pull([("p0", "three")], "nhd_ascending", 64, pages, pages, unchecked=True)
     assert report["descriptors"] == 2 * cache.descriptor.layers
 
 
@@ -229,7 +229,7 @@ def test_tensor_parallel_groups(peers):
     # 2 -> 1: both ranks of the tp-2 group into the whole model.
     whole = kvforge.create(TP[1], pages=8)
     agent.register("tp_whole", whole)
-    agent.pull([("p0", "tp2"), ("p1", "tp2")], "tp_whole", COUNT, Placement(pages=TP_PAGES), place)
+    agent.pull([("p0", "tp2"), ("p1", "tp2")], "tp_whole", COUNT, Placement(pages=TP_PAGES), place, unchecked=True)
     assert_holds(whole, place, 42)
     # 1 -> 2 and 4 -> 2: two receiving ranks, each an agent of its own, each pulling its heads.
     # Then 4 -> 2 across layouts and page sizes: DeepSpeed's blocked pages of 64 into FlashInfer's HND of 16.
@@ -240,7 +240,7 @@ def test_tensor_parallel_groups(peers):
             with agent_connected_to(started, f"decode_{case}_{rank}") as receiver:
                 cache = kvforge.create(variant, pages=8)
                 receiver.register("kv", cache, rank=rank)
-                receiver.pull(sources, "kv", COUNT, Placement(pages=source_pages), place)
+                receiver.pull(sources, "kv", COUNT, Placement(pages=source_pages), place, unchecked=True)
                 assert_holds(cache, place, 42, rank=rank)
 
 
@@ -251,7 +251,7 @@ def test_another_dtype_arrives_through_the_caches_own_append(peers):
         cache = kvforge.create(variant, pages=8)
         agent.register(variant, cache)
         target = Placement(pages=[5, 3, 1, 0])
-        report = agent.pull([("p0", LAYOUTS[source].name)], variant, COUNT, source_of(LAYOUTS[source], source), target)
+        report = agent.pull([("p0", LAYOUTS[source].name)], variant, COUNT, source_of(LAYOUTS[source], source), target, unchecked=True)
         assert report["how"] == "staged"
         assert_holds(cache, target, source)
 
@@ -262,7 +262,7 @@ def test_a_quantized_cache_pulls_whole_pages_from_its_own_variant(peers):
     cache, reference = kvforge.create(d.name, pages=2 * n + 1), kvforge.create(d.name, pages=2 * n + 1)
     agent.register("same_int8", cache)
     source, target = Placement(pages=source_pages(d)), Placement(pages=[2 * n - i for i in range(n)])
-    report = agent.pull([("p0", "quantized")], "same_int8", COUNT, source, target)
+    report = agent.pull([("p0", "quantized")], "same_int8", COUNT, source, target, unchecked=True)
     # Pages descending on both sides: one descriptor a page and layer.
     assert (report["how"], report["descriptors"]) == ("direct", n * d.layers)
     write_request(reference, 0, 7, {"pages": target.pages.tolist()}, COUNT)  # codes and scales as this process writes them
@@ -270,9 +270,9 @@ def test_a_quantized_cache_pulls_whole_pages_from_its_own_variant(peers):
         assert all(torch.equal(a, b) for a, b in zip(gathered(cache, layer, target), gathered(reference, layer, target)))
     assert_holds(cache, target, 7)
     with pytest.raises(kvforge.ArgumentError, match=f"begin: 1 is not a multiple of the page size {d.page_size}"):
-        agent.pull([("p0", "quantized")], "same_int8", COUNT - 1, source, target, begin=1)
+        agent.pull([("p0", "quantized")], "same_int8", COUNT - 1, source, target, begin=1, unchecked=True)
     with pytest.raises(kvforge.UnsupportedError, match="a quantized source's codes go direct"):
-        agent.pull([("p0", "quantized")], "same_int8", COUNT, source, target, prepared=True)
+        agent.pull([("p0", "quantized")], "same_int8", COUNT, source, target, prepared=True, unchecked=True)
 
 
 def test_fp8_codes_under_equal_per_tensor_scales_go_direct(peers):
@@ -281,7 +281,7 @@ def test_fp8_codes_under_equal_per_tensor_scales_go_direct(peers):
     cache, reference = kvforge.create(d.name, pages=2 * n), kvforge.create(d.name, pages=2 * n)
     agent.register("fp8", cache)
     source, target = Placement(pages=source_pages(d)), Placement(pages=[2 * i for i in range(n)])
-    report = agent.pull([("p0", "fp8")], "fp8", COUNT, source, target)
+    report = agent.pull([("p0", "fp8")], "fp8", COUNT, source, target, unchecked=True)
     assert report["how"] == "direct"
     write_request(reference, 0, 11, {"pages": target.pages.tolist()}, COUNT)
     for layer in range(cache.descriptor.layers):
@@ -316,7 +316,7 @@ def test_codes_under_other_scales_are_decoded_with_the_senders_and_appended(peer
         agent.register(f"decoded_{through}_{name}", cache)
         t = cache.descriptor
         target = Placement(pages=[1 + 2 * i for i in range(pages_needed(t))])
-        report = agent.pull([("p0", "fp8_scaled")], f"decoded_{through}_{name}", COUNT, source, target)
+        report = agent.pull([("p0", "fp8_scaled")], f"decoded_{through}_{name}", COUNT, source, target, unchecked=True)
         assert report["how"] == through, name
         positions = np.arange(COUNT)
         for layer, (k, v) in enumerate(sent):
@@ -339,7 +339,7 @@ def test_three_pulls_in_flight_do_not_mix(peers):
     targets = [Placement(pages=[r, r + 3, r + 6, r + 9]) for r in range(3)]
     pulls = [agent.start_pull([("p0", "three")], "in_flight", COUNT,
                               Placement(pages=[3 * r + 2, 3 * r, 3 * r + 1, 11 - r]), targets[r],
-                              notify=f"request {100 + r}".encode()) for r in range(3)]
+                              notify=f"request {100 + r}".encode(), unchecked=True) for r in range(3)]
     for pull in reversed(pulls):
         pull.wait(30)
     for r in range(3):
@@ -379,9 +379,11 @@ def test_refusals_name_the_field_and_write_nothing(peers):
         (dict(target=Placement(pages=[0, 1])), kvforge.ArgumentError, "target.pages: 2 pages cover positions up to 32"),
         (dict(target=Placement(row=0)), kvforge.ArgumentError, "target: .* is paged"),
         (dict(count=0), kvforge.OutOfRangeError, "count: 0 is below 1"),
+        (dict(unchecked=False), kvforge.ArgumentError, "source.generations: the source Placement carries none"),
     ]
     for change, error, message in cases:
-        args = dict(sources=[("p0", LAYOUTS[nhd].name)], key="refusals", count=COUNT, source=good_source, target=target)
+        args = dict(sources=[("p0", LAYOUTS[nhd].name)], key="refusals", count=COUNT, source=good_source, target=target,
+                    unchecked=True)
         args.update(change)
         with pytest.raises(error, match=message):
             agent.pull(**args)
@@ -413,10 +415,10 @@ def test_a_stalled_sender_times_out_and_the_same_pull_then_completes(monkeypatch
         os.kill(peer.process.pid, signal.SIGSTOP)
         try:
             with pytest.raises(kvforge.nixl.PullTimeout, match="did not complete in 0.5 s; it was abandoned"):
-                agent.pull([(peer.name, "kv")], "kv", COUNT, source, target, timeout=0.5)
+                agent.pull([(peer.name, "kv")], "kv", COUNT, source, target, timeout=0.5, unchecked=True)
         finally:
             os.kill(peer.process.pid, signal.SIGCONT)
-        report = agent.pull([(peer.name, "kv")], "kv", COUNT, source, target, timeout=30)
+        report = agent.pull([(peer.name, "kv")], "kv", COUNT, source, target, timeout=30, unchecked=True)
         assert report["how"] == ("prepared" if how == "serve" else "staged")
         assert_holds(cache, target, 5)
     peer.stop()
@@ -439,7 +441,7 @@ def test_a_killed_sender_fails_the_pull_with_kvforges_error_naming_it_and_writes
         peer.process.wait()
         with pytest.raises(kvforge.Error, match=peer.name):
             agent.pull([(peer.name, "kv")], "kv", COUNT, Placement(pages=[3, 2, 1, 0]), Placement(pages=[0, 1, 2, 3]),
-                       timeout=3)  # a prepared pull waits for the sender's word, which never comes: PullTimeout
+                       timeout=3, unchecked=True)  # a prepared pull waits for the sender's word, which never comes: PullTimeout
         assert all(torch.equal(a, torch.from_dlpack(b)) for a, b in zip(before, cache.buffers()))
 
 
@@ -474,6 +476,53 @@ def test_a_pull_of_pages_the_sender_reused_since_publishing_them_is_refused(how)
         assert_holds(cache, target, 9)
         with pytest.raises(kvforge.ArgumentError, match=r"placement.generations: 2 given for 4 pages"):
             Placement(pages=pages, generations=[0, 0])
+    peer.stop()
+
+
+@pytest.mark.parametrize("into", ["vllm_paged_nhd.tiny.bf16", "vllm_paged_nhd.tiny.fp32"])
+def test_a_stale_page_table_is_refused_after_the_senders_manager_frees_and_reuses_its_pages(into):
+    # The issue's scenario with no generation call of anyone's own: the prefill side's SequenceManager gives
+    # request 5 its pages, the decode side pulls it and keeps the published table; the manager frees 5 as a
+    # serving loop does and hands the same pages (the pool holds one request) to request 9. A pull of 5's old
+    # table is refused, naming the page, where it would have returned request 9's K/V. Into the sender's own
+    # variant the READs land in place (direct): the error names the target's pages that now hold undefined
+    # bytes. Into fp32 they land in a staging area (staged): the refused pull writes nothing to the cache.
+    d = kvforge.describe("vllm_paged_nhd.tiny.bf16")
+    peer = Peer(f"managed_{into.split('.')[-1]}", [{"key": "kv", "variant": d.name, "pages": pages_needed(d),
+                                                    "managed": True}], "progress")
+    peer.bytes = peer.metadata()
+
+    def published(pages):
+        return Placement(pages=pages, generations=json.loads(peer.ask(f"placement kv {json.dumps(pages).replace(' ', '')}",
+                                                                      "placement")))
+    with kvforge.nixl.Agent(f"decode_{peer.name}") as agent:
+        agent.connect(peer.bytes)
+        cache = kvforge.create(into, pages=2 * pages_needed(d))
+        agent.register("kv", cache)
+        target = Placement(pages=[pages_needed(d) + i for i in range(pages_needed(d))])
+        table = published(json.loads(peer.ask(f"admit kv 5 {COUNT}", "admitted")))
+        report = agent.pull([(peer.name, "kv")], "kv", COUNT, table, target)
+        assert report["how"] == ("direct" if into == d.name else "staged"), report
+        assert_holds(cache, target, 5)
+        peer.ask("finish kv 5", "finished")
+        reused = json.loads(peer.ask(f"admit kv 9 {COUNT}", "admitted"))
+        assert sorted(reused) == sorted(table.pages.tolist()), "the manager reuses 5's pages for 9"
+        before = [torch.from_dlpack(b).clone() for b in cache.buffers()]
+        with pytest.raises(kvforge.StateError, match=rf"source.pages\[0\] = {table.pages[0]} on '{peer.name}' was "
+                                                     r"retired since") as refused:
+            agent.pull([(peer.name, "kv")], "kv", COUNT, table, target)
+        if into == d.name:
+            assert refused.value.undefined_pages == target.pages.tolist()
+            assert f"target's pages {target.pages.tolist()} hold undefined bytes" in str(refused.value)
+        else:
+            assert "nothing was written to the target" in str(refused.value)
+            assert all(torch.equal(a, torch.from_dlpack(b)) for a, b in zip(before, cache.buffers()))
+        agent.pull([(peer.name, "kv")], "kv", COUNT, published(reused), target)
+        assert_holds(cache, target, 9)
+        with pytest.raises(kvforge.ArgumentError, match=r"source.generations: the source Placement carries none"):
+            agent.pull([(peer.name, "kv")], "kv", COUNT, Placement(pages=reused), target)
+        agent.pull([(peer.name, "kv")], "kv", COUNT, Placement(pages=reused), target, unchecked=True)
+        assert_holds(cache, target, 9)
     peer.stop()
 
 

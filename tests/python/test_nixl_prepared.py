@@ -95,7 +95,7 @@ def test_every_ordered_pair_of_float_layouts_from_a_serving_sender(served):
                 torch.from_dlpack(cache.view(layer)["k"]).fill_(3)
                 torch.from_dlpack(cache.view(layer)["v"]).fill_(-3)
             before = unit_views(cache)
-            report = agent.pull([("s0", source.name)], target.name, COUNT, source_of(source, index), target_of(target))
+            report = agent.pull([("s0", source.name)], target.name, COUNT, source_of(source, index), target_of(target), unchecked=True)
             alike = _same_geometry(mine, [agent._peers["s0"][source.name]])
             assert report["how"] == ("direct" if alike else "prepared"), (source.name, target.name)
             assert_holds(cache, target_of(target), index)
@@ -108,7 +108,7 @@ def test_every_ordered_pair_of_float_layouts_from_a_serving_sender(served):
     agent.register("hnd_ascending", cache)
     nhd = next(i for i, d in enumerate(LAYOUTS) if d.layout == "vllm_paged_nhd")
     report = agent.pull([("s0", LAYOUTS[nhd].name)], "hnd_ascending", COUNT, source_of(LAYOUTS[nhd], nhd),
-                        Placement(pages=[4, 5, 6, 7]))
+                        Placement(pages=[4, 5, 6, 7]), unchecked=True)
     assert (report["how"], report["descriptors"]) == ("prepared", cache.descriptor.layers)
     assert_holds(cache, Placement(pages=[4, 5, 6, 7]), nhd)
 
@@ -122,7 +122,7 @@ def test_mla_records_between_pages_of_different_sizes(served):
         for i, source in enumerate(MLA):
             cache.reset()
             report = agent.pull([("s0", source.name)], f"mla_{target.name}", COUNT, source_of(source, 90 + i),
-                                target_of(target))
+                                target_of(target), unchecked=True)
             assert report["how"] == ("direct" if source.name == target.name else "prepared"), (source.name, target.name)
             assert_holds(cache, target_of(target), 90 + i)
 
@@ -135,7 +135,7 @@ def test_tensor_parallel_one_to_two(served):
             receiver.connect(peer.bytes)
             cache = kvforge.create(TP[2], pages=8)
             receiver.register("kv", cache, rank=rank)
-            report = receiver.pull([("s0", "tp1")], "kv", COUNT, Placement(pages=TP_PAGES), place)
+            report = receiver.pull([("s0", "tp1")], "kv", COUNT, Placement(pages=TP_PAGES), place, unchecked=True)
             assert report["how"] == "prepared"
             assert_holds(cache, place, 42, rank=rank)
 
@@ -165,12 +165,12 @@ def test_refusals_name_the_field_and_the_sender_serves_on(served):
     agent.register("fp32", kvforge.create("vllm_paged_nhd.tiny.fp32", pages=8))
     with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: vllm_paged_nhd.tiny.fp32 does not "
                                                        "keep each page as one block"):
-        agent.pull([("s0", source.name)], "fp32", COUNT, source_of(source, nhd), target, prepared=True)
+        agent.pull([("s0", source.name)], "fp32", COUNT, source_of(source, nhd), target, prepared=True, unchecked=True)
     with pytest.raises(kvforge.UnsupportedError, match="prepared: no prepared pull: it starts past position 0"):
         agent.pull([("s0", source.name)], "refused", COUNT - 16, source_of(source, nhd), target, begin=16,
-                   prepared=True)
+                   prepared=True, unchecked=True)
     assert all(torch.equal(a, b) for a, b in zip(before, pool_bytes(cache))), "a refused pull wrote to the pool"
-    report = agent.pull([("s0", source.name)], "refused", COUNT, source_of(source, nhd), target)
+    report = agent.pull([("s0", source.name)], "refused", COUNT, source_of(source, nhd), target, unchecked=True)
     assert report["how"] == "prepared"
     assert_holds(cache, target, nhd)
     assert agent.staging_bytes == 0  # a prepared pull stages nothing on the receiving side
@@ -198,7 +198,7 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
             for side in ("k", "v"):
                 torch.from_dlpack(cache.view(layer)[side]).view(torch.uint8).fill_(7)
         before = unit_views(cache)
-        report = agent.pull([("s0", source.name)], f"dtype_{d.name}", COUNT, source_of(source, nhd), place)
+        report = agent.pull([("s0", source.name)], f"dtype_{d.name}", COUNT, source_of(source, nhd), place, unchecked=True)
         whole = plans.page_bytes(agent._caches[f"dtype_{d.name}"][1]) is not None
         assert report["how"] == ("prepared" if whole else "staged"), d.name
         if whole:  # a descriptor a layer for each run of consecutive pages: [5], [3, 4], [0] of those it fills
@@ -219,8 +219,8 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
         agent.register(f"short_{d.name}", cache)
         short_pages = list(range(1, 1 + -(-5 // d.page_size)))  # 5 tokens: one page, or more of small ones
         short = Placement(pages=short_pages)
-        agent.pull([("s0", source.name)], f"short_{d.name}", COUNT, source_of(source, nhd), place)
-        agent.pull([("s0", source.name)], f"short_{d.name}", 5, source_of(source, nhd), short)
+        agent.pull([("s0", source.name)], f"short_{d.name}", COUNT, source_of(source, nhd), place, unchecked=True)
+        agent.pull([("s0", source.name)], f"short_{d.name}", 5, source_of(source, nhd), short, unchecked=True)
         write_request(reference, 0, nhd, {"pages": short_pages}, 5)
         size = plans.page_bytes(published(d))
         for layer in range(d.layers):
@@ -239,8 +239,8 @@ def test_other_dtypes_arrive_as_their_own_append_writes_them(served):
     agent._peers["s0"][source.name]["built"] = []
     try:
         with pytest.raises(kvforge.UnsupportedError, match=f"the sender has no {hnd.name} built"):
-            agent.pull([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, prepared=True)
-        assert agent.pull([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place)["how"] == "staged"
+            agent.pull([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, prepared=True, unchecked=True)
+        assert agent.pull([("s0", source.name)], f"dtype_{hnd.name}", COUNT, source_of(source, nhd), place, unchecked=True)["how"] == "staged"
     finally:
         agent._peers["s0"][source.name]["built"] = built
 
