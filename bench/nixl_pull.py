@@ -5,8 +5,10 @@ a raw NIXL READ of the same bytes, contiguous, between the same two pools, in th
 
 Per layout pair and size: how the pull went (direct into the pool; prepared, the sender writing this pool's
 page order a few layers ahead; or staged and appended), its NIXL
-descriptors, the median pull time (planning, READs and any append included) and the median raw READ time.
-A fresh sending process serves each row, so that only one pair's pools are in memory at once.
+descriptors, the median pull time (planning, READs and any append included) checked (the source Placement
+the sender published, with its pages' generations, read back after the data) and unchecked (unchecked=True),
+taken in turn, and the median raw READ time. A fresh sending process serves each row, so that only one pair's
+pools are in memory at once.
 """
 
 import argparse
@@ -48,7 +50,10 @@ def serve(name, tokens):
     with kvforge.nixl.Agent("prefill", serve=True) as agent:
         cache = kvforge.create(name, **config(name, tokens)[0])
         agent.register("kv", cache)
+        where = config(name, tokens)[1]
+        published = agent.placement("kv", pages=where.pages, row=where.row)
         print("metadata", agent.metadata().hex(), flush=True)
+        print("generations", json.dumps(published.generations.tolist()), flush=True)
         for line in sys.stdin:
             if line.strip() == "quit":
                 break
@@ -58,17 +63,21 @@ def row(source, target, tokens, repeat, prepared=None):
     server = subprocess.Popen([sys.executable, __file__, "--serve", source, str(tokens)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     metadata = next(bytes.fromhex(line.split()[1]) for line in server.stdout if line.startswith("metadata "))
+    generations = next(json.loads(line.split(" ", 1)[1]) for line in server.stdout if line.startswith("generations "))
+    unchecked_source = config(source, tokens)[1]
+    checked_source = Placement(pages=unchecked_source.pages, row=unchecked_source.row, generations=generations)
     with kvforge.nixl.Agent("decode") as agent:
         peer = agent.connect(metadata)
         cache = kvforge.create(target, **config(target, tokens)[0])
         agent.register("kv", cache)
         facts = agent._peers[peer]["kv"]
-        pulls, report = [], None
+        times, report = {True: [], False: []}, None
         for _ in range(repeat):
-            start = time.perf_counter()
-            report = agent.pull([(peer, "kv")], "kv", tokens, config(source, tokens)[1], config(target, tokens)[1],
-                                timeout=600, prepared=prepared)
-            pulls.append(time.perf_counter() - start)
+            for checked in (True, False):
+                start = time.perf_counter()
+                report = agent.pull([(peer, "kv")], "kv", tokens, checked_source if checked else unchecked_source,
+                                    config(target, tokens)[1], timeout=600, prepared=prepared, unchecked=not checked)
+                times[checked].append(time.perf_counter() - start)
         # The raw READ: the same number of bytes, one descriptor, from the sender's pool to this one's.
         nixl, mine = agent._nixl, agent._caches["kv"][1]
         size = min(report["bytes"], facts["buffers"][0][1], mine["buffers"][0][1])
@@ -90,9 +99,9 @@ def row(source, target, tokens, repeat, prepared=None):
     server.stdin.write("quit\n")
     server.stdin.flush()
     server.wait()
-    pull, raw = statistics.median(pulls), statistics.median(raws)
+    pull, unchecked, raw = statistics.median(times[True]), statistics.median(times[False]), statistics.median(raws)
     return (f"| {source} | {target} | {tokens} | {report['bytes']} | {report['how']} | {report['descriptors']} | "
-            f"{pull * 1e3:.1f} | {raw * 1e3:.1f} | {raw / pull:.2f} |")
+            f"{pull * 1e3:.1f} | {unchecked * 1e3:.1f} | {raw * 1e3:.1f} | {raw / pull:.2f} | {raw / unchecked:.2f} |")
 
 
 def main():
@@ -106,8 +115,9 @@ def main():
     args = parser.parse_args()
     if args.serve:
         return serve(args.serve[0], int(args.serve[1]))
-    print("| prefill | decode | tokens | bytes | how | descriptors | pull ms | raw READ ms | ÷ raw |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| prefill | decode | tokens | bytes | how | descriptors | pull ms | unchecked ms | raw READ ms | ÷ raw | "
+          "unchecked ÷ raw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for source, target in [PAIRS[i] for i in args.pairs] if args.pairs else PAIRS:
         for tokens in args.tokens:
             if any(tokens > d.max_seq_len for d in map(kvforge.describe, (variant(source), variant(target)))
