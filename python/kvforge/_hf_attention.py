@@ -4,7 +4,9 @@ forward builds once.
 
 A model whose config names it (attn_implementation="kvforge", or use_kvforge_attention(model)) never
 gathers a layer's history. Its layer's update appends the new tokens and returns them as they are; the
-attention function, called next on the same thread, attends over the layer through kvforge. Another
+attention function, called next on the same thread, attends over the layer through kvforge. One case
+reads nothing from the cache: a prompt's first chunk over a float cache that stores the model's own
+dtype, whose history is the K/V in hand, bit for bit; torch's attention takes it (first_chunk_attention). Another
 attn_implementation gets kvforge.hf's gather path: the update gathers every visible position for the
 model's own attention.
 """
@@ -47,7 +49,41 @@ def kvforge_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if cache is None:
         raise kvforge.StateError("attn_implementation", "'kvforge' attends over a KvforgeCache: pass one as the "
                                                         "model's cache (past_key_values)")
-    return attend_layer(cache, _last_update.layer, query, attention_mask, scaling, sliding_window, softcap, s_aux), None
+    layer = _last_update.layer
+    if _first_chunk_in_hand(cache, key, softcap, s_aux):
+        return first_chunk_attention(layer, query, key, value, attention_mask, scaling, sliding_window), None
+    return attend_layer(cache, layer, query, attention_mask, scaling, sliding_window, softcap, s_aux), None
+
+
+def _first_chunk_in_hand(cache, key, softcap, sinks):
+    """Whether this forward's queries see only this forward's tokens (no position before it), and the
+    cache stores those tokens bit for bit as the model gave them (float storage in the model's dtype): the
+    K/V in hand are then exactly what Cache.attend would read, and there is nothing in the cache to read
+    but them. The prompt's first chunk of a float cache, where torch's prefill attention (oneDNN's tiles)
+    runs far ahead of Cache.attend's CPU prefill (bench/RESULTS.md, section 20)."""
+    d = cache.descriptor
+    return (cache._forward[0] == 0 and not (d.quantized or d.record_parts or d.mla or d.kv_widths)
+            and d.storage == d.input and key.dtype == cache.dtype and not softcap and sinks is None)
+
+
+def first_chunk_attention(layer, query, key, value, padding, scaling, sliding_window):
+    """Causal attention of query [batch, q_heads, new, D] over key, value [batch, heads, new, D], the
+    forward's own tokens, with attend's rules (left padding, the layer's window) -> [batch, new, q_heads, D]."""
+    new = query.shape[2]
+    i = torch.arange(new, device=query.device)
+    visible = i[None, :] <= i[:, None]  # [new queries, new keys]
+    window = layer.sliding_window or sliding_window or 0
+    if window:
+        visible &= i[None, :] > i[:, None] - window
+    mask = visible[None, None]
+    if padding is not None:
+        # A pad column is seen by no query; a pad row sees itself only, so that its softmax has a term (its
+        # output is never read).
+        real = padding.mask.to(device=query.device, dtype=torch.bool)[:, :new]  # columns are positions
+        mask = (mask & real[:, None, None, :]) | torch.eye(new, dtype=torch.bool, device=query.device)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                                           enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2)
 
 
 AttentionInterface.register(ATTENTION, kvforge_attention)
