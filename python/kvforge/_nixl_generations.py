@@ -4,8 +4,8 @@ The sender keeps one int64 a page (a row, for a contiguous cache) of each regist
 with NIXL beside the cache: the SequenceManager's own page generations where the cache was registered with
 its manager, which every free and reuse of a page advances (BlockAllocator::generations); else the agent's,
 which Agent.retire(key, pages) advances when the sender frees a request's pages. Agent.placement(key,
-pages) publishes a request's pages with their generations now. A pull given such a Placement READs those generations back after its data READs
-have completed: equal, nothing was retired while or before the bytes were read; else the pull is refused
+pages) publishes a request's pages with their generations now. A pull given such a Placement READs those
+generations back after its data READs have completed: equal, nothing was retired while or before the bytes were read; else the pull is refused
 with StateError and its target positions hold undefined bytes, as after any failed pull.
 """
 
@@ -44,6 +44,32 @@ class Generations:
 
     def now(self, units):
         return self.values[torch.from_numpy(units)].numpy().copy()
+
+
+def refuse_unchecked(agent, sources, source, unchecked):
+    """Refuses a pull that could not tell a stale page table: a source Placement without generations (unless
+    the caller passes unchecked=True), or generations of a sender that publishes none."""
+    if getattr(source, "generations", None) is None:
+        if not unchecked:
+            raise kvforge.ArgumentError("source.generations: the source Placement carries none, so a page its sender "
+                                        "freed or reused since would pass unseen (another request's K/V); pull what "
+                                        "the sender's Agent.placement(key, pages) published, or pass unchecked=True")
+        return
+    for name, their_key in sources:
+        if "generations" not in agent._peers.get(name, {}).get(their_key, {"generations": 0}):
+            raise kvforge.ArgumentError(f"source.generations: {name!r} publishes no generations for "
+                                        f"{their_key!r} (a kvforge.nixl before them); pull without them")
+
+
+def check_after(agent, pull, sources, key, source, target, positions):
+    """Arms `pull` to check source's generations after its READs (check), and tells it which of the
+    target's pages (or its row) the positions reach, which a failed check names."""
+    from ._nixl_plan import placement_units
+    units = placement_units(agent._peers[sources[0][0]][sources[0][1]], source, positions)
+    pull.after = lambda deadline, landed: check(agent, sources, source, units, deadline, landed)
+    reached = placement_units(agent._caches[key][1], target, positions)
+    pull.target_pages = target.pages[reached].tolist() if target.pages is not None else None
+    pull.target_row = target.row
 
 
 def check(agent, sources, source, units, deadline, landed):

@@ -327,25 +327,13 @@ class Agent:
 
     def start_pull(self, sources, key, count, source, target, begin=0, notify=b"", prepared=None, unchecked=False):
         """As pull(), but returns a Pull at once; several may be in flight. Pull.wait(timeout) ends it."""
-        if getattr(source, "generations", None) is None and not unchecked:
-            raise kvforge.ArgumentError("source.generations: the source Placement carries none, so a page its sender "
-                                        "freed or reused since would pass unseen (another request's K/V); pull what "
-                                        "the sender's Agent.placement(key, pages) published, or pass unchecked=True")
         with self._lock:
             self._release_abandoned()
-            if getattr(source, "generations", None) is not None:  # refused before anything is read
-                for name, their_key in sources:
-                    if "generations" not in self._peers.get(name, {}).get(their_key, {"generations": 0}):
-                        raise kvforge.ArgumentError(f"source.generations: {name!r} publishes no generations for "
-                                                    f"{their_key!r} (a kvforge.nixl before them); pull without them")
+            generations.refuse_unchecked(self, sources, source, unchecked)  # before anything is read
             plan = self._plan(sources, key, count, source, target, begin, prepared)
             pull = prepared_pull(self, plan, notify) if plan.get("placement") else Pull(self, plan, notify)
         if getattr(source, "generations", None) is not None:
-            units = placement_units(self._peers[sources[0][0]][sources[0][1]], source, np.arange(begin, begin + count))
-            pull.after = lambda deadline, landed: generations.check(self, sources, source, units, deadline, landed)
-            reached = placement_units(self._caches[key][1], target, np.arange(begin, begin + count))
-            pull.target_pages = target.pages[reached].tolist() if target.pages is not None else None
-            pull.target_row = target.row
+            generations.check_after(self, pull, sources, key, source, target, np.arange(begin, begin + count))
         return pull
 
     def abandoned(self):
