@@ -57,11 +57,14 @@ class Pull(InFlight):
                                        f"hold undefined bytes")
         return all(s == "DONE" for s in states)
 
-    def _finish(self):
-        plan = self._plan
+    def _release_handles(self):
         for handle in self._handles:
             handle.release()
         self._handles = []
+
+    def _finish(self):
+        plan = self._plan
+        self._release_handles()
         if plan.get("then") is not None:
             staged_pulls.write_decoded(self._agent, plan)
         elif plan["staging"] is not None:
@@ -71,9 +74,7 @@ class Pull(InFlight):
 
     def _drop(self):
         plan = self._plan
-        for handle in self._handles:
-            handle.release()
-        self._handles = []
+        self._release_handles()
         if plan.get("then") is not None:
             page_pulls.give_back(self._agent, plan["area"])
         elif plan["staging"] is not None:
