@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "kvforge/detail/config.hpp"
 #include "kvforge/dtype.hpp"
@@ -80,8 +81,21 @@ template <class Code, class In> KVF_HD KVF_INLINE Code encode_element(const In* 
     return Codec<Code>::encode(d.divide(to_float(row[e])));
 }
 
+// Whether the executor encodes a whole row of In into Code itself (CpuExec, at a level with vectors for
+// them: backends/cpu/code_rows.hpp), for one lane that takes the row whole.
+template <class Exec, class Code, class In, class = void> struct EncodesCodeRows : std::false_type {};
+template <class Exec, class Code, class In>
+struct EncodesCodeRows<Exec, Code, In, std::void_t<decltype(Exec::encode_code_row(std::declval<Code*>(),
+                                                                                  std::declval<const In*>(), 0.0f, 0))>>
+    : std::bool_constant<Exec::row_step(2) == 1> {};
+template <class Exec, class Code, class In> constexpr bool kExecCodeRows = EncodesCodeRows<Exec, Code, In>::value;
+
 template <int D, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lane, int lanes) {
+  if constexpr (kExecCodeRows<Exec, Code, In>) {
+    Exec::encode_code_row(dst, src, scale, D);
+    return;
+  }
   const ScaleDivisor divisor(scale);
   for (int e = Exec::row_begin(lane); e < D / kValuesPerElement<Code>; e += Exec::row_step(lanes))
     dst[e] = encode_element<Code>(src, e, divisor);
@@ -134,7 +148,9 @@ template <int D, class Code> KVF_HD KVF_INLINE void unpack_nibbles(uint8_t (&cod
 // pieces at a third of the speed; 4-bit codes are then packed as 16-bit words, a vector loop too.
 template <int D, int G, class Exec, class Code, class In>
 KVF_HD KVF_INLINE void encode_groups(Code* dst, const In* src, const float* s, int lane, int lanes) {
-  if constexpr (kWholeRowLoop<D, G, Exec, Code>) {
+  if constexpr (kExecCodeRows<Exec, Code, In> && G >= 32) {  // a group of at least one AVX2 vector
+    for (int g = 0; g < D / G; ++g) Exec::encode_code_row(dst + g * G, src + g * G, s[g], G);
+  } else if constexpr (kWholeRowLoop<D, G, Exec, Code>) {
     float scale[D];
     spread_scales<D, G>(scale, s);
     if constexpr (kValuesPerElement<Code> == 2) {

@@ -15,6 +15,7 @@
 
 #include "kvforge/detail/host_checks.hpp"
 #include "kvforge/cpu_level.hpp"
+#include "kvforge/backends/cpu/code_rows.hpp"
 #include "kvforge/detail/op_args.hpp"
 #include "kvforge/detail/op_table.hpp"
 
@@ -168,6 +169,15 @@ template <int Level> struct CpuExec {
                                     int /*lanes*/) {
     for (int h = 0; h < int(heads); ++h)
       std::memset(static_cast<void*>(dst + h * dst_head_stride), 0, size_t(int(head_dim)) * sizeof(Dst));
+  }
+
+  // A row of n values into 8-bit codes of value / scale, in this level's vectors (code_rows.hpp). Only
+  // where the level has a vector loop for Code and In: row_codecs.hpp takes its portable one otherwise.
+  template <class Code, class In,
+            class = std::enable_if_t<code_rows::kVectorCode<Code> && code_rows::kVectorInput<In> &&
+                                     (code_rows::width<Level, Code>() > 1)>>
+  static KVF_INLINE void encode_code_row(Code* dst, const In* src, float scale, int n) {
+    code_rows::encode<Level>(dst, src, scale, n);
   }
 
   static void atomic_max(int32_t* target, int32_t value) {

@@ -1,0 +1,37 @@
+// CpuExec's 8-bit row encoder compiled for one x86-64 level (KVF_TEST_LEVEL, with that level's -march),
+// for test_code_rows.cpp to run where the CPU has the level. The library's kernels get it the same way:
+// a generated file per level (cpu_ops.hpp).
+#include "code_rows_levels.hpp"
+
+#include "kvforge/backends/cpu/exec_cpu.hpp"
+
+#define KVF_TEST_CAT2(a, b) a##b
+#define KVF_TEST_CAT(a, b) KVF_TEST_CAT2(a, b)
+
+namespace kvtest {
+namespace {
+
+using Exec = kvforge::detail::CpuExec<KVF_TEST_LEVEL>;
+
+template <class Code> void encode_from(kvforge::DType in, Code* dst, const void* src, float scale, int n) {
+  static_assert(kvforge::detail::code_rows::width<KVF_TEST_LEVEL, Code>() > 1,
+                "this file must be compiled with its level's -march");
+  switch (in) {
+    case kvforge::DType::bf16: return Exec::encode_code_row(dst, static_cast<const kvforge::bf16*>(src), scale, n);
+    case kvforge::DType::f16: return Exec::encode_code_row(dst, static_cast<const kvforge::fp16*>(src), scale, n);
+    default: return Exec::encode_code_row(dst, static_cast<const float*>(src), scale, n);
+  }
+}
+
+}  // namespace
+
+void KVF_TEST_CAT(encode_code_row_v, KVF_TEST_LEVEL)(kvforge::DType code, kvforge::DType in, void* dst, const void* src,
+                                                     float scale, int n) {
+  switch (code) {
+    case kvforge::DType::i8: return encode_from(in, static_cast<int8_t*>(dst), src, scale, n);
+    case kvforge::DType::f8e4m3: return encode_from(in, static_cast<kvforge::fp8_e4m3*>(dst), src, scale, n);
+    default: return encode_from(in, static_cast<kvforge::fp8_e5m2*>(dst), src, scale, n);
+  }
+}
+
+}  // namespace kvtest
