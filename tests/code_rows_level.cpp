@@ -1,4 +1,4 @@
-// CpuExec's 8-bit row encoder compiled for one x86-64 level (KVF_TEST_LEVEL, with that level's -march),
+// CpuExec's 8-bit row encoder and decoder compiled for one x86-64 level (KVF_TEST_LEVEL, with that level's -march),
 // for test_code_rows.cpp to run where the CPU has the level. The library's kernels get it the same way:
 // a generated file per level (cpu_ops.hpp).
 #include "code_rows_levels.hpp"
@@ -31,6 +31,16 @@ void KVF_TEST_CAT(encode_code_row_v, KVF_TEST_LEVEL)(kvforge::DType code, kvforg
     case kvforge::DType::i8: return encode_from(in, static_cast<int8_t*>(dst), src, scale, n);
     case kvforge::DType::f8e4m3: return encode_from(in, static_cast<kvforge::fp8_e4m3*>(dst), src, scale, n);
     default: return encode_from(in, static_cast<kvforge::fp8_e5m2*>(dst), src, scale, n);
+  }
+}
+
+void KVF_TEST_CAT(decode_code_row_v, KVF_TEST_LEVEL)(kvforge::DType code, float* dst, const void* src, float scale, int n) {
+  static_assert(kvforge::detail::code_rows::decode_width<KVF_TEST_LEVEL, int8_t>() > 1,
+                "this file must be compiled with its level's -march");
+  switch (code) {
+    case kvforge::DType::i8: return Exec::decode_code_row(dst, static_cast<const int8_t*>(src), scale, n);
+    case kvforge::DType::f8e4m3: return Exec::decode_code_row(dst, static_cast<const kvforge::fp8_e4m3*>(src), scale, n);
+    default: return Exec::decode_code_row(dst, static_cast<const kvforge::fp8_e5m2*>(src), scale, n);
   }
 }
 

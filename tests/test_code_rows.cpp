@@ -2,7 +2,8 @@
 // each level this CPU runs, against the independent reference quantizer (quant_reference.hpp) of
 // value / scale: every bf16 and every fp16 input, fp32's specials and neighbours of int8's rounding ties
 // and of fp8's largest and smallest values, over scales of every magnitude, in rows whose lengths leave
-// a tail past the last whole vector.
+// a tail past the last whole vector; and its way back (every code times those scales, against the
+// reference's decode times the scale).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,9 +21,12 @@ using Encoder = void (*)(DType, DType, void*, const void*, float, int);
 
 constexpr DType kCodes[] = {DType::i8, DType::f8e4m3, DType::f8e5m2};
 
+using Decoder = void (*)(DType, float*, const void*, float, int);
+
 struct Level {
   int level;
   Encoder encode;
+  Decoder decode;
 };
 
 // Every value of a 16-bit type, as its raw words, and the same values in fp32.
@@ -105,7 +109,40 @@ TEST_P(CodeRows, Fp32SpecialsTiesAndTailsMatchTheReferenceQuantizer) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Levels, CodeRows, ::testing::Values(Level{3, encode_code_row_v3}, Level{4, encode_code_row_v4}),
+// Every code, in rows that put each code at every place of a vector (a row of 256 codes shifted by 1 to
+// 17) and past the last whole vector, with and without NaN codes among them: the value is the
+// reference's decode times the scale, rounded once in fp32 (as Codec's), NaN for NaN.
+TEST_P(CodeRows, EveryCodeDecodesToTheReferenceValueTimesTheScale) {
+  std::vector<float> scales = scales_of_every_magnitude();
+  for (float s : {-2.0f, 0x1p119f, 0x1p120f, 3.4e38f, INFINITY, NAN, 0.0f, -0.0f}) scales.push_back(s);
+  for (DType code : kCodes) {
+    std::vector<uint8_t> codes;
+    for (int rep = 0; rep < 3; ++rep)
+      for (int c = 0; c < 256; ++c) codes.push_back(uint8_t(c * 7 + rep));  // 7 is odd: every byte, in a new order
+    std::vector<uint8_t> finite;  // the codes without the format's NaNs: rows that keep to the vector loop
+    for (uint8_t c : codes)
+      if (!std::isnan(ref_decode(code, c))) finite.push_back(c);
+    for (const std::vector<uint8_t>* row : {&codes, &finite})
+      for (float scale : scales)
+        for (int first = 0; first <= 17; first += 17)
+          for (int n : {0, 1, 15, 16, 17, 33, int(row->size()) - first}) {
+            std::vector<float> got(n + 1, 1234.5f);
+            GetParam().decode(code, got.data(), row->data() + first, scale, n);
+            for (int i = 0; i < n; ++i) {
+              const uint8_t c = (*row)[first + i];
+              const float want = ref_decode(code, c) * scale;
+              ASSERT_TRUE(same_float(got[i], want))
+                  << "v" << GetParam().level << " " << dtype_name(code) << " code " << int(c) << " times " << scale
+                  << ": got " << got[i] << ", want " << want << " (at " << i << " of " << n << ")";
+            }
+            ASSERT_EQ(got[n], 1234.5f) << "v" << GetParam().level << ": wrote past the row's " << n << " values";
+          }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, CodeRows,
+                         ::testing::Values(Level{3, encode_code_row_v3, decode_code_row_v3},
+                                           Level{4, encode_code_row_v4, decode_code_row_v4}),
                          [](const auto& info) { return "v" + std::to_string(info.param.level); });
 
 }  // namespace

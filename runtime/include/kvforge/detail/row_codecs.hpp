@@ -101,9 +101,19 @@ KVF_HD KVF_INLINE void encode_row(Code* dst, const In* src, float scale, int lan
     dst[e] = encode_element<Code>(src, e, divisor);
 }
 
+// Whether the executor decodes a whole row of Code into fp32 itself (CpuExec::decode_code_row), for one
+// lane that takes the row whole.
+template <class Exec, class Code, class Out, class = void> struct DecodesCodeRows : std::false_type {};
+template <class Exec, class Code>
+struct DecodesCodeRows<Exec, Code, float,
+                       std::void_t<decltype(Exec::decode_code_row(std::declval<float*>(), std::declval<const Code*>(), 0.0f, 0))>>
+    : std::bool_constant<Exec::row_step(2) == 1> {};
+
 template <int D, class Exec, class Out, class Code>
 KVF_HD KVF_INLINE void decode_row(Out* dst, const Code* src, float scale, int lane, int lanes) {
-  if constexpr (kValuesPerElement<Code> == 2) {
+  if constexpr (DecodesCodeRows<Exec, Code, Out>::value) {
+    Exec::decode_code_row(dst, src, scale, D);
+  } else if constexpr (kValuesPerElement<Code> == 2) {
     for (int p = Exec::row_begin(lane); p < D / 2; p += Exec::row_step(lanes)) {
       dst[2 * p] = from_float<Out>(Codec<Code>::decode(src[p], 0) * scale);
       dst[2 * p + 1] = from_float<Out>(Codec<Code>::decode(src[p], 1) * scale);
@@ -170,7 +180,9 @@ KVF_HD KVF_INLINE void encode_groups(Code* dst, const In* src, const float* s, i
 // time first.
 template <int D, int G, class Exec, class Out, class Code>
 KVF_HD KVF_INLINE void decode_groups(Out* dst, const Code* src, const float* s, int lane, int lanes) {
-  if constexpr (kWholeRowLoop<D, G, Exec, Code>) {
+  if constexpr (DecodesCodeRows<Exec, Code, Out>::value && G >= 16) {  // a group of at least one vector
+    for (int g = 0; g < D / G; ++g) Exec::decode_code_row(dst + g * G, src + g * G, s[g], G);
+  } else if constexpr (kWholeRowLoop<D, G, Exec, Code>) {
     float scale[D];
     spread_scales<D, G>(scale, s);
     if constexpr (kValuesPerElement<Code> == 2) {

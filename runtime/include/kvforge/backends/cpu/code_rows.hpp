@@ -1,11 +1,12 @@
-// A row of values into 8-bit codes (int8, fp8 e4m3 or e5m2) under one scale, in the vectors of a CPU
-// level: AVX-512 (int8) or AVX2 at levels 4 and 3, the portable loop at level 2. The codes are Codec's
+// A row of values into 8-bit codes (int8, fp8 e4m3 or e5m2) under one scale, and back, in the vectors of
+// a CPU level: AVX-512 (int8) or AVX2 at levels 4 and 3, the portable loop at level 2. The codes are Codec's
 // (quant_codec.hpp) of x / scale, bit for bit, with the quotient IEEE division's as the portable loop
 // takes it:
 //   - int8: the quotient clamped to +-127 with NaN kept (max and min in the operand order that passes a
 //     NaN through), converted rounding half to even (the default MXCSR mode, which Codec's rounding
 //     trick assumes too); NaN converts to the one code below -127, which becomes 0;
 //   - fp8: Fp8Format::encode's integer steps, one 32-bit lane a value, then packed to bytes.
+// The values back are Codec's decode times the scale, bit for bit (decode below says how).
 // tests/test_code_rows.cpp holds every level this CPU runs to the independent reference quantizer over
 // every bf16 and fp16 input and fp32's specials, at scales of every magnitude.
 //
@@ -117,6 +118,42 @@ template <int Level, class Code, class In> KVF_INLINE __m256i codes32(const In* 
     return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
   }
 }
+
+// 16 codes as fp32 values times `unit`, for the codes that decode_codes16 below takes whole: an fp8 code
+// is the top byte of a 16-bit word, which F16C converts exactly (subnormals too):
+//   - e5m2 is fp16's top byte (the same exponent bias), so the word is the value;
+//   - e4m3's word s eeee mmm 00000000, shifted right arithmetically by 1 with bit 14 cleared, is the
+//     fp16 s 0 eeee mmm 0000000: the value times 2^(7 - 15), which `unit` takes back (decode below);
+//   - int8 converts through int32.
+template <int Level, class Code> KVF_INLINE void values16(float* dst, __m128i codes, __m256 unit) {
+  if constexpr (std::is_same_v<Code, int8_t>) {
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8)));
+    _mm256_storeu_ps(dst, _mm256_mul_ps(lo, unit));
+    _mm256_storeu_ps(dst + 8, _mm256_mul_ps(hi, unit));
+  } else {
+    __m128i lo = _mm_unpacklo_epi8(_mm_setzero_si128(), codes), hi = _mm_unpackhi_epi8(_mm_setzero_si128(), codes);
+    if constexpr (std::is_same_v<Code, fp8_e4m3>) {
+      const __m128i keep = _mm_set1_epi16(int16_t(0xbfff));
+      lo = _mm_and_si128(_mm_srai_epi16(lo, 1), keep);
+      hi = _mm_and_si128(_mm_srai_epi16(hi, 1), keep);
+    }
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtph_ps(lo), unit));
+    _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtph_ps(hi), unit));
+  }
+}
+// Whether any of 16 fp8 codes is NaN, which the fp16 form above would not keep as Codec's NaN (e4m3's
+// 0x7f is a finite fp16) or not as its bits (e5m2's NaNs keep their payloads): those take Codec.
+template <class Code> KVF_INLINE bool any_nan16(__m128i codes) {
+  const __m128i mag = _mm_and_si128(codes, _mm_set1_epi8(0x7f));
+  if constexpr (std::is_same_v<Code, int8_t>) {
+    return false;
+  } else if constexpr (std::is_same_v<Code, fp8_e4m3>) {
+    return _mm_movemask_epi8(_mm_cmpeq_epi8(mag, _mm_set1_epi8(0x7f))) != 0;
+  } else {
+    return _mm_movemask_epi8(_mm_cmpgt_epi8(mag, _mm_set1_epi8(0x7c))) != 0;
+  }
+}
 #endif
 
 // The values a level's loop takes at once for Code: 1 where it has none (the portable loop does the row).
@@ -147,6 +184,42 @@ template <int Level, class Code, class In> KVF_INLINE void encode(Code* dst, con
   }
 #endif
   for (; i < n; ++i) dst[i] = Codec<Code>::encode(to_float(src[i]) / scale);
+}
+
+// The codes a level's loop takes at once on the way back: 1 where it has none.
+template <int Level, class Code> constexpr int decode_width() {
+#if defined(__AVX2__) && defined(__F16C__)
+  if (Level >= 3 && kVectorCode<Code>) return 16;
+#endif
+  return 1;
+}
+
+// n codes at src back into values times `scale` at dst: Codec<Code>::decode(c) * scale, bit for bit.
+// e4m3's fp16 form is its value times 2^-8 (values16), exact; one multiply by scale * 2^8 rounds
+// value * scale once, as the portable loop does, wherever scale * 2^8 is finite (the multiply by 2^8 is
+// exact, subnormal scales too). Past that (|scale| > 2^119, no scale an amax gives; or a NaN scale) the
+// row takes Codec one value at a time, as the tail does, and so does a vector with a NaN code.
+template <int Level, class Code> KVF_INLINE void decode(float* dst, const Code* src, float scale, int n) {
+  constexpr int W = decode_width<Level, Code>();
+  int i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+  if constexpr (W == 16) {
+    constexpr float kFp16Unit = std::is_same_v<Code, fp8_e4m3> ? 256.0f : 1.0f;  // 2^(15 - 7) for e4m3
+    const float unit = scale * kFp16Unit;
+    if (unit - unit == 0.0f || kFp16Unit == 1.0f) {  // finite (or nothing to fold)
+      const __m256 u = _mm256_set1_ps(unit);
+      for (; i + 16 <= n; i += 16) {
+        const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+        if (any_nan16<Code>(codes)) {
+          for (int e = i; e < i + 16; ++e) dst[e] = Codec<Code>::decode(src[e]) * scale;
+        } else {
+          values16<Level, Code>(dst + i, codes, u);
+        }
+      }
+    }
+  }
+#endif
+  for (; i < n; ++i) dst[i] = Codec<Code>::decode(src[i]) * scale;
 }
 
 }  // namespace kvforge::detail::code_rows

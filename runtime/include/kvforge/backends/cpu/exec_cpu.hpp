@@ -180,6 +180,12 @@ template <int Level> struct CpuExec {
     code_rows::encode<Level>(dst, src, scale, n);
   }
 
+  // And back: n codes into their values times scale, in fp32 (the attend job's tiles, gathers into fp32).
+  template <class Code, class = std::enable_if_t<(code_rows::decode_width<Level, Code>() > 1)>>
+  static KVF_INLINE void decode_code_row(float* dst, const Code* src, float scale, int n) {
+    code_rows::decode<Level>(dst, src, scale, n);
+  }
+
   static void atomic_max(int32_t* target, int32_t value) {
     int32_t seen = __atomic_load_n(target, __ATOMIC_RELAXED);
     while (seen < value &&

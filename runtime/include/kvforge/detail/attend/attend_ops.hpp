@@ -93,9 +93,17 @@ template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
     if constexpr (kRuntime) return e.head_dim; else return Spans::value_offset(O::D);
   }
 
+  // Quantized heads of one scale each (per tensor, token or token-head; a group the whole head), where
+  // the key is the K row and the value the V row: the block's tile holds their codes' values unscaled,
+  // and the loop takes each position's two scales once (the key's on its dot products, the value's on
+  // its weights), not a multiply a value. Not MLA's, whose key spans both rows and whose value is K's.
+  static constexpr bool kScalesOutside = O::kQuantized && !O::kRecord && !O::kZeroPoint && O::kGroups == 1 &&
+                                         Spans::kMla == 0 && Spans::kKWidth == 0;
+
   // Both halves of head h of the token at (unit, slot), as fp32: row[0, D) its K row, row[D, 2D) its V.
+  // Where kScalesOutside, the values unscaled and kv_scale[0, 2) K's and V's scales.
   KVF_HD static KVF_INLINE void decode_token_head(const AttendArgs<Store, In>& a, int64_t unit, int64_t slot, int h,
-                                                  float* row) {
+                                                  float* row, float* kv_scale) {
     const int d = int(O::head_dim(a.ext));
     if constexpr (O::kRecord) {
       using R = typename O::Record;
@@ -109,7 +117,14 @@ template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
       }
     } else {
       const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot) + h * a.s.head;
-      if constexpr (O::kQuantized) {
+      if constexpr (kScalesOutside) {
+        const float unscaled = 1.0f;
+        for (int kv = 0; kv < 2; ++kv) {
+          const auto* stored = O::scale_at(a.scales, a.layer, kv, unit, slot) + h * a.scales.s.head;
+          kv_scale[kv] = O::scale_value(stored[0], O::tensor_scale(a.scales, a.layer, kv));
+          decode_groups<O::D, O::kGroup, Exec>(row + kv * d, src + kv * a.s.kv, &unscaled, 0, 1);
+        }
+      } else if constexpr (O::kQuantized) {
         for (int kv = 0; kv < 2; ++kv)
           O::decode_head(row + kv * d, src + kv * a.s.kv, O::scale_at(a.scales, a.layer, kv, unit, slot) + h * a.scales.s.head,
                          O::tensor_scale(a.scales, a.layer, kv), 0, 1);
@@ -201,13 +216,14 @@ template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
     const int32_t* pages = a.page_table ? a.page_table + int64_t(b) * a.max_pages : nullptr;
     const int64_t row = a.rows ? int64_t(a.rows[b]) : 0;
     float kv[kBlock][2 * kRowDim];
+    float kv_scale[kBlock][2];  // kScalesOutside: each position's K and V scale
     float s[kMaxRows][kBlock];
     for (int64_t j0 = begin; j0 < end; j0 += kBlock) {
       const int nb = int(end - j0 < kBlock ? end - j0 : kBlock);
       for (int j = 0; j < nb; ++j) {
         int64_t unit, slot;
         O::locate_position(a.ext, row, pages, j0 + j, unit, slot);
-        decode_token_head(a, unit, slot, h, kv[j]);
+        decode_token_head(a, unit, slot, h, kv[j], kv_scale[j]);
       }
       for (int r = 0; r < rows; ++r) {
         const float* qr = q[r];
@@ -217,6 +233,7 @@ template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
           float dot = 0.0f;
 KVF_SIMD_SUM(dot)
           for (int e = 0; e < kw; ++e) dot += qr[e] * key[e];
+          if constexpr (kScalesOutside) dot *= kv_scale[j][0];
           if (a.softcap > 0.0f) dot = a.softcap * tanhf(dot / a.softcap);
           const int64_t pos = j0 + j;
           dot = pos >= lo[r] && pos < hi[r] ? dot : -INFINITY;
@@ -242,7 +259,8 @@ KVF_SIMD_SUM(sum)
         l[r] += sum;
         float* out = acc[r];
         for (int j = 0; j < nb; ++j) {
-          const float w = s[r][j];
+          float w = s[r][j];
+          if constexpr (kScalesOutside) w *= kv_scale[j][1];
           const float* value = kv[j] + vo;
 KVF_SIMD
           for (int e = 0; e < vw; ++e) out[e] += w * value[e];
