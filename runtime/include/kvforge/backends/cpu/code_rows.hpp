@@ -119,7 +119,7 @@ template <int Level, class Code, class In> KVF_INLINE __m256i codes32(const In* 
   }
 }
 
-// 16 codes as fp32 values times `unit`, for the codes that decode_codes16 below takes whole: an fp8 code
+// 16 codes as fp32 values times `unit`, for decode below (vectors without NaN codes): an fp8 code
 // is the top byte of a 16-bit word, which F16C converts exactly (subnormals too):
 //   - e5m2 is fp16's top byte (the same exponent bias), so the word is the value;
 //   - e4m3's word s eeee mmm 00000000, shifted right arithmetically by 1 with bit 14 cleared, is the
@@ -197,8 +197,9 @@ template <int Level, class Code> constexpr int decode_width() {
 // n codes at src back into values times `scale` at dst: Codec<Code>::decode(c) * scale, bit for bit.
 // e4m3's fp16 form is its value times 2^-8 (values16), exact; one multiply by scale * 2^8 rounds
 // value * scale once, as the portable loop does, wherever scale * 2^8 is finite (the multiply by 2^8 is
-// exact, subnormal scales too). Past that (|scale| > 2^119, no scale an amax gives; or a NaN scale) the
-// row takes Codec one value at a time, as the tail does, and so does a vector with a NaN code.
+// exact, subnormal scales too). Past that (|scale| > 2^119, no scale an amax gives; or a NaN scale) an
+// e4m3 row takes Codec one value at a time, as the tail does (int8 and e5m2 multiply once by the scale
+// itself, as Codec's decode does), and so does a vector with a NaN code.
 template <int Level, class Code> KVF_INLINE void decode(float* dst, const Code* src, float scale, int n) {
   constexpr int W = decode_width<Level, Code>();
   int i = 0;
