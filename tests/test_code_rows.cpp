@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "code_rows_levels.hpp"
+#include "exec_cpu_levels.hpp"
 #include "kvforge/cpu_level.hpp"
 #include "quant_reference.hpp"
 

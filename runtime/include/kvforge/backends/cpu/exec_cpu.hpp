@@ -15,6 +15,7 @@
 
 #include "kvforge/detail/host_checks.hpp"
 #include "kvforge/cpu_level.hpp"
+#include "kvforge/backends/cpu/attend_tiles.hpp"
 #include "kvforge/backends/cpu/code_rows.hpp"
 #include "kvforge/detail/op_args.hpp"
 #include "kvforge/detail/op_table.hpp"
@@ -184,6 +185,27 @@ template <int Level> struct CpuExec {
   template <class Code, class = std::enable_if_t<(code_rows::decode_width<Level, Code>() > 1)>>
   static KVF_INLINE void decode_code_row(float* dst, const Code* src, float scale, int n) {
     code_rows::decode<Level>(dst, src, scale, n);
+  }
+
+  // An attend block's products and exponentials in this level's vectors (attend_tiles.hpp); false where the level
+  // or the width has none, and attend_ops.hpp takes its portable loops.
+  //   scores[r * ss + j] = q[r * qs, +kw) . keys[j * ks, +kw)            r < rows, j < nb
+  //   acc[r * as + e] += sum over j of w[r * ws + j] * values[j * vs + e]  r < rows, e < vw
+  static KVF_INLINE bool attend_scores(float* scores, int ss, const float* q, int qs, const float* keys, int ks, int rows,
+                                       int nb, int kw) {
+    return attend_tiles::scores<Level>(scores, ss, q, qs, keys, ks, rows, nb, kw);
+  }
+  //   s[j] = e^(s[j] - m), j < n, and sum their sum
+  static KVF_INLINE bool attend_exp_sum(float* s, int n, float m, float& sum) { return attend_tiles::exp_sum<Level>(s, n, m, sum); }
+  static KVF_INLINE bool attend_accumulate(float* acc, int as, const float* w, int ws, const float* values, int vs,
+                                           int rows, int nb, int vw) {
+    return attend_tiles::accumulate<Level>(acc, as, w, ws, values, vs, rows, nb, vw);
+  }
+
+  // Asks for [at, at + bytes) into the caches ahead of a read (attend_ops.hpp says where).
+  static KVF_INLINE void prefetch(const void* at, int bytes) {
+    const char* p = static_cast<const char*>(at);
+    for (int i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
   }
 
   static void atomic_max(int32_t* target, int32_t value) {

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kvforge/detail/attend/attend_args.hpp"
 #include "kvforge/detail/quant_ops.hpp"
@@ -27,8 +28,9 @@
 
 namespace kvforge::detail {
 
-// e^x for x <= 0 (every exponent the recurrence takes), to about 2 ulp, in operations a loop vectorizes
-// (a libm call does not): e^x = 2^n * 2^f, n = round(x log2 e), 2^f by a degree-6 polynomial on
+// e^x for x <= 0 (every exponent the recurrence takes), within |x| 2^-24 plus about 2 ulp, relative (the
+// first from the rounding of x log2 e: 5e-6 at x = -87, where a weight is 1e-38 of the block's largest
+// and adds nothing to a sum), in operations a loop vectorizes (a libm call does not): e^x = 2^n * 2^f, n = round(x log2 e), 2^f by a degree-6 polynomial on
 // [-1/2, 1/2]. Below -87 it is 0, as e^x is in fp32 to within its smallest normal.
 KVF_HD KVF_INLINE float attend_exp(float x) {
   x = x < -87.0f ? -87.0f : x;
@@ -70,6 +72,20 @@ template <class Traits> struct AttendShape {
     return exec_rows < cap ? exec_rows : cap;
   }
 };
+
+// Whether an executor computes an attend block's products and exponentials in vectors of its own (the
+// CPU's attend_scores, attend_exp_sum and attend_accumulate).
+template <class Exec, class = void> struct HasAttendTiles : std::false_type {};
+template <class Exec>
+struct HasAttendTiles<Exec, std::void_t<decltype(Exec::attend_scores(nullptr, 0, nullptr, 0, nullptr, 0, 0, 0, 0)),
+                                        decltype(Exec::attend_accumulate(nullptr, 0, nullptr, 0, nullptr, 0, 0, 0, 0)),
+                                        decltype(Exec::attend_exp_sum(nullptr, 0, 0.0f, std::declval<float&>()))>>
+    : std::true_type {};
+
+// Whether an executor can ask for memory ahead of its reads (the CPU's prefetch).
+template <class Exec, class = void> struct HasPrefetch : std::false_type {};
+template <class Exec>
+struct HasPrefetch<Exec, std::void_t<decltype(Exec::prefetch(static_cast<const void*>(nullptr), 0))>> : std::true_type {};
 
 template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
   using O = QuantOps<Traits, Exec>;
@@ -133,6 +149,63 @@ template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
         const Store* v = src + a.s.kv;
         for (int i = 0; i < d; ++i) row[d + i] = to_float(v[i]);
       }
+    }
+  }
+
+  // A block's scores, scores[r * ss + j] = q[r * qs, +kw) . keys[j * ks, +kw), their exponentials, and
+  // its values' weighted sum, acc[r * as + e] += sum over j of w[r * ws + j] * values[j * vs + e]: the executor's
+  // vector tiles where it has them (the CPU's, attend_tiles.hpp), these loops otherwise.
+  KVF_HD static KVF_INLINE void block_scores(float* scores, int ss, const float* q, int qs, const float* keys, int ks,
+                                             int rows, int nb, int kw) {
+    if constexpr (HasAttendTiles<Exec>::value)
+      if (Exec::attend_scores(scores, ss, q, qs, keys, ks, rows, nb, kw)) return;
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < nb; ++j) {
+        const float *qr = q + r * qs, *key = keys + j * ks;
+        float dot = 0.0f;
+KVF_SIMD_SUM(dot)
+        for (int e = 0; e < kw; ++e) dot += qr[e] * key[e];
+        scores[r * ss + j] = dot;
+      }
+  }
+  // s[j] = e^(s[j] - m) for j < n (every s[j] <= m), and their sum.
+  KVF_HD static KVF_INLINE float block_exp_sum(float* s, int n, float m) {
+    float sum = 0.0f;
+    if constexpr (HasAttendTiles<Exec>::value)
+      if (Exec::attend_exp_sum(s, n, m, sum)) return sum;
+KVF_SIMD_SUM(sum)
+    for (int j = 0; j < n; ++j) {
+      const float e = attend_exp(s[j] - m);
+      s[j] = e;
+      sum += e;
+    }
+    return sum;
+  }
+  KVF_HD static KVF_INLINE void block_accumulate(float* acc, int as, const float* w, int ws, const float* values, int vs,
+                                                 int rows, int nb, int vw) {
+    if constexpr (HasAttendTiles<Exec>::value)
+      if (Exec::attend_accumulate(acc, as, w, ws, values, vs, rows, nb, vw)) return;
+    for (int r = 0; r < rows; ++r) {
+      float* out = acc + r * as;
+      for (int j = 0; j < nb; ++j) {
+        const float weight = w[r * ws + j];
+        const float* value = values + j * vs;
+KVF_SIMD
+        for (int e = 0; e < vw; ++e) out[e] += weight * value[e];
+      }
+    }
+  }
+
+  // Asks for the rows of head h of the token at (unit, slot) ahead of decode_token_head: a block of
+  // positions is decoded while the one before it computes, so that its rows need not wait on memory.
+  // A row of [position, head, dim] is one head's share of a token (2 KiB apart in llama3-8b's NHD
+  // pages), a stride the hardware's prefetchers do not follow.
+  KVF_HD static KVF_INLINE void prefetch_token_head(const AttendArgs<Store, In>& a, int64_t unit, int64_t slot, int h) {
+    if constexpr (HasPrefetch<Exec>::value && !O::kRecord) {
+      const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot) + h * a.s.head;
+      const int bytes = int(O::head_dim(a.ext) * int64_t(sizeof(Store)) / kValuesPerElement<Store>);
+      Exec::prefetch(src, bytes);
+      Exec::prefetch(src + a.s.kv, bytes);
     }
   }
 
@@ -224,23 +297,33 @@ template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
         int64_t unit, slot;
         O::locate_position(a.ext, row, pages, j0 + j, unit, slot);
         decode_token_head(a, unit, slot, h, kv[j], kv_scale[j]);
+        if (j0 + kBlock + j < end) {
+          O::locate_position(a.ext, row, pages, j0 + kBlock + j, unit, slot);
+          prefetch_token_head(a, unit, slot, h);
+        }
       }
+      block_scores(s[0], kBlock, q[0], kKeyMax, kv[0], 2 * kRowDim, rows, nb, kw);
       for (int r = 0; r < rows; ++r) {
-        const float* qr = q[r];
+        // The row sees the block's positions [first, last): the rest weigh 0.
+        const int64_t first_seen = lo[r] - j0, last_seen = hi[r] - j0;
+        const int first = first_seen > 0 ? int(first_seen < nb ? first_seen : nb) : 0;
+        const int last = last_seen > first ? int(last_seen < nb ? last_seen : nb) : first;
+        float* sr = s[r];
+        for (int j = 0; j < first; ++j) sr[j] = 0.0f;
+        for (int j = last; j < nb; ++j) sr[j] = 0.0f;
+        if (first == last) continue;  // nothing of this block is visible to the row
         float block_max = -INFINITY;
-        for (int j = 0; j < nb; ++j) {
-          const float* key = kv[j];
-          float dot = 0.0f;
-KVF_SIMD_SUM(dot)
-          for (int e = 0; e < kw; ++e) dot += qr[e] * key[e];
+        for (int j = first; j < last; ++j) {
+          float dot = sr[j];
           if constexpr (kScalesOutside) dot *= kv_scale[j][0];
           if (a.softcap > 0.0f) dot = a.softcap * tanhf(dot / a.softcap);
-          const int64_t pos = j0 + j;
-          dot = pos >= lo[r] && pos < hi[r] ? dot : -INFINITY;
-          s[r][j] = dot;
+          sr[j] = dot;
           block_max = dot > block_max ? dot : block_max;
         }
-        if (block_max == -INFINITY) continue;  // nothing of this block is visible to the row
+        if (block_max == -INFINITY) {  // every visible score -inf (keys of inf): weights of 0, as e^-inf
+          for (int j = first; j < last; ++j) sr[j] = 0.0f;
+          continue;
+        }
         const float m_new = block_max > m[r] ? block_max : m[r];
         if (m_new > m[r]) {
           const float correction = attend_exp(m[r] - m_new);  // 0 where m was -inf
@@ -249,23 +332,11 @@ KVF_SIMD
           for (int e = 0; e < vw; ++e) acc[r][e] *= correction;
           m[r] = m_new;
         }
-        float sum = 0.0f;
-KVF_SIMD_SUM(sum)
-        for (int j = 0; j < nb; ++j) {
-          const float e = s[r][j] == -INFINITY ? 0.0f : attend_exp(s[r][j] - m_new);
-          s[r][j] = e;
-          sum += e;
-        }
-        l[r] += sum;
-        float* out = acc[r];
-        for (int j = 0; j < nb; ++j) {
-          float w = s[r][j];
-          if constexpr (kScalesOutside) w *= kv_scale[j][1];
-          const float* value = kv[j] + vo;
-KVF_SIMD
-          for (int e = 0; e < vw; ++e) out[e] += w * value[e];
-        }
+        l[r] += block_exp_sum(sr + first, last - first, m_new);
+        if constexpr (kScalesOutside)
+          for (int j = first; j < last; ++j) sr[j] *= kv_scale[j][1];
       }
+      block_accumulate(acc[0], kValueMax, s[0], kBlock, kv[0] + vo, 2 * kRowDim, rows, nb, vw);
     }
     if (p.splits > 1) {
       float* part = a.partial + (item * kMaxRows) * int64_t(vw + 2);

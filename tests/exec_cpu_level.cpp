@@ -1,7 +1,7 @@
-// CpuExec's 8-bit row encoder and decoder compiled for one x86-64 level (KVF_TEST_LEVEL, with that level's -march),
-// for test_code_rows.cpp to run where the CPU has the level. The library's kernels get it the same way:
+// CpuExec's vector hooks (exec_cpu_levels.hpp) compiled for one x86-64 level (KVF_TEST_LEVEL, with that
+// level's -march), for test_code_rows.cpp and test_attend_tiles.cpp to run where the CPU has the level. The library's kernels get it the same way:
 // a generated file per level (cpu_ops.hpp).
-#include "code_rows_levels.hpp"
+#include "exec_cpu_levels.hpp"
 
 #include "kvforge/backends/cpu/exec_cpu.hpp"
 
@@ -42,6 +42,20 @@ void KVF_TEST_CAT(decode_code_row_v, KVF_TEST_LEVEL)(kvforge::DType code, float*
     case kvforge::DType::f8e4m3: return Exec::decode_code_row(dst, static_cast<const kvforge::fp8_e4m3*>(src), scale, n);
     default: return Exec::decode_code_row(dst, static_cast<const kvforge::fp8_e5m2*>(src), scale, n);
   }
+}
+
+bool KVF_TEST_CAT(attend_scores_v, KVF_TEST_LEVEL)(float* scores, int ss, const float* q, int qs, const float* keys,
+                                                  int ks, int rows, int nb, int kw) {
+  return Exec::attend_scores(scores, ss, q, qs, keys, ks, rows, nb, kw);
+}
+
+bool KVF_TEST_CAT(attend_exp_sum_v, KVF_TEST_LEVEL)(float* s, int n, float m, float& sum) {
+  return Exec::attend_exp_sum(s, n, m, sum);
+}
+
+bool KVF_TEST_CAT(attend_accumulate_v, KVF_TEST_LEVEL)(float* acc, int as, const float* w, int ws, const float* values,
+                                                      int vs, int rows, int nb, int vw) {
+  return Exec::attend_accumulate(acc, as, w, ws, values, vs, rows, nb, vw);
 }
 
 }  // namespace kvtest
