@@ -1,6 +1,7 @@
 // The work of an attend block (attend/attend_ops.hpp) in a CPU level's vectors: the scores of a tile of
 // query rows against a block of decoded keys, their exponentials, and the weighted sum of the block's
-// values into the rows' outputs. The two products hold a small tile of partial sums in registers over the whole reduction:
+// values into the rows' outputs. The two products hold a small tile of partial sums in registers over
+// the whole reduction:
 //   - scores: 4 query rows x 2 keys (or 1 x 4 where an item holds one row, MHA's decode), eight sums of
 //     eight lanes each over the key's width, so that eight independent FMA chains hide the FMA's
 //     latency; each key vector loaded once for 4 rows;
@@ -28,6 +29,13 @@
 namespace kvforge::detail::attend_tiles {
 
 #if defined(__AVX2__) && defined(__FMA__)
+// The sum of a vector's lanes.
+template <int Level> KVF_INLINE float sum8(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
 // The sums of four vectors' lanes, in order.
 template <int Level> KVF_INLINE __m128 sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
@@ -66,9 +74,7 @@ template <int Level> KVF_INLINE float score_one(const float* q, const float* key
     b = _mm256_fmadd_ps(_mm256_loadu_ps(q + e + 8), _mm256_loadu_ps(key + e + 8), b);
   }
   if (e < kw) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(key + e), a);
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(_mm256_add_ps(a, b)), _mm256_extractf128_ps(_mm256_add_ps(a, b), 1));
-  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+  return sum8<Level>(_mm256_add_ps(a, b));
 }
 
 // acc[r * as, +8V) += sum over j < nb of w[r * ws + j] * values[j * vs, +8V), for R rows.
@@ -131,9 +137,7 @@ template <int Level> KVF_INLINE bool exp_sum(float* s, int n, float m, float& su
       _mm256_maskstore_ps(s + j, mask, e);
       total = _mm256_add_ps(total, e);
     }
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    sum = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+    sum = sum8<Level>(total);
     return true;
   }
 #endif

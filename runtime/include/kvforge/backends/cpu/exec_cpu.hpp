@@ -187,16 +187,18 @@ template <int Level> struct CpuExec {
     code_rows::decode<Level>(dst, src, scale, n);
   }
 
-  // An attend block's products and exponentials in this level's vectors (attend_tiles.hpp); false where the level
-  // or the width has none, and attend_ops.hpp takes its portable loops.
+  // An attend block's products and exponentials in this level's vectors (attend_tiles.hpp); false where
+  // the level or the width has none, and attend_ops.hpp takes its portable loops.
   //   scores[r * ss + j] = q[r * qs, +kw) . keys[j * ks, +kw)            r < rows, j < nb
   //   acc[r * as + e] += sum over j of w[r * ws + j] * values[j * vs + e]  r < rows, e < vw
   static KVF_INLINE bool attend_scores(float* scores, int ss, const float* q, int qs, const float* keys, int ks, int rows,
                                        int nb, int kw) {
     return attend_tiles::scores<Level>(scores, ss, q, qs, keys, ks, rows, nb, kw);
   }
-  //   s[j] = e^(s[j] - m), j < n, and sum their sum
-  static KVF_INLINE bool attend_exp_sum(float* s, int n, float m, float& sum) { return attend_tiles::exp_sum<Level>(s, n, m, sum); }
+  //   s[j] = e^(s[j] - m), j < n, and `sum` their sum
+  static KVF_INLINE bool attend_exp_sum(float* s, int n, float m, float& sum) {
+    return attend_tiles::exp_sum<Level>(s, n, m, sum);
+  }
   static KVF_INLINE bool attend_accumulate(float* acc, int as, const float* w, int ws, const float* values, int vs,
                                            int rows, int nb, int vw) {
     return attend_tiles::accumulate<Level>(acc, as, w, ws, values, vs, rows, nb, vw);

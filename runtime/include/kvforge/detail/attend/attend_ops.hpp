@@ -30,8 +30,8 @@ namespace kvforge::detail {
 
 // e^x for x <= 0 (every exponent the recurrence takes), within |x| 2^-24 plus about 2 ulp, relative (the
 // first from the rounding of x log2 e: 5e-6 at x = -87, where a weight is 1e-38 of the block's largest
-// and adds nothing to a sum), in operations a loop vectorizes (a libm call does not): e^x = 2^n * 2^f, n = round(x log2 e), 2^f by a degree-6 polynomial on
-// [-1/2, 1/2]. Below -87 it is 0, as e^x is in fp32 to within its smallest normal.
+// and adds nothing to a sum), in operations a loop vectorizes (a libm call does not): e^x = 2^n * 2^f,
+// n = round(x log2 e), 2^f by a degree-6 polynomial on [-1/2, 1/2]. Below -87 it is 0, as e^x is in fp32 to within its smallest normal.
 KVF_HD KVF_INLINE float attend_exp(float x) {
   x = x < -87.0f ? -87.0f : x;
   const float t = x * 1.44269504088896341f;
@@ -153,8 +153,8 @@ template <class Traits, class Exec> struct AttendOps : QuantOps<Traits, Exec> {
   }
 
   // A block's scores, scores[r * ss + j] = q[r * qs, +kw) . keys[j * ks, +kw), their exponentials, and
-  // its values' weighted sum, acc[r * as + e] += sum over j of w[r * ws + j] * values[j * vs + e]: the executor's
-  // vector tiles where it has them (the CPU's, attend_tiles.hpp), these loops otherwise.
+  // its values' weighted sum, acc[r * as + e] += sum over j of w[r * ws + j] * values[j * vs + e]: the
+  // executor's vector tiles where it has them (the CPU's, attend_tiles.hpp), these loops otherwise.
   KVF_HD static KVF_INLINE void block_scores(float* scores, int ss, const float* q, int qs, const float* keys, int ks,
                                              int rows, int nb, int kw) {
     if constexpr (HasAttendTiles<Exec>::value)
@@ -199,14 +199,14 @@ KVF_SIMD
   // Asks for the rows of head h of the token at (unit, slot) ahead of decode_token_head: a block of
   // positions is decoded while the one before it computes, so that its rows need not wait on memory.
   // A row of [position, head, dim] is one head's share of a token (2 KiB apart in llama3-8b's NHD
-  // pages), a stride the hardware's prefetchers do not follow.
+  // pages), a stride the hardware's prefetchers do not follow. Only where the executor can (not CUDA's,
+  // whose lanes read a row together) and the rows are plain (a record's codes are decoded whole).
+  static constexpr bool kPrefetches = HasPrefetch<Exec>::value && !O::kRecord;
   KVF_HD static KVF_INLINE void prefetch_token_head(const AttendArgs<Store, In>& a, int64_t unit, int64_t slot, int h) {
-    if constexpr (HasPrefetch<Exec>::value && !O::kRecord) {
-      const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot) + h * a.s.head;
-      const int bytes = int(O::head_dim(a.ext) * int64_t(sizeof(Store)) / kValuesPerElement<Store>);
-      Exec::prefetch(src, bytes);
-      Exec::prefetch(src + a.s.kv, bytes);
-    }
+    const Store* src = a.pool + element_offset(a.s, a.layer, 0, unit, slot) + h * a.s.head;
+    const int bytes = int(O::head_dim(a.ext) * int64_t(sizeof(Store)) / kValuesPerElement<Store>);
+    Exec::prefetch(src, bytes);
+    Exec::prefetch(src + a.s.kv, bytes);
   }
 
   // Query i of sequence b (of n) sees positions [lo, hi).
@@ -297,10 +297,11 @@ KVF_SIMD
         int64_t unit, slot;
         O::locate_position(a.ext, row, pages, j0 + j, unit, slot);
         decode_token_head(a, unit, slot, h, kv[j], kv_scale[j]);
-        if (j0 + kBlock + j < end) {
-          O::locate_position(a.ext, row, pages, j0 + kBlock + j, unit, slot);
-          prefetch_token_head(a, unit, slot, h);
-        }
+        if constexpr (kPrefetches)
+          if (j0 + kBlock + j < end) {
+            O::locate_position(a.ext, row, pages, j0 + kBlock + j, unit, slot);
+            prefetch_token_head(a, unit, slot, h);
+          }
       }
       block_scores(s[0], kBlock, q[0], kKeyMax, kv[0], 2 * kRowDim, rows, nb, kw);
       for (int r = 0; r < rows; ++r) {
