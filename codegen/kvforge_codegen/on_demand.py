@@ -126,14 +126,16 @@ def request(layout: Dict, model: Dict, dtype: str, input_dtype: Optional[str] = 
 
 @functools.lru_cache(maxsize=None)  # read once a process: the installed files do not change under it
 def _digest_of_sources(include: str) -> str:
-    """This codegen, its templates and the runtime headers: what shapes the generated code besides the specs."""
+    """This codegen, its templates and the runtime headers, every folder of them (the kernels' headers
+    sit in kvforge/detail/ and kvforge/backends/): what shapes the generated code besides the specs."""
     h = hashlib.sha256()
     for root in (os.path.join(CODEGEN, "kvforge_codegen"), os.path.join(CODEGEN, "templates"),
                  os.path.join(include, "kvforge")):
-        for entry in sorted(os.listdir(root)):
-            path = os.path.join(root, entry)
-            if os.path.isfile(path):
-                h.update(entry.encode())
+        for folder, subfolders, files in os.walk(root):
+            subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+            for entry in sorted(files):
+                path = os.path.join(folder, entry)
+                h.update(os.path.relpath(path, root).encode())
                 with open(path, "rb") as f:
                     h.update(f.read())
     return h.hexdigest()

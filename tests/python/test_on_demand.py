@@ -262,6 +262,31 @@ AT_LEVEL = """
 """
 
 
+def test_the_key_moves_with_a_header_in_any_folder_of_the_include_tree(tmp_path):
+    # A library built from other kernel headers (kvforge/detail/, kvforge/backends/cpu/: a kvforge upgrade)
+    # must never be loaded: every header of the tree is in the key, not only the top folder's.
+    from kvforge_codegen import on_demand
+    include = tmp_path / "include"
+    shutil.copytree(kvforge._paths.INCLUDE, include)
+    compiler = on_demand.compiler_identity(kvforge._paths.CXX)
+    layouts = [{"name": "vllm_paged_nhd"}]
+    model = {"name": "m", "layers": 1, "kv_heads": 1, "head_dim": 16, "max_seq_len": 64}
+
+    def key():
+        on_demand._digest_of_sources.cache_clear()  # read once a process: here the files do change
+        return on_demand.key_of(layouts, model, str(include), compiler, [])
+
+    before = key()
+    assert key() == before
+    for header in ("kvforge/cache.hpp", "kvforge/detail/attend/attend_ops.hpp", "kvforge/backends/cpu/exec_cpu.hpp"):
+        path = include / header
+        text = path.read_bytes()
+        path.write_bytes(text + b"\n")
+        assert key() != before, header
+        path.write_bytes(text)
+        assert key() == before, header
+
+
 def test_a_library_holds_the_kernels_of_the_level_its_process_runs_at(tmp_path):
     # One compile, for the level the asking process runs at (KVFORGE_CPU_LEVEL narrows it where the build has
     # every level): x86-64-v2's library uses no AVX register, so it runs on any CPU kvforge serves; the
